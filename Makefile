@@ -1,0 +1,42 @@
+# Narwhal: two commands on a fresh machine: `make demo` and `make test`.
+PY := .venv/bin/python
+PYTEST := $(PY) -m pytest
+
+.PHONY: setup bootstrap test test-fast test-unit test-component test-lab test-real lint demo clean
+
+setup:
+	./scripts/setup-venv.sh
+
+bootstrap:
+	./scripts/bootstrap.sh
+
+# Every tier, after bringing the machine up to what the tiers need.
+test: bootstrap
+	$(PY) -m ruff check src tests bench
+	$(PY) -m mypy
+	$(PYTEST) tests/unit tests/component tests/lab tests/real
+
+test-fast: setup
+	$(PYTEST) -q tests/unit
+
+test-unit: setup
+	$(PYTEST) tests/unit
+
+test-component: setup
+	$(PYTEST) tests/component
+
+test-lab: bootstrap
+	$(PYTEST) tests/lab
+
+test-real: bootstrap
+	$(PYTEST) tests/real
+
+lint: setup
+	$(PY) -m ruff check src tests bench
+	$(PY) -m mypy
+
+demo: bootstrap
+	$(PY) -m narwhal.demo
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .demo

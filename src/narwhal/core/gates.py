@@ -1,0 +1,61 @@
+"""The runbook's seven gates, in order, and the inputs that define each.
+
+The "Repeat work when its measured input changes" table of the runbook is computed from
+`GATE_INPUTS`: an input that moved makes every gate that declares it stale, and every later
+gate that consumed that gate's evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Gate:
+    letter: str
+    name: str
+    command: str
+    title: str
+
+
+GATES: tuple[Gate, ...] = (
+    Gate("A", "discover", "discover", "Freeze inputs and discover the real deployment"),
+    Gate("B", "install", "install", "Package and install the approved revision"),
+    Gate("C", "engines", "engines", "Validate and start every engine, capture live KV cache"),
+    Gate("D", "fabric", "fabric", "Prove the transfer fabric against the serving cache"),
+    Gate("E", "attest", "attest", "Attest the live engine processes"),
+    Gate("F", "preflight", "preflight", "Profile once and run the live KV contract"),
+    Gate("G", "serve", "serve", "Start the service and validate capacity through the private path"),
+)
+
+GATE_NAMES: tuple[str, ...] = tuple(g.name for g in GATES)
+
+# Activities that are recorded like gates but are not part of the ordered sequence.
+ACTIVITIES: tuple[str, ...] = ("access",)
+
+# Which named inputs define which gate. Input names are the keys computed by
+# deploy.inputs.fingerprints; a moved input marks these gates (and all later gates) stale.
+GATE_INPUTS: dict[str, tuple[str, ...]] = {
+    "discover": ("hosts", "engine-image", "model", "launch-policy", "fabric", "ports", "ssh-keys"),
+    "install": ("revision", "hosts", "launch-policy"),
+    "engines": ("engine-image", "model", "launch-policy", "ports"),
+    "fabric": ("fabric", "hosts", "transport", "workload"),
+    "attest": ("ports",),
+    "preflight": ("slo", "workload"),
+    "serve": ("router", "slo", "workload"),
+}
+
+
+def gate(name_or_letter: str) -> Gate:
+    """Look a gate up by name ('fabric') or letter ('D')."""
+    for g in GATES:
+        if name_or_letter in (g.name, g.letter, g.letter.lower()):
+            return g
+    known = ", ".join(f"{g.letter}={g.name}" for g in GATES)
+    raise KeyError(f"unknown gate {name_or_letter!r}; known gates: {known}")
+
+
+def downstream(name: str) -> tuple[str, ...]:
+    """The gate and every gate after it."""
+    idx = GATE_NAMES.index(name)
+    return GATE_NAMES[idx:]

@@ -1,0 +1,1 @@
+"""Engine-host commands: inspection probes, engine launch and capture, the attestation sidecar."""

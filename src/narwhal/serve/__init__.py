@@ -1,0 +1,1 @@
+"""Router-host commands: the router, profiler, preflight checks and observability."""
