@@ -1,0 +1,41 @@
+"""What most commands start from: the `.env`, the ledger and the host sessions."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.inputs import Inputs, load_inputs
+from narwhal.deploy.inputs.fingerprints import gate_fingerprints
+from narwhal.deploy.ledger import Ledger
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", type=Path, default=Path(".env"),
+                        help="the workstation .env (default: ./.env)")
+    parser.add_argument("--runs", type=Path, default=Path("runs"),
+                        help="where deployment records live (default: ./runs)")
+    parser.add_argument("--ssh-config", default=None,
+                        help="OpenSSH client config to use (default: the user's own)")
+
+
+@dataclass
+class Context:
+    inputs: Inputs
+    ledger: Ledger
+    runs: Path
+    ssh_config: str | None
+
+    @classmethod
+    def load(cls, args: argparse.Namespace) -> Context:
+        inputs = load_inputs(args.env)
+        ledger = Ledger(args.runs, inputs.deployment, inputs.secrets())
+        return cls(inputs, ledger, args.runs, args.ssh_config)
+
+    def sessions(self) -> Sessions:
+        return Sessions(self.inputs, self.runs, self.ssh_config)
+
+    def fingerprints(self) -> dict[str, dict[str, str]]:
+        return gate_fingerprints(self.inputs)

@@ -1,0 +1,176 @@
+"""The host interface: run argv, move files with sha256 checks, own processes, forward ports.
+
+Subclasses provide only `_exec` (and port forwarding); everything else is built on it, so local
+and SSH sessions behave the same and both record every call through the same `Recorder`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from narwhal.core.errors import HostError, TransferMismatch
+from narwhal.core.secret import Secret
+from narwhal.deploy.hosts import commandline as cl
+
+
+@dataclass(frozen=True)
+class RunResult:
+    alias: str
+    argv: tuple[str, ...]
+    exit_status: int
+    stdout: bytes
+    stderr: bytes
+    started: float
+    ended: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", errors="replace")
+
+    def check(self) -> RunResult:
+        if self.exit_status != 0:
+            tail = self.stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] or [""]
+            raise HostError(self.alias, f"`{self.argv[0]}` exited {self.exit_status}: {tail[0]}",
+                            command=self.argv[0], exit_status=self.exit_status)
+        return self
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process this deployment started: pid plus kernel start time, so a reused pid is not
+    mistaken for ours."""
+
+    alias: str
+    pid: int
+    start_ticks: int
+
+
+class Recorder(Protocol):
+    def record_command(self, result: RunResult, transport: str) -> None: ...
+
+
+class Host(ABC):
+    """One session to one physical host."""
+
+    transport = "base"
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.recorder: Recorder | None = None
+
+    @abstractmethod
+    def _exec(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
+              env: Mapping[str, str] | None) -> tuple[int, bytes, bytes]:
+        """Run argv on the host; return (exit status, stdout, stderr)."""
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+            timeout: float | None = 120.0, env: Mapping[str, Secret | str] | None = None,
+            check: bool = False) -> RunResult:
+        """Run argv and record it; `env` values (secrets included) never enter argv or records."""
+        args = cl.check_argv(argv)
+        plain_env = None if env is None else {
+            k: v.reveal() if isinstance(v, Secret) else v for k, v in env.items()}
+        started = time.time()
+        status, out, err = self._exec(args, stdin, timeout, plain_env)
+        result = RunResult(self.alias, args, status, out, err, started, time.time())
+        if self.recorder is not None:
+            self.recorder.record_command(result, self.transport)
+        return result.check() if check else result
+
+    # Files -----------------------------------------------------------------
+
+    def put(self, data: bytes, path: str, *, exclusive: bool = True) -> str:
+        """Write data to path via a temporary part file; verify sha256; link into place.
+
+        With exclusive=True an existing different file at path is never replaced.
+        """
+        want = hashlib.sha256(data).hexdigest()
+        part = f"{path}.part-{uuid.uuid4().hex[:12]}"
+        self.run(cl.write_exclusive(part), stdin=data, check=True)
+        try:
+            got = self.run(cl.sha256_file(part), check=True).text.split()[0]
+            if got != want:
+                raise TransferMismatch(self.alias, f"{path}: sent sha256 {want}, host has {got}")
+            move = ["ln", "--", part, path] if exclusive else ["mv", "-f", "--", part, path]
+            result = self.run(move)
+            if not result.ok:
+                existing = self.stat_file(path)
+                if existing is None or existing[1] != want:
+                    raise HostError(self.alias, f"{path} already exists with other content; "
+                                    "move it away or choose a fresh path")
+        finally:
+            self.run(["rm", "-f", "--", part])
+        return want
+
+    def get(self, path: str, local: Path, *, expect_sha256: str | None = None) -> str:
+        """Copy path to a new local file; verify against the host's own sha256 (and expect)."""
+        data = self.run(cl.read_file(path), check=True).stdout
+        got = hashlib.sha256(data).hexdigest()
+        remote = self.run(cl.sha256_file(path), check=True).text.split()[0]
+        for label, want in (("host", remote), ("expected", expect_sha256)):
+            if want is not None and want != got:
+                raise TransferMismatch(self.alias, f"{path}: {label} sha256 {want}, "
+                                       f"received {got}; nothing was written locally")
+        with open(local, "xb") as out:
+            out.write(data)
+        local.chmod(0o600)
+        return got
+
+    def stat_file(self, path: str) -> tuple[int, str] | None:
+        """(inode, sha256) of a regular file, or None when it is absent or not a file."""
+        result = self.run(cl.stat_file(path))
+        if result.exit_status == 3:
+            return None
+        inode, sha = result.check().text.split()
+        return int(inode), sha
+
+    def stat_dir(self, path: str) -> int | None:
+        result = self.run(cl.stat_dir(path))
+        return None if result.exit_status == 3 else int(result.check().text.strip())
+
+    # Processes ---------------------------------------------------------------
+
+    def start_detached(self, argv: Sequence[str], log_path: str) -> ProcessRef:
+        """Start argv in its own session, output to log_path; return pid and start time."""
+        pid = int(self.run(cl.start_detached(log_path, argv), check=True).text.strip())
+        ticks = self.process_start(pid)
+        if ticks is None:
+            raise HostError(self.alias, f"started `{argv[0]}` (pid {pid}) but it exited at once; "
+                            f"see {log_path}")
+        return ProcessRef(self.alias, pid, ticks)
+
+    def process_start(self, pid: int) -> int | None:
+        """Kernel start time of pid, or None when no such process (zombies count as gone)."""
+        result = self.run(cl.proc_stat(pid))
+        if not result.ok:
+            return None
+        line = result.text
+        if line.rsplit(")", 1)[1].split()[0] == "Z":
+            return None
+        return cl.parse_start_ticks(line)
+
+    def signal(self, pid: int, name: str = "TERM") -> bool:
+        return self.run(["kill", f"-{name}", str(int(pid))]).ok
+
+    # Tunnels -----------------------------------------------------------------
+
+    @abstractmethod
+    def forward(self, local_port: int, remote_host: str, remote_port: int) -> int:
+        """Make remote_host:remote_port (as seen from this host) reachable on a local port."""
+
+    def cancel_forward(self, local_port: int, remote_host: str, remote_port: int) -> None:
+        """Undo forward; a no-op where no tunnel was needed."""
+
+    def close(self) -> None:
+        """Release the session."""

@@ -1,0 +1,77 @@
+"""The one place remote command lines are built: argv lists in, quoted text out.
+
+Fixed POSIX helpers (write a file exclusively, start a detached process, read a process start
+time) are argv lists whose script part is a constant; every variable part travels as a
+positional argument, so nothing a user wrote is ever parsed by a remote shell.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+# Write stdin to $1 without following an existing file (noclobber), private mode.
+WRITE_EXCLUSIVE = 'umask 077 && set -C && cat > "$1"'
+# Start "$@" in its own session, output to $1, print its pid.
+START_DETACHED = 'log="$1"; shift; setsid "$@" >"$log" 2>&1 </dev/null & echo $!'
+# Print "<inode> <sha256>" of a regular file, or nothing when absent.
+STAT_FILE = '[ -f "$1" ] && [ ! -L "$1" ] || exit 3; i=$(stat -c %i -- "$1") && ' \
+    's=$(sha256sum -- "$1") && echo "$i ${s%% *}"'
+# Print "<inode>" of a directory, or exit 3.
+STAT_DIR = '[ -d "$1" ] && [ ! -L "$1" ] || exit 3; stat -c %i -- "$1"'
+
+
+def check_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """Reject argv that cannot be sent faithfully (non-strings, NUL bytes, empty)."""
+    if not argv:
+        raise ValueError("empty command")
+    for arg in argv:
+        if not isinstance(arg, str):
+            raise TypeError(f"argv items must be str, got {type(arg).__name__}")
+        if "\x00" in arg:
+            raise ValueError("argv items cannot contain NUL")
+    return tuple(argv)
+
+
+def remote_line(argv: Sequence[str]) -> str:
+    """Quote argv once for the remote login shell."""
+    return shlex.join(check_argv(argv))
+
+
+def sh(script: str, *args: str) -> list[str]:
+    """argv for a constant POSIX script with positional arguments."""
+    return ["sh", "-c", script, "sh", *args]
+
+
+def write_exclusive(path: str) -> list[str]:
+    return sh(WRITE_EXCLUSIVE, path)
+
+
+def start_detached(log_path: str, argv: Sequence[str]) -> list[str]:
+    return sh(START_DETACHED, log_path, *check_argv(argv))
+
+
+def stat_file(path: str) -> list[str]:
+    return sh(STAT_FILE, path)
+
+
+def stat_dir(path: str) -> list[str]:
+    return sh(STAT_DIR, path)
+
+
+def sha256_file(path: str) -> list[str]:
+    return ["sha256sum", "--", path]
+
+
+def read_file(path: str) -> list[str]:
+    return ["cat", "--", path]
+
+
+def proc_stat(pid: int) -> list[str]:
+    return ["cat", f"/proc/{int(pid)}/stat"]
+
+
+def parse_start_ticks(stat_line: str) -> int:
+    """Field 22 (starttime) of /proc/<pid>/stat; the command name may contain ') '."""
+    after = stat_line.rsplit(")", 1)[1].split()
+    return int(after[19])

@@ -1,0 +1,151 @@
+"""A host reached with the OpenSSH client through one ControlMaster per physical host.
+
+Host keys come only from the deployment's own known_hosts (StrictHostKeyChecking=yes); keys
+authenticate in BatchMode; a password reaches `sshpass -e` only through the SSHPASS variable of
+the master connection, so it is never in any argv, log or record.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from narwhal.core.errors import HostError, HostKeyChanged, HostUnreachable
+from narwhal.core.secret import Secret
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.trust import pinned_fingerprints, scan_fingerprints
+from narwhal.deploy.inputs.destination import Destination
+
+UNREACHABLE_MARKERS = ("Connection timed out", "Connection refused", "No route to host",
+                       "Could not resolve hostname", "Network is unreachable",
+                       "Operation timed out", "Connection closed by")
+KEY_MARKERS = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed",
+               "No ED25519 host key is known", "No ECDSA host key is known",
+               "No RSA host key is known")
+
+
+class SshHost(Host):
+    transport = "ssh"
+
+    def __init__(self, alias: str, destination: Destination, *, known_hosts: Path,
+                 control_dir: Path, key: str | None = None, password: Secret | None = None,
+                 connect_timeout: int = 10, ssh_config: str | None = None) -> None:
+        super().__init__(alias)
+        self.destination = destination
+        self.known_hosts = known_hosts
+        self.control_path = control_dir / f"{alias}.sock"
+        self.key = key
+        self.password = password
+        self.connect_timeout = connect_timeout
+        self.ssh_config = ssh_config
+        self._master_up = False
+
+    def _options(self) -> list[str]:
+        opts = [
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", "HashKnownHosts=no",
+            "-o", f"ConnectTimeout={self.connect_timeout}",
+            "-o", "ServerAliveInterval=5",
+            "-o", "ServerAliveCountMax=3",
+            "-o", f"ControlPath={self.control_path}",
+            "-o", "LogLevel=ERROR",
+            "-o", "KexAlgorithms=curve25519-sha256,curve25519-sha256@libssh.org,"
+                  "sntrup761x25519-sha512@openssh.com",
+        ]
+        if self.ssh_config:
+            opts = ["-F", self.ssh_config, *opts]
+        if self.destination.port:
+            opts += ["-p", str(self.destination.port)]
+        if self.password is not None:
+            opts += ["-o", "PubkeyAuthentication=no",
+                     "-o", "PreferredAuthentications=password,keyboard-interactive",
+                     "-o", "NumberOfPasswordPrompts=1"]
+        elif self.key:
+            opts += ["-i", self.key, "-o", "IdentitiesOnly=yes",
+                     "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no"]
+        return opts
+
+    def _start_master(self) -> None:
+        argv = ["ssh", *self._options(), "-M", "-N", "-f", "-o", "ControlMaster=yes",
+                "-o", "ControlPersist=600"]
+        env = dict(os.environ)
+        if self.password is not None:
+            argv = ["sshpass", "-e", *argv, "-o", "BatchMode=no"]
+            env["SSHPASS"] = self.password.reveal()
+        else:
+            argv += ["-o", "BatchMode=yes"]
+        argv += [self.destination.target]
+        try:
+            done = subprocess.run(argv, capture_output=True, env=env, check=False,
+                                  stdin=subprocess.DEVNULL, timeout=self.connect_timeout + 15)
+        except subprocess.TimeoutExpired:
+            raise HostUnreachable(self.alias, f"no SSH answer within {self.connect_timeout} s; "
+                                  "check the route, port and firewall") from None
+        if done.returncode != 0:
+            self._classify(done.returncode, done.stderr.decode("utf-8", "replace"))
+        self._master_up = True
+
+    def _classify(self, status: int, stderr: str) -> None:
+        if any(m in stderr for m in KEY_MARKERS):
+            pinned = pinned_fingerprints(self.known_hosts, self.destination)
+            if not pinned:
+                raise HostError(self.alias, "host key is not pinned; run `narwhal hosts trust` "
+                                "and verify the fingerprint it shows")
+            presented = scan_fingerprints(self.destination, self.connect_timeout)
+            raise HostKeyChanged(self.alias, ", ".join(pinned), ", ".join(presented) or "unknown")
+        if any(m in stderr for m in UNREACHABLE_MARKERS):
+            reason = next(m for m in UNREACHABLE_MARKERS if m in stderr)
+            raise HostUnreachable(self.alias, f"cannot connect ({reason.lower()}) within "
+                                  f"{self.connect_timeout} s; check the route, port and firewall")
+        if "Permission denied" in stderr or status == 5:
+            raise HostError(self.alias, "authentication failed; check the user, the key "
+                            "(NARWHAL_SSH_KEY) or the password variable")
+        last = stderr.strip().splitlines()[-1:] or [f"ssh exited {status}"]
+        raise HostError(self.alias, f"ssh failed: {last[0][:200]}")
+
+    def _exec(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
+              env: Mapping[str, str] | None) -> tuple[int, bytes, bytes]:
+        if env:
+            raise HostError(self.alias, "environment variables cannot be sent over SSH; "
+                            "pass values as files or stdin")
+        if not self._master_up or not self.control_path.exists():
+            self._start_master()
+        ssh = ["ssh", *self._options(), "-o", "ControlMaster=no", "-o", "BatchMode=yes", "-T",
+               self.destination.target, "--", cl.remote_line(argv)]
+        try:
+            done = subprocess.run(ssh, input=stdin if stdin is not None else b"",
+                                  capture_output=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise HostError(self.alias, f"`{argv[0]}` did not finish within {timeout} s",
+                            command=argv[0]) from None
+        if done.returncode == 255 and b"Control socket" in done.stderr:
+            self._master_up = False
+        return done.returncode, done.stdout, done.stderr
+
+    def forward(self, local_port: int, remote_host: str, remote_port: int) -> int:
+        self._control("forward", local_port, remote_host, remote_port)
+        return local_port
+
+    def cancel_forward(self, local_port: int, remote_host: str, remote_port: int) -> None:
+        self._control("cancel", local_port, remote_host, remote_port)
+
+    def _control(self, verb: str, local_port: int, remote_host: str, remote_port: int) -> None:
+        if not self._master_up:
+            self._start_master()
+        spec = f"127.0.0.1:{int(local_port)}:{remote_host}:{int(remote_port)}"
+        done = subprocess.run(["ssh", *self._options(), "-O", verb, "-L", spec,
+                               self.destination.target], capture_output=True, check=False)
+        if done.returncode != 0:
+            raise HostError(self.alias, f"port forward {verb} failed: "
+                            f"{done.stderr.decode('utf-8', 'replace').strip()[:200]}")
+
+    def close(self) -> None:
+        if self.control_path.exists():
+            subprocess.run(["ssh", *self._options(), "-O", "exit", self.destination.target],
+                           capture_output=True, check=False)
+        self._master_up = False

@@ -1,0 +1,195 @@
+"""Field types of the `.env` vocabulary: each parses a string and says how to fix a bad one.
+
+The checks live in pydantic annotated types so one model validates a whole engine at once and
+every error comes back with the field it belongs to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+# Characters a shell would treat specially. Values that end up in remote argv are quoted in one
+# place anyway; refusing these catches pasted fragments of shell that were never meant as values.
+SHELL_META = set(";|&$`<>(){}[]'\"\\*?!#~\n\t ")
+IMAGE_RE = re.compile(r"(?:sha256:[0-9a-f]{64}|[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64})")
+REVISION_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+IFACE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,199}")
+GPU_UUID_RE = re.compile(r"GPU-[0-9a-fA-F-]{8,64}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DEPLOYMENT_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+# How to fix each field, shown beside the problem.
+FIXES: dict[str, str] = {
+    "engine_image": "pin the image by ID (sha256:<64 hex>) or digest (<name>@sha256:<64 hex>)",
+    "model_name": "use the model name the engines serve, e.g. Qwen/Qwen2.5-0.5B-Instruct",
+    "model_dir": "give an absolute path on the engine host without shell characters",
+    "run_dir": "give an absolute path on the engine host without shell characters",
+    "fabric_interface": "name the fabric network interface as `ip link` shows it, e.g. eth1",
+    "engine_port": "use a TCP port number from 1 to 65535",
+    "attest_port": "use a TCP port number from 1 to 65535",
+    "nixl_side_channel_port": "use a TCP port number from 1 to 65535",
+    "ucx_tcp_port_range": "write LOW-HIGH with 1 <= LOW <= HIGH <= 65535, e.g. 30000-30100",
+    "gpu_ids": "list GPU indices or NVIDIA UUIDs separated by commas, e.g. 0,1",
+    "tensor_parallel_size": "use a whole number >= 1, at most the GPUs of the engine",
+    "model_dtype": "use bfloat16 or float16",
+    "block_size": "use a power of two from 1 to 1024 (vLLM's default is 16; Narwhal's 128)",
+    "engine_args": 'write a JSON array of strings, e.g. ["--max-num-seqs","8"]',
+    "engine_env": 'write a JSON object of string values, e.g. {"VLLM_LOGGING_LEVEL":"INFO"}',
+    "transfer_transport": "use ucx_tcp or ucx_rdma",
+    "transfer_net_devices": "name the transfer network devices, comma separated",
+    "transfer_devices": 'write a JSON array of device names, e.g. ["mlx5_0"]',
+    "gpu_tls": "use cuda, cuda_copy or rocm",
+    "model_config_sha256": "give the 64-hex sha256 of the model's config.json",
+    "gpu_memory_utilization": "use a number greater than 0 and at most 1",
+    "ip": "give one of the fabric interface's own addresses, e.g. 10.0.0.5",
+    "url": "write http://HOST:PORT with an explicit port and no path",
+    "attestation_url": "write http://HOST:PORT/v1/attestation with an explicit port",
+    "ssh_key": "give the absolute path of an existing private key file on this workstation",
+}
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be text")
+    return value
+
+
+def _no_shell(value: str) -> str:
+    bad = sorted({c for c in value if c in SHELL_META})
+    if bad:
+        shown = " ".join(repr(c) for c in bad)
+        raise ValueError(f"contains shell characters {shown}")
+    return value
+
+
+def _pattern(regex: re.Pattern[str], what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not regex.fullmatch(value):
+            raise ValueError(f"is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _abs_path(value: str) -> str:
+    _no_shell(value)
+    path = PurePosixPath(value)
+    if not path.is_absolute():
+        raise ValueError("is not an absolute path")
+    if ".." in path.parts:
+        raise ValueError("contains '..'")
+    return str(path)
+
+
+def _whole(value: Any) -> int:
+    text = _text(value).strip()
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ValueError("is not a whole number")
+    return int(text)
+
+
+def _port_range(value: Any) -> tuple[int, int]:
+    match = re.fullmatch(r"([0-9]{1,5})-([0-9]{1,5})", _text(value))
+    if not match:
+        raise ValueError("is not LOW-HIGH")
+    low, high = int(match[1]), int(match[2])
+    if not 1 <= low <= high <= 65535:
+        raise ValueError("is not an ascending range inside 1-65535")
+    return (low, high)
+
+
+def _gpu_ids(value: Any) -> tuple[str, ...]:
+    items = [item.strip() for item in _text(value).split(",")]
+    if not items or any(not item for item in items):
+        raise ValueError("has an empty entry")
+    for item in items:
+        if not (re.fullmatch(r"[0-9]{1,3}", item) or GPU_UUID_RE.fullmatch(item)):
+            raise ValueError(f"entry {item[:40]!r} is neither an index nor a GPU UUID")
+    if len(set(items)) != len(items):
+        raise ValueError("names a GPU twice")
+    return tuple(items)
+
+
+def _json_str_list(value: Any) -> tuple[str, ...]:
+    try:
+        parsed = json.loads(_text(value))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is not JSON ({exc.msg})") from exc
+    if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
+        raise ValueError("is not a JSON array of strings")
+    return tuple(parsed)
+
+
+def _json_env(value: Any) -> dict[str, str]:
+    try:
+        parsed = json.loads(_text(value))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is not JSON ({exc.msg})") from exc
+    if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
+        raise ValueError("is not a JSON object of string values")
+    for name in parsed:
+        if not ENV_NAME_RE.fullmatch(name):
+            raise ValueError(f"has an invalid variable name {name[:40]!r}")
+    return dict(parsed)
+
+
+def _block_size(value: int) -> int:
+    if value < 1 or value > 1024 or value & (value - 1):
+        raise ValueError("is not a power of two from 1 to 1024")
+    return value
+
+
+def _fraction(value: Any) -> float:
+    try:
+        number = float(_text(value))
+    except ValueError as exc:
+        raise ValueError("is not a number") from exc
+    if not math.isfinite(number) or not 0 < number <= 1:
+        raise ValueError("is not in (0, 1]")
+    return number
+
+
+def _positive_seconds(value: Any) -> float:
+    try:
+        number = float(_text(value))
+    except ValueError as exc:
+        raise ValueError("is not a number") from exc
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError("is not a finite number of seconds above 0")
+    return number
+
+
+def _ip(value: Any) -> str:
+    try:
+        return str(ipaddress.ip_address(_text(value)))
+    except ValueError as exc:
+        raise ValueError("is not an IP address") from exc
+
+
+Port = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=65535)]
+PositiveInt = Annotated[int, BeforeValidator(_whole), Field(ge=1)]
+SafeText = Annotated[str, AfterValidator(_no_shell)]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+ImageRef = Annotated[str, _pattern(IMAGE_RE, "an image ID or digest reference")]
+Revision = Annotated[str, _pattern(REVISION_RE, "a full 40- or 64-hex commit id")]
+Interface = Annotated[str, _pattern(IFACE_RE, "an interface name")]
+ModelName = Annotated[str, _pattern(MODEL_NAME_RE, "a model name")]
+DeploymentName = Annotated[str, _pattern(DEPLOYMENT_RE, "a lower-case name of letters, digits, -")]
+Sha256Hex = Annotated[str, _pattern(SHA256_RE, "64 lower-case hex digits")]
+PortRange = Annotated[tuple[int, int], BeforeValidator(_port_range)]
+GpuIds = Annotated[tuple[str, ...], BeforeValidator(_gpu_ids)]
+StrList = Annotated[tuple[str, ...], BeforeValidator(_json_str_list)]
+EnvMap = Annotated[dict[str, str], BeforeValidator(_json_env)]
+BlockSize = Annotated[int, BeforeValidator(_whole), AfterValidator(_block_size)]
+Fraction = Annotated[float, BeforeValidator(_fraction)]
+Seconds = Annotated[float, BeforeValidator(_positive_seconds)]
+IpText = Annotated[str, BeforeValidator(_ip)]

@@ -1,0 +1,56 @@
+"""Digests of the named inputs that define each gate (secrets excluded: a digest of a password
+would be a guessable copy of it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from narwhal.core.documents import digest
+from narwhal.core.gates import GATE_INPUTS
+from narwhal.deploy.inputs.model import Inputs
+
+
+def _file_digest(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return digest(Path(path).read_bytes().hex())
+    except OSError:
+        return "missing"
+
+
+def input_values(inputs: Inputs) -> dict[str, Any]:
+    """The plain values behind each named input."""
+    engines = inputs.engines
+
+    def per_engine(*attrs: str) -> dict[str, Any]:
+        return {e.role: {a: getattr(e, a) for a in attrs} for e in engines}
+
+    return {
+        "revision": inputs.revision,
+        "hosts": {"router": inputs.router.ssh.text, **{e.role: e.ssh.text for e in engines}},
+        "engine-image": per_engine("engine_image"),
+        "model": per_engine("model_name", "model_dir", "model_config_sha256"),
+        "launch-policy": per_engine("gpu_ids", "tensor_parallel_size", "model_dtype",
+                                    "block_size", "engine_args", "engine_env", "run_dir",
+                                    "gpu_memory_utilization"),
+        "fabric": per_engine("fabric_interface", "ip"),
+        "transport": per_engine("transfer_transport", "transfer_net_devices",
+                                "transfer_devices", "gpu_tls", "ucx_tcp_port_range"),
+        "ports": per_engine("engine_port", "attest_port", "nixl_side_channel_port", "url",
+                            "attestation_url"),
+        "ssh-keys": {"known_hosts": _file_digest(inputs.known_hosts),
+                     "keys": sorted({k for k in [inputs.ssh_key, inputs.router.ssh_key,
+                                                 *[e.ssh_key for e in engines]] if k})},
+        "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
+        "router": {"url": inputs.router.url},
+        "workload": {},
+    }
+
+
+def gate_fingerprints(inputs: Inputs) -> dict[str, dict[str, str]]:
+    """For every gate, the digest of each input it declares."""
+    values = input_values(inputs)
+    return {gate: {name: digest(values[name]) for name in names}
+            for gate, names in GATE_INPUTS.items()}

@@ -1,0 +1,285 @@
+"""Load the workstation `.env` into `Inputs`, reporting every problem in one pass.
+
+Nothing here writes a file or contacts a host: a bad `.env` changes nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from narwhal.core.errors import InputError, Problem
+from narwhal.core.secret import Secret
+from narwhal.deploy.inputs import fields as f
+from narwhal.deploy.inputs.destination import Destination, parse_destination
+from narwhal.deploy.inputs.envfile import EnvEntry, is_secret_name, parse_env_text
+from narwhal.deploy.inputs.model import EngineInputs, Inputs, RouterInputs
+from narwhal.deploy.inputs.relations import check_colocation
+from narwhal.deploy.inputs.urls import check_url
+from narwhal.deploy.inputs.vocabulary import (
+    ENGINE_FIELDS,
+    GLOBAL_ONLY,
+    NODE_ONLY,
+    OTHER_KNOWN,
+    REQUIRED_ENGINE_FIELDS,
+    EngineFieldValues,
+)
+
+NODE_RE = re.compile(r"NARWHAL_NODE_([0-9]+)_([A-Z0-9_]+)")
+PREFIX = "NARWHAL_"
+ATTR_TO_FIELD = {attr: name for name, attr in {**ENGINE_FIELDS, **NODE_ONLY}.items()}
+
+
+def _known_names() -> list[str]:
+    names = [PREFIX + n for n in [*ENGINE_FIELDS, *GLOBAL_ONLY]]
+    names += [f"NARWHAL_NODE_1_{n}" for n in [*ENGINE_FIELDS, *NODE_ONLY]]
+    return names + sorted(OTHER_KNOWN)
+
+
+def _shown(key: str, value: str) -> str:
+    """How a value may appear in an error: never for secrets, truncated otherwise."""
+    return "" if is_secret_name(key) else f" {value[:60]!r}"
+
+
+class _Reader:
+    """Collects problems while turning entries into typed inputs."""
+
+    def __init__(self, entries: list[EnvEntry]) -> None:
+        self.values = {e.key: e.value for e in entries}
+        self.problems: list[Problem] = []
+        self.globals: dict[str, str] = {}
+        self.nodes: dict[int, dict[str, str]] = {}
+
+    def add(self, field: str, problem: str, fix: str) -> None:
+        item = Problem(field, problem, fix)
+        if item not in self.problems:
+            self.problems.append(item)
+
+    def classify(self) -> None:
+        for key, value in self.values.items():
+            if value == "":
+                self.add(key, "is empty", "set a value or delete the line (an empty override "
+                         "would silently replace the fleet-wide value)")
+                continue
+            node = NODE_RE.fullmatch(key)
+            if node:
+                number, field = node[1], node[2]
+                if number.startswith("0"):
+                    self.add(key, "engine number has a leading zero or is 0",
+                             "number engines 1, 2, 3, ... without leading zeros")
+                elif field not in ENGINE_FIELDS and field not in NODE_ONLY:
+                    self._unknown(key)
+                else:
+                    self.nodes.setdefault(int(number), {})[field] = value
+            elif key.startswith(PREFIX) and key[len(PREFIX):] in {*ENGINE_FIELDS, *GLOBAL_ONLY}:
+                self.globals[key[len(PREFIX):]] = value
+            elif key not in OTHER_KNOWN:
+                self._unknown(key)
+
+    def _unknown(self, key: str) -> None:
+        close = difflib.get_close_matches(key, _known_names(), n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]}?" if close else "see `narwhal init` for the vocabulary"
+        self.add(key, "is not a Narwhal variable (a typo would silently fall back to a default)",
+                 hint)
+
+    def _broken(self, field: str, n: int) -> bool:
+        """True when the variable had a line-level problem already reported."""
+        names = {PREFIX + field, f"NARWHAL_NODE_{n}_{field}"}
+        return any(p.field.split(" ")[0] in names for p in self.problems)
+
+    def var(self, n: int, field: str) -> str:
+        return f"NARWHAL_NODE_{n}_{field}" if field in self.nodes.get(n, {}) else PREFIX + field
+
+    def destination(self, key: str, text: str) -> Destination | None:
+        try:
+            return parse_destination(text)
+        except ValueError as exc:
+            self.add(key, f"{exc}{_shown(key, text)}",
+                     "write user@host or ssh://user@host:port (no leading '-', no spaces)")
+            return None
+
+    def engine(self, n: int) -> EngineInputs | None:
+        own = self.nodes[n]
+        if "SSH" not in own:
+            self.add(f"NARWHAL_NODE_{n}_SSH", f"is not set but other NARWHAL_NODE_{n}_* are",
+                     f"set NARWHAL_NODE_{n}_SSH to the engine host's SSH destination")
+            return None
+        dest = self.destination(f"NARWHAL_NODE_{n}_SSH", own["SSH"])
+        merged: dict[str, Any] = {}
+        for field, attr in ENGINE_FIELDS.items():
+            if field in own:
+                merged[attr] = own[field]
+            elif field in self.globals:
+                merged[attr] = self.globals[field]
+            elif field in REQUIRED_ENGINE_FIELDS and not self._broken(field, n):
+                self.add(PREFIX + field, f"is required (engine-{n} has no value)",
+                         f"set {PREFIX + field} or NARWHAL_NODE_{n}_{field}")
+        for field in ("IP", "URL", "ATTESTATION_URL"):
+            if field in own:
+                merged[NODE_ONLY[field]] = own[field]
+        key_text = own.get("SSH_KEY") or self.globals.get("SSH_KEY")
+        if key_text:
+            merged["ssh_key"] = key_text
+        typed = self._validate(n, merged)
+        if typed is None or dest is None:
+            return None
+        self._check_urls(n, typed)
+        self._check_key_file(self.var(n, "SSH_KEY") if "SSH_KEY" in own else "NARWHAL_SSH_KEY",
+                             typed.ssh_key)
+        password = own.get("SSH_PASSWORD")
+        return EngineInputs(
+            n=n, ssh=dest, **typed.model_dump(),
+            ssh_password=Secret(password, f"NARWHAL_NODE_{n}_SSH_PASSWORD") if password else None,
+        )
+
+    def _validate(self, n: int, merged: dict[str, Any]) -> EngineFieldValues | None:
+        try:
+            return EngineFieldValues.model_validate(merged)
+        except ValidationError as exc:
+            for err in exc.errors():
+                if err["type"] == "missing":
+                    continue  # already reported as a required variable
+                attr = str(err["loc"][0]) if err["loc"] else ""
+                field = ATTR_TO_FIELD.get(attr, attr.upper())
+                key = self.var(n, field) if field in ENGINE_FIELDS else f"NARWHAL_NODE_{n}_{field}"
+                if attr == "ssh_key":
+                    key = self.var(n, "SSH_KEY") if "SSH_KEY" in self.nodes[n] else "NARWHAL_SSH_KEY"
+                raw = merged.get(attr, "")
+                message = str(err["msg"]).removeprefix("Value error, ")
+                self.add(key, f"{message}{_shown(key, str(raw))}",
+                         f.FIXES.get(attr, "see `narwhal init` for the expected form"))
+            return None
+
+    def _check_urls(self, n: int, typed: EngineFieldValues) -> None:
+        for attr, path in (("url", ""), ("attestation_url", "/v1/attestation")):
+            value = getattr(typed, attr)
+            if value is None:
+                continue
+            key = f"NARWHAL_NODE_{n}_{attr.upper()}"
+            try:
+                check_url(value, path)
+            except ValueError as exc:
+                self.add(key, f"{exc}{_shown(key, value)}", f.FIXES[attr])
+
+    def _check_key_file(self, key: str, path: str | None) -> None:
+        if path is None:
+            return
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            self.add(key, f"names {path!r}, which does not exist on this workstation",
+                     f.FIXES["ssh_key"])
+            return
+        if not stat.S_ISREG(mode):
+            self.add(key, f"{path!r} is not a regular file", f.FIXES["ssh_key"])
+
+    def router(self, engines: dict[int, EngineInputs]) -> RouterInputs | None:
+        text = self.globals.get("ROUTER_SSH")
+        if text is None:
+            if not engines:
+                return None
+            first = engines[min(engines)]
+            return RouterInputs(ssh=first.ssh, ssh_password=first.ssh_password,
+                                ssh_key=first.ssh_key, api_key=self._secret("ROUTER_API_KEY"))
+        dest = self.destination("NARWHAL_ROUTER_SSH", text)
+        key = self.globals.get("ROUTER_SSH_KEY") or self.globals.get("SSH_KEY")
+        if key is not None:
+            self._check_key_file("NARWHAL_ROUTER_SSH_KEY" if "ROUTER_SSH_KEY" in self.globals
+                                 else "NARWHAL_SSH_KEY", key)
+        url = self.globals.get("ROUTER_URL")
+        if url is not None:
+            try:
+                check_url(url, "")
+            except ValueError as exc:
+                self.add("NARWHAL_ROUTER_URL", f"{exc}{_shown('NARWHAL_ROUTER_URL', url)}",
+                         "write http://HOST:PORT with an explicit port")
+        if dest is None:
+            return None
+        return RouterInputs(ssh=dest, ssh_password=self._secret("ROUTER_SSH_PASSWORD"),
+                            ssh_key=key, url=url, api_key=self._secret("ROUTER_API_KEY"))
+
+    def _secret(self, field: str) -> Secret | None:
+        value = self.globals.get(field)
+        return Secret(value, PREFIX + field) if value else None
+
+    def typed_global(self, field: str, adapter: Any, fix: str, default: Any = None) -> Any:
+        if field not in self.globals:
+            return default
+        from pydantic import TypeAdapter
+
+        try:
+            return TypeAdapter(adapter).validate_python(self.globals[field])
+        except ValidationError as exc:
+            message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+            key = PREFIX + field
+            self.add(key, f"{message}{_shown(key, self.globals[field])}", fix)
+            return default
+
+
+def parse_inputs(text: str, source: Path) -> Inputs:
+    """Validate .env text; raise InputError listing every problem."""
+    entries, problems = parse_env_text(text)
+    reader = _Reader(entries)
+    reader.problems.extend(problems)
+    reader.classify()
+    passwords = {n for n, own in reader.nodes.items() if "SSH_PASSWORD" in own and "SSH" not in own}
+    for n in sorted(passwords):
+        reader.add(f"NARWHAL_NODE_{n}_SSH_PASSWORD", f"is set but NARWHAL_NODE_{n}_SSH is not",
+                   f"set NARWHAL_NODE_{n}_SSH or delete the password")
+    engines = {n: e for n in sorted(reader.nodes) if (e := reader.engine(n)) is not None}
+    declared = [n for n in reader.nodes if "SSH" in reader.nodes[n]]
+    if len(declared) < 2:
+        reader.add("NARWHAL_NODE_<n>_SSH", f"{len(declared)} engine(s) declared",
+                   "declare at least two engines: NARWHAL_NODE_1_SSH and NARWHAL_NODE_2_SSH")
+    router = reader.router(engines)
+    for problem in check_colocation(list(engines.values()), reader.var):
+        reader.add(problem.field, problem.problem, problem.fix)
+    revision = reader.typed_global("DEPLOYMENT_REVISION", f.Revision,
+                                   "give the full commit id: git rev-parse HEAD")
+    if "DEPLOYMENT_REVISION" not in reader.globals:
+        reader.add("NARWHAL_DEPLOYMENT_REVISION", "is required",
+                   "set it to the approved full commit id (git rev-parse HEAD)")
+    deployment = reader.typed_global("DEPLOYMENT", f.DeploymentName,
+                                     "use lower-case letters, digits and '-'", "fleet")
+    known_hosts = reader.typed_global("SSH_KNOWN_HOSTS", f.AbsPath,
+                                      "give an absolute path for the pinned host keys")
+    timeout = reader.typed_global("SSH_CONNECT_TIMEOUT", f.PositiveInt,
+                                  "give whole seconds, e.g. 10", 10)
+    ttft = reader.typed_global("TTFT_S", f.Seconds, "give seconds above 0, e.g. 10", 10.0)
+    tpot = reader.typed_global("TPOT_S", f.Seconds, "give seconds above 0, e.g. 0.125", 0.125)
+    if reader.problems or router is None:
+        raise InputError(str(source), reader.problems)
+    return Inputs(
+        source=source, deployment=deployment, revision=revision,
+        engines=tuple(engines.values()), router=router,
+        ssh_key=reader.globals.get("SSH_KEY"), known_hosts=known_hosts,
+        connect_timeout_s=timeout, ttft_s=ttft, tpot_s=tpot,
+        engine_key=reader._secret("ENGINE_KEY"), hf_token=reader._secret("HF_TOKEN"),
+        model_repo_id=reader.values.get("MODEL_REPO_ID"),
+        model_revision=reader.values.get("MODEL_REVISION"),
+    )
+
+
+def load_inputs(path: Path) -> Inputs:
+    """Read and validate the `.env` at path."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(str(path), [Problem(str(path), "does not exist",
+                                             "run `narwhal init` to write a template")]) from None
+    except UnicodeDecodeError:
+        raise InputError(str(path), [Problem(str(path), "is not UTF-8 text",
+                                             "save it as UTF-8")]) from None
+    inputs = parse_inputs(text, path)
+    mode = path.stat().st_mode
+    if inputs.secrets() and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InputError(str(path), [Problem(str(path), f"holds secrets but has mode "
+                                             f"{stat.S_IMODE(mode):04o}",
+                                             f"chmod 600 {path}")])
+    return inputs

@@ -1,0 +1,87 @@
+"""The typed, validated inputs of one deployment, as read from the workstation `.env`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from narwhal.core.secret import Secret
+from narwhal.deploy.inputs.destination import Destination
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class EngineInputs(_Frozen):
+    """One engine role (`engine-<n>`), globals already merged with its NODE overrides."""
+
+    n: int
+    ssh: Destination
+    ssh_password: Secret | None = None
+    ssh_key: str | None = None
+    ip: str | None = None
+    url: str | None = None
+    attestation_url: str | None = None
+    engine_image: str
+    model_name: str
+    model_dir: str
+    run_dir: str
+    fabric_interface: str
+    engine_port: int
+    attest_port: int
+    nixl_side_channel_port: int
+    ucx_tcp_port_range: tuple[int, int]
+    gpu_ids: tuple[str, ...] | None = None
+    tensor_parallel_size: int | None = None
+    model_dtype: str | None = None
+    block_size: int = 128
+    engine_args: tuple[str, ...] | None = None
+    engine_env: dict[str, str] | None = None
+    transfer_transport: str = "ucx_tcp"
+    transfer_net_devices: str | None = None
+    transfer_devices: tuple[str, ...] = ()
+    gpu_tls: str | None = None
+    model_config_sha256: str | None = None
+    gpu_memory_utilization: float | None = None
+
+    @property
+    def role(self) -> str:
+        return f"engine-{self.n}"
+
+
+class RouterInputs(_Frozen):
+    """The router and observability host."""
+
+    ssh: Destination
+    ssh_password: Secret | None = None
+    ssh_key: str | None = None
+    url: str | None = None
+    api_key: Secret | None = None
+
+
+class Inputs(_Frozen):
+    """Everything a deployment starts from. Secrets are `Secret`; nothing else is secret."""
+
+    source: Path
+    deployment: str
+    revision: str
+    engines: tuple[EngineInputs, ...]
+    router: RouterInputs
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+    connect_timeout_s: int = 10
+    ttft_s: float = 10.0
+    tpot_s: float = 0.125
+    engine_key: Secret | None = None
+    hf_token: Secret | None = None
+    model_repo_id: str | None = None
+    model_revision: str | None = None
+
+    def secrets(self) -> list[Secret]:
+        """Every secret value held, for redaction and leak scans."""
+        found: list[Secret | None] = [self.engine_key, self.hf_token, self.router.ssh_password,
+                                      self.router.api_key]
+        found += [e.ssh_password for e in self.engines]
+        return [s for s in found if s is not None and s.reveal()]

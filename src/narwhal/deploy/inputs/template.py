@@ -1,0 +1,49 @@
+"""The commented `.env` template `narwhal init` writes."""
+
+TEMPLATE = """\
+# Narwhal workstation inputs. Private: keep mode 0600; never commit it.
+# KEY=value lines only; no shell expansion. Quote values with spaces.
+# NARWHAL_<FIELD> sets a fleet-wide value; NARWHAL_NODE_<n>_<FIELD> overrides it for engine n.
+
+# Deployment name (the record lives in runs/<name>/) and the approved source revision.
+NARWHAL_DEPLOYMENT=fleet
+NARWHAL_DEPLOYMENT_REVISION=
+
+# SSH destinations: user@host or ssh://user@host:port. One engine per NARWHAL_NODE_<n>_SSH.
+# Roles with the same destination share one physical host.
+NARWHAL_ROUTER_SSH=
+NARWHAL_NODE_1_SSH=
+NARWHAL_NODE_2_SSH=
+# Private key for key auth (absolute path on this workstation).
+NARWHAL_SSH_KEY=
+# Password auth instead (needs sshpass): <ssh variable>_PASSWORD, e.g.
+# NARWHAL_NODE_2_SSH_PASSWORD=
+# Pinned host keys (default runs/<deployment>/known_hosts); fill with `narwhal hosts trust`.
+# NARWHAL_SSH_KNOWN_HOSTS=
+# NARWHAL_SSH_CONNECT_TIMEOUT=10
+
+# Engine image pinned by ID (sha256:<64 hex>) or digest (<name>@sha256:<64 hex>).
+NARWHAL_ENGINE_IMAGE=
+NARWHAL_ENGINE_MODEL_NAME=
+# Paths on the engine hosts.
+NARWHAL_MODEL_DIR=
+NARWHAL_RUN_DIR=
+NARWHAL_FABRIC_INTERFACE=
+# Optional per engine: NARWHAL_NODE_<n>_IP (fabric address), NARWHAL_NODE_<n>_GPU_IDS=0,1
+
+# Ports on each engine host.
+NARWHAL_ENGINE_PORT=8000
+NARWHAL_ATTEST_PORT=8010
+NARWHAL_NIXL_SIDE_CHANNEL_PORT=5600
+NARWHAL_UCX_TCP_PORT_RANGE=30000-30100
+
+# Launch policy (optional): TENSOR_PARALLEL_SIZE, MODEL_DTYPE (bfloat16|float16), BLOCK_SIZE,
+# ENGINE_ARGS (JSON array), ENGINE_ENV (JSON object), TRANSFER_TRANSPORT (ucx_tcp|ucx_rdma).
+
+# Service level objectives (seconds).
+NARWHAL_TTFT_S=10
+NARWHAL_TPOT_S=0.125
+
+# Secrets (optional): API key the engines require.
+# NARWHAL_ENGINE_KEY=
+"""

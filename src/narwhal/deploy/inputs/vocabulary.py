@@ -1,0 +1,91 @@
+"""The `.env` vocabulary: which variables exist, which are per-engine, which are required.
+
+`NARWHAL_<FIELD>` sets a fleet-wide value; `NARWHAL_NODE_<n>_<FIELD>` overrides it for engine n.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from narwhal.deploy.inputs import fields as f
+
+# FIELD suffix -> attribute name, for fields that may be global or per engine.
+ENGINE_FIELDS: dict[str, str] = {
+    "ENGINE_IMAGE": "engine_image",
+    "ENGINE_MODEL_NAME": "model_name",
+    "MODEL_DIR": "model_dir",
+    "RUN_DIR": "run_dir",
+    "FABRIC_INTERFACE": "fabric_interface",
+    "ENGINE_PORT": "engine_port",
+    "ATTEST_PORT": "attest_port",
+    "NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port",
+    "UCX_TCP_PORT_RANGE": "ucx_tcp_port_range",
+    "GPU_IDS": "gpu_ids",
+    "TENSOR_PARALLEL_SIZE": "tensor_parallel_size",
+    "MODEL_DTYPE": "model_dtype",
+    "BLOCK_SIZE": "block_size",
+    "ENGINE_ARGS": "engine_args",
+    "ENGINE_ENV": "engine_env",
+    "TRANSFER_TRANSPORT": "transfer_transport",
+    "TRANSFER_NET_DEVICES": "transfer_net_devices",
+    "TRANSFER_DEVICES": "transfer_devices",
+    "GPU_TLS": "gpu_tls",
+    "MODEL_CONFIG_SHA256": "model_config_sha256",
+    "GPU_MEMORY_UTILIZATION": "gpu_memory_utilization",
+}
+REQUIRED_ENGINE_FIELDS = (
+    "ENGINE_IMAGE", "ENGINE_MODEL_NAME", "MODEL_DIR", "RUN_DIR", "FABRIC_INTERFACE",
+    "ENGINE_PORT", "ATTEST_PORT", "NIXL_SIDE_CHANNEL_PORT", "UCX_TCP_PORT_RANGE",
+)
+# Per-engine only (no global form).
+NODE_ONLY: dict[str, str] = {
+    "SSH": "ssh",
+    "SSH_PASSWORD": "ssh_password",
+    "SSH_KEY": "ssh_key",
+    "IP": "ip",
+    "URL": "url",
+    "ATTESTATION_URL": "attestation_url",
+}
+# Fleet-wide only.
+GLOBAL_ONLY: set[str] = {
+    "DEPLOYMENT", "DEPLOYMENT_REVISION", "ROUTER_SSH", "ROUTER_SSH_PASSWORD", "ROUTER_SSH_KEY",
+    "ROUTER_URL", "ROUTER_API_KEY", "SSH_KEY", "SSH_KNOWN_HOSTS", "SSH_CONNECT_TIMEOUT",
+    "TTFT_S", "TPOT_S", "ENGINE_KEY", "HF_TOKEN", "GRAFANA_BIND_ADDRESS",
+    "PROMETHEUS_LISTEN_ADDRESS", "SHARED_GPU_ALLOWANCE",
+}
+# Variables outside the NARWHAL_ namespace that the runbook uses (checkpoint staging).
+OTHER_KNOWN: set[str] = {"MODEL_REPO_ID", "MODEL_REVISION"}
+
+
+class EngineFieldValues(BaseModel):
+    """Validation of one engine's merged string values; errors come back per field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine_image: f.ImageRef
+    model_name: f.ModelName
+    model_dir: f.AbsPath
+    run_dir: f.AbsPath
+    fabric_interface: f.Interface
+    engine_port: f.Port
+    attest_port: f.Port
+    nixl_side_channel_port: f.Port
+    ucx_tcp_port_range: f.PortRange
+    gpu_ids: f.GpuIds | None = None
+    tensor_parallel_size: f.PositiveInt | None = None
+    model_dtype: Literal["bfloat16", "float16"] | None = None
+    block_size: f.BlockSize = 128
+    engine_args: f.StrList | None = None
+    engine_env: f.EnvMap | None = None
+    transfer_transport: Literal["ucx_tcp", "ucx_rdma"] = "ucx_tcp"
+    transfer_net_devices: f.SafeText | None = None
+    transfer_devices: f.StrList = ()
+    gpu_tls: Literal["cuda", "cuda_copy", "rocm"] | None = None
+    model_config_sha256: f.Sha256Hex | None = None
+    gpu_memory_utilization: f.Fraction | None = None
+    ip: f.IpText | None = None
+    url: str | None = None
+    attestation_url: str | None = None
+    ssh_key: f.AbsPath | None = None

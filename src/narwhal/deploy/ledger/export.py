@@ -1,0 +1,132 @@
+"""Export the deployment record with addresses, host names, user names, home paths and
+secrets replaced by stable aliases, and a manifest of what was replaced (kinds, aliases and
+counts; the originals stay in the private alias map beside the record)."""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+import json
+import re
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from narwhal.core.documents import sha256_bytes, stamp
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger.evidence import EvidenceWriter, Redactor, private_dir
+from narwhal.deploy.ledger.store import Ledger
+
+IPV4_RE = re.compile(rb"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?![0-9])")
+IPV6_RE = re.compile(rb"(?<![0-9A-Za-z:])(?:[0-9a-fA-F]{1,4}:){2,7}[0-9a-fA-F]{0,4}(?![0-9A-Za-z:])")
+HOME_RE = re.compile(rb"/home/[A-Za-z0-9_.-]+|/root(?![A-Za-z0-9_-])")
+ALIAS_FILE = "export-aliases.json"
+SKIP = {".lock", ALIAS_FILE}
+
+
+class Aliaser:
+    """Stable original -> alias map per kind, persisted privately between exports."""
+
+    def __init__(self, stored: dict[str, dict[str, str]]) -> None:
+        self.map = {kind: dict(stored.get(kind, {})) for kind in
+                    ("secret", "address", "host", "user", "home")}
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def alias(self, kind: str, original: str) -> str:
+        table = self.map[kind]
+        if original not in table:
+            table[original] = f"{kind}-{len(table) + 1}"
+        self.counts[(kind, table[original])] += 1
+        return table[original]
+
+
+def _private_address(text: bytes) -> bool:
+    try:
+        addr = ipaddress.ip_address(text.decode())
+    except ValueError:
+        return False
+    return addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_reserved \
+        or addr.is_multicast or addr.is_unspecified or addr in ipaddress.ip_network("100.64.0.0/10")
+
+
+class Scrubber:
+    """Applies every replacement to one file's bytes."""
+
+    def __init__(self, inputs: Inputs, aliaser: Aliaser) -> None:
+        self.aliaser = aliaser
+        self.secrets = {s.reveal(): s.name or "unnamed" for s in inputs.secrets()}
+        dests = [inputs.router.ssh, *[e.ssh for e in inputs.engines]]
+        self.addresses = {d.host for d in dests if _is_ip(d.host)}
+        self.addresses |= {e.ip for e in inputs.engines if e.ip}
+        self.hosts = {d.host for d in dests if not _is_ip(d.host)} | {socket.gethostname()}
+        self.users = {d.user for d in dests if d.user} | {getpass.getuser()}
+
+    def __call__(self, data: bytes) -> bytes:
+        for value, name in self.secrets.items():
+            if value.encode() in data:
+                data = data.replace(value.encode(), f"<{self.aliaser.alias('secret', name)}>"
+                                    .encode())
+        data = HOME_RE.sub(lambda m: f"<{self.aliaser.alias('home', m[0].decode())}>".encode(),
+                           data)
+        for address in sorted(self.addresses, key=len, reverse=True):
+            data = re.sub(rb"(?<![0-9A-Za-z.:])" + re.escape(address.encode())
+                          + rb"(?![0-9A-Za-z:]|\.[0-9])",
+                          self.aliaser.alias("address", address).encode(), data)
+        for pattern in (IPV4_RE, IPV6_RE):
+            data = pattern.sub(self._address, data)
+        for kind, names in (("host", self.hosts), ("user", self.users)):
+            for name in sorted(names, key=len, reverse=True):
+                data = re.sub(rb"(?<![A-Za-z0-9_-])" + re.escape(name.encode())
+                              + rb"(?![A-Za-z0-9_-])",
+                              lambda _m, k=kind, n=name: self.aliaser.alias(k, n).encode(), data)
+        return data
+
+    def _address(self, match: re.Match[bytes]) -> bytes:
+        text = match[0]
+        if not _private_address(text):
+            return text
+        return self.aliaser.alias("address", text.decode()).encode()
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def export(ledger: Ledger, inputs: Inputs, out: Path) -> dict[str, Any]:
+    """Write the scrubbed record to out (which must not exist); return the manifest."""
+    if out.exists():
+        raise FileExistsError(f"{out} exists; choose a fresh export path")
+    alias_path = ledger.root / ALIAS_FILE
+    stored = json.loads(alias_path.read_text()) if alias_path.exists() else {}
+    aliaser = Aliaser(stored)
+    scrub = Scrubber(inputs, aliaser)
+    writer = EvidenceWriter(Redactor(inputs.secrets()))
+    private_dir(out)
+    files: dict[str, Any] = {}
+    for path in sorted(p for p in ledger.root.rglob("*") if p.is_file()):
+        rel = path.relative_to(ledger.root)
+        if rel.name in SKIP or rel.name.startswith("."):
+            continue
+        before = Counter(aliaser.counts)
+        clean = scrub(path.read_bytes())
+        private_dir(out / rel.parent)
+        writer.create(out / rel, clean)
+        changed = aliaser.counts - before
+        files[str(rel)] = {"sha256": sha256_bytes(clean),
+                           "replaced": {f"{k}:{a}": n for (k, a), n in sorted(changed.items())}}
+    manifest = stamp("narwhal.export-manifest", 1, {
+        "deployment": ledger.deployment, "exported": time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "aliases": {kind: sorted(table.values()) for kind, table in aliaser.map.items()},
+        "totals": {f"{k}:{a}": n for (k, a), n in sorted(aliaser.counts.items())},
+        "files": files,
+    })
+    writer.create_json(out / "export-manifest.json", manifest)
+    writer.replace_json(alias_path, aliaser.map)
+    return manifest

@@ -1,0 +1,104 @@
+"""Remove exactly what a failed attempt created, and only while it still is what was created.
+
+A file is removed only if its inode and sha256 still match; a directory only if its inode
+matches and it is empty by then; a process only if its pid still has the same kernel start
+time. Everything else is kept and reported. The failed attempt's evidence is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from narwhal.core.errors import HostError, LedgerError
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.ledger.evidence import read_rows
+from narwhal.deploy.ledger.store import Ledger
+
+STOP_WAIT_S = 5.0
+
+
+def target_attempt(ledger: Ledger, gate: str, attempt_id: str | None) -> str:
+    """The attempt to recover: the one named, else the gate's last one, which must not have
+    passed."""
+    entry = ledger.load()["gates"].get(gate) or ledger.load()["activities"].get(gate)
+    if not entry or not entry["attempts"]:
+        raise LedgerError(f"gate {gate} has no attempts to recover")
+    chosen = attempt_id or entry["attempts"][-1]
+    if chosen not in entry["attempts"]:
+        raise LedgerError(f"gate {gate} has no attempt {chosen!r}; known: "
+                          + ", ".join(entry["attempts"]))
+    done = ledger.attempt_folder(gate, chosen) / "attempt.json"
+    if done.exists() and json.loads(done.read_text()).get("verdict") == "passed":
+        raise LedgerError(f"attempt {chosen} of gate {gate} passed; recovery only undoes "
+                          "failed or interrupted attempts")
+    return chosen
+
+
+def _file(host: Host, item: dict[str, Any]) -> str:
+    facts = host.stat_file(item["path"])
+    if facts is None:
+        return "already gone"
+    if facts != (item["inode"], item["sha256"]):
+        return "kept: replaced or changed after the attempt created it"
+    host.run(["rm", "-f", "--", item["path"]], check=True)
+    return "removed"
+
+
+def _dir(host: Host, item: dict[str, Any]) -> str:
+    inode = host.stat_dir(item["path"])
+    if inode is None:
+        return "already gone"
+    if inode != item["inode"]:
+        return "kept: a different directory now has this path"
+    if not host.run(["rmdir", "--", item["path"]]).ok:
+        return "kept: not empty (holds files the attempt did not create)"
+    return "removed"
+
+
+def _process(host: Host, item: dict[str, Any]) -> str:
+    ticks = host.process_start(item["pid"])
+    if ticks is None:
+        return "already gone"
+    if ticks != item["start_ticks"]:
+        return "kept: the pid now belongs to another process"
+    host.signal(item["pid"], "TERM")
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        if host.process_start(item["pid"]) != item["start_ticks"]:
+            return "stopped"
+        time.sleep(0.1)
+    host.signal(item["pid"], "KILL")
+    return "killed after it ignored TERM"
+
+
+ACTIONS: dict[str, Callable[[Host, dict[str, Any]], str]] = {
+    "file": _file, "dir": _dir, "process": _process}
+
+
+def recover(ledger: Ledger, gate: str, host_for: Callable[[str], Host],
+            attempt_id: str | None = None) -> list[dict[str, Any]]:
+    """Undo one attempt; returns one row per owned item with what was done."""
+    chosen = target_attempt(ledger, gate, attempt_id)
+    owned = read_rows(ledger.attempt_folder(gate, chosen) / "owned.jsonl")
+    report: list[dict[str, Any]] = []
+    with ledger.attempt("recover", fingerprint={}, hosts={},
+                        retry_of=f"{gate}/{chosen}") as record:
+        for item in reversed(owned):
+            action = ACTIONS.get(item.get("kind", ""))
+            if action is None:
+                report.append({**item, "result": "kept: unknown kind"})
+                continue
+            host = host_for(item["host"])
+            try:
+                with record.bind(host):
+                    result = action(host, item)
+            except HostError as exc:
+                result = f"kept: {exc}"
+            report.append({**item, "result": result})
+        record.add_artifact("recovery.json", (json.dumps(
+            {"gate": gate, "attempt": chosen, "items": report}, indent=2) + "\n").encode())
+    ledger._update(gate, state="pending", cause=f"attempt {chosen} recovered")
+    return report

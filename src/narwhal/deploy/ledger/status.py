@@ -1,0 +1,60 @@
+"""Gate states, computed: passed gates whose inputs moved are stale, and so is what follows.
+
+This is the runbook's "Repeat work when its measured input changes" table, derived from the
+recorded fingerprints instead of remembered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from narwhal.core.gates import GATE_NAMES, GATES
+
+
+@dataclass(frozen=True)
+class GateStatus:
+    gate: str
+    letter: str
+    state: str          # pending | running | passed | failed | blocked | stale
+    attempts: int
+    last: str
+    reason: str
+    repeat: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gate": self.gate, "letter": self.letter, "state": self.state,
+                "attempts": self.attempts, "last_attempt": self.last, "reason": self.reason,
+                "repeat": list(self.repeat)}
+
+
+def moved_inputs(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
+    """Names of inputs whose digest differs (or appeared/disappeared) since the gate passed."""
+    return sorted(k for k in set(recorded) | set(current)
+                  if k in recorded and recorded.get(k) != current.get(k))
+
+
+def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None) -> list[GateStatus]:
+    """Status rows for every gate. `current` maps gate -> its fingerprint now (None: unknown)."""
+    rows: list[GateStatus] = []
+    upstream_stale = ""
+    for gate in GATES:
+        entry = doc.get("gates", {}).get(gate.name, {})
+        state = entry.get("state", "pending")
+        reason = entry.get("cause", "")
+        repeat: tuple[str, ...] = ()
+        if state == "passed" and current is not None:
+            moved = moved_inputs(entry.get("fingerprint", {}), current.get(gate.name, {}))
+            if moved:
+                state, reason = "stale", "input moved: " + ", ".join(moved)
+            elif upstream_stale:
+                state, reason = "stale", f"upstream gate {upstream_stale} is stale"
+        if state == "stale":
+            upstream_stale = upstream_stale or gate.name
+            later = GATE_NAMES[GATE_NAMES.index(gate.name):]
+            repeat = tuple(g for g in later
+                           if doc.get("gates", {}).get(g, {}).get("state") == "passed")
+        attempts = entry.get("attempts", [])
+        rows.append(GateStatus(gate.name, gate.letter, state, len(attempts),
+                               attempts[-1] if attempts else "", reason, repeat))
+    return rows

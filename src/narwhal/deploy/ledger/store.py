@@ -1,0 +1,140 @@
+"""The ledger index (`ledger.json`) and the creation of attempts under a lock.
+
+`runs/<deployment>/ledger.json` is the only file that changes in place (atomic rename); every
+attempt's evidence lives in `runs/<deployment>/<gate>/<attempt>/` and is written once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from narwhal.core.documents import expect, stamp
+from narwhal.core.errors import GateBlocked, LedgerError
+from narwhal.core.gates import ACTIVITIES, GATE_NAMES
+from narwhal.core.secret import Secret
+from narwhal.deploy.ledger.attempt import Attempt, iso
+from narwhal.deploy.ledger.evidence import EvidenceWriter, Redactor, private_dir
+from narwhal.deploy.ledger.revision import source_revision
+
+LEDGER_SCHEMA = "narwhal.ledger"
+START_SCHEMA = "narwhal.attempt-start"
+
+
+class Ledger:
+    """One deployment's record."""
+
+    def __init__(self, runs: Path, deployment: str, secrets: Iterable[Secret] = ()) -> None:
+        self.runs = runs
+        self.deployment = deployment
+        self.root = runs / deployment
+        self.writer = EvidenceWriter(Redactor(secrets))
+
+    @property
+    def index_path(self) -> Path:
+        return self.root / "ledger.json"
+
+    def ensure(self) -> Ledger:
+        """Create the private deployment folder and an empty index, once."""
+        private_dir(self.runs)
+        private_dir(self.root)
+        if not self.index_path.exists():
+            with self.lock():
+                if not self.index_path.exists():
+                    self.writer.replace_json(self.index_path, stamp(LEDGER_SCHEMA, 1, {
+                        "deployment": self.deployment, "created": iso(time.time()),
+                        "gates": {}, "activities": {}}))
+        return self
+
+    def exists(self) -> bool:
+        return self.index_path.exists()
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        private_dir(self.root)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def load(self) -> dict[str, Any]:
+        try:
+            doc = json.loads(self.index_path.read_text())
+        except FileNotFoundError:
+            raise LedgerError(f"no deployment record at {self.root}; run a gate first "
+                              "(or `narwhal status` after `narwhal inputs`)") from None
+        except json.JSONDecodeError as exc:
+            raise LedgerError(f"{self.index_path} is corrupt ({exc.msg})") from exc
+        return expect(doc, LEDGER_SCHEMA, 1)
+
+    def _entry(self, doc: dict[str, Any], step: str) -> dict[str, Any]:
+        table = "gates" if step in GATE_NAMES else "activities"
+        if step not in GATE_NAMES and step not in ACTIVITIES and step != "recover":
+            raise LedgerError(f"unknown gate or activity {step!r}")
+        entry: dict[str, Any] = doc[table].setdefault(
+            step, {"state": "pending", "attempts": [], "fingerprint": {}, "cause": ""})
+        return entry
+
+    def _update(self, step: str, **changes: Any) -> None:
+        with self.lock():
+            doc = self.load()
+            entry = self._entry(doc, step)
+            entry.update(changes, updated=iso(time.time()))
+            self.writer.replace_json(self.index_path, doc)
+
+    @contextmanager
+    def attempt(self, step: str, *, fingerprint: dict[str, str], hosts: dict[str, list[str]],
+                deployment_revision: str = "", retry_of: str = "") -> Iterator[Attempt]:
+        """Open an attempt; record its verdict (passed, blocked, failed) however it ends."""
+        self.ensure()
+        started = time.time()
+        with self.lock():
+            doc = self.load()
+            entry = self._entry(doc, step)
+            number = len(entry["attempts"]) + 1
+            attempt_id = f"{number:03d}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}"
+            folder = private_dir(self.root / step / attempt_id)
+            starting_state = {name: info["state"] for name, info in doc["gates"].items()}
+            start_doc = {
+                "deployment": self.deployment, "gate": step, "attempt": attempt_id,
+                "retry_of": retry_of or (entry["attempts"][-1] if entry["attempts"] else ""),
+                "hosts": hosts, "source_revision": source_revision(),
+                "deployment_revision": deployment_revision, "starting_state": starting_state,
+                "input_fingerprint": fingerprint, "started": iso(started),
+                "started_epoch": started, "pid": os.getpid(),
+            }
+            self.writer.create_json(folder / "start.json", stamp(START_SCHEMA, 1, start_doc))
+            entry["attempts"].append(attempt_id)
+            entry.update(state="running", cause="", updated=iso(started))
+            self.writer.replace_json(self.index_path, doc)
+        attempt = Attempt(self, step, attempt_id, folder, start_doc)
+        try:
+            yield attempt
+        except GateBlocked as exc:
+            attempt.finish("blocked", exc.cause)
+            self._update(step, state="blocked", cause=exc.cause, last=attempt_id)
+            raise
+        except BaseException as exc:
+            cause = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            attempt.finish("failed", cause)
+            self._update(step, state="failed", cause=cause, last=attempt_id)
+            raise
+        attempt.finish("passed")
+        self._update(step, state="passed", cause="", fingerprint=fingerprint, last=attempt_id)
+
+    def block(self, step: str, cause: str, *, fingerprint: dict[str, str]) -> None:
+        """Record a gate as blocked without running anything (a precondition failed)."""
+        with self.attempt(step, fingerprint=fingerprint, hosts={}) as att:
+            att.block(cause)
+
+    def attempt_folder(self, step: str, attempt_id: str) -> Path:
+        return self.root / step / attempt_id

@@ -1,0 +1,208 @@
+"""Each host's private files: home, /tmp, /srv, passwd, sshd config and key, inventory data,
+tool doubles, device files and a sysfs-like PCI tree.
+
+All of it lives under the lab directory and is bind-mounted into the host's own mount namespace
+by boot.py, so nothing in the machine's /etc, /dev or /sys changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from narwhal.lab import identity
+from narwhal.lab.plan import HostPlan, LabPlan
+from narwhal.lab.run import run
+
+DOUBLES = {
+    "nvidia-smi": "nvidia_smi",
+    "rocminfo": "rocminfo",
+    "lspci": "lspci",
+    "ib_write_bw": "ib_write_bw",
+    "docker": "docker_cli",
+}
+NARWHAL_SRC = Path(__file__).resolve().parents[2]
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def make_client_key(plan: LabPlan) -> None:
+    plan.ws_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not plan.client_key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "narwhal-lab-workstation",
+             "-f", str(plan.client_key)])
+
+
+def make_host_key(h: HostPlan, *, fresh: bool = False) -> None:
+    key = h.dir / "sshd" / "ssh_host_ed25519_key"
+    key.parent.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        key.unlink(missing_ok=True)
+        key.with_suffix(".pub").unlink(missing_ok=True)
+    if not key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.netns, "-f", str(key)])
+
+
+def host_key_line(h: HostPlan) -> str:
+    pub = (h.dir / "sshd" / "ssh_host_ed25519_key.pub").read_text().split()
+    return f"{h.mgmt_ip} {pub[0]} {pub[1]}"
+
+
+def password_file(plan: LabPlan, host: str, user: str) -> Path:
+    return plan.dir / "secrets" / f"{host}.{user}"
+
+
+def _hash_password(password: str) -> str:
+    # The password goes in on stdin, never in argv.
+    return run(["openssl", "passwd", "-6", "-stdin"], input_text=password + "\n").stdout.strip()
+
+
+def _etc(plan: LabPlan, h: HostPlan) -> bool:
+    """Write the host's passwd/shadow/group; return whether any user logs in by password."""
+    etc = h.dir / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    passwd = Path("/etc/passwd").read_text().splitlines()
+    shadow = Path("/etc/shadow").read_text().splitlines()
+    group = Path("/etc/group").read_text().splitlines()
+    any_password = False
+    for uid, user in enumerate(h.host.users, start=2000):
+        home = "/root" if user.name == "root" else f"/home/{user.name}"
+        (h.dir / home.lstrip("/")).mkdir(parents=True, exist_ok=True, mode=0o700)
+        if user.name != "root":
+            passwd.append(f"{user.name}:x:{uid}:{uid}::{home}:/bin/bash")
+            group.append(f"{user.name}:x:{uid}:")
+            shadow.append(f"{user.name}:*:20000:0:99999:7:::")
+        if user.auth == "password":
+            any_password = True
+            secret = secrets.token_urlsafe(15)
+            pw_file = password_file(plan, h.name, user.name)
+            pw_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _write(pw_file, secret, 0o600)
+            hashed = _hash_password(secret)
+            shadow = [f"{user.name}:{hashed}:" + ":".join(line.split(":")[2:])
+                      if line.split(":")[0] == user.name else line for line in shadow]
+        else:
+            ssh_dir = h.dir / home.lstrip("/") / ".ssh"
+            ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _write(ssh_dir / "authorized_keys", plan.client_key.with_suffix(".pub").read_text(), 0o600)
+    _write(etc / "passwd", "\n".join(passwd) + "\n")
+    _write(etc / "group", "\n".join(group) + "\n")
+    _write(etc / "shadow", "\n".join(shadow) + "\n", 0o640)
+    _write(etc / "hostname", h.netns + "\n")
+    return any_password
+
+
+def _sshd_config(h: HostPlan, password: bool) -> None:
+    root_pw = any(u.name == "root" and u.auth == "password" for u in h.host.users)
+    d = h.dir / "sshd"
+    _write(d / "sshd_config", "\n".join([
+        f"ListenAddress {h.mgmt_ip}",
+        "Port 22",
+        f"HostKey {d / 'ssh_host_ed25519_key'}",
+        f"PidFile {d / 'sshd.pid'}",
+        "UsePAM no",
+        f"PermitRootLogin {'yes' if root_pw else 'prohibit-password'}",
+        f"PasswordAuthentication {'yes' if password else 'no'}",
+        "KbdInteractiveAuthentication no",
+        "AuthorizedKeysFile .ssh/authorized_keys",
+        "StrictModes no",
+        "UseDNS no",
+        "MaxStartups 100:30:200",
+        "MaxSessions 50",
+        "SetEnv PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "Subsystem sftp internal-sftp",
+        "LogLevel VERBOSE",
+        "",
+    ]))
+
+
+def _doubles(plan: LabPlan, h: HostPlan) -> None:
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "/usr/bin/env python3"
+    acc = h.host.hardware.accelerators if h.host.hardware else None
+    for tool, module in DOUBLES.items():
+        if tool == "nvidia-smi" and (acc is None or acc.vendor != "NVIDIA"):
+            continue
+        if tool == "rocminfo" and (acc is None or acc.vendor != "AMD"):
+            continue
+        _write(h.dir / "bin" / tool, "\n".join([
+            f"#!{python} -I",
+            f'"""Lab double of {tool}; data from {h.dir / "data"}."""',
+            "import sys",
+            f"sys.path.insert(0, {str(NARWHAL_SRC)!r})",
+            f"from narwhal.lab.doubles.{module} import main",
+            f"sys.exit(main({str(h.dir)!r}, sys.argv[1:]))",
+            "",
+        ]), 0o755)
+
+
+def _devices_and_pci(h: HostPlan) -> None:
+    dev, pci = h.dir / "dev", h.dir / "pci"
+    for d in (dev, pci):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    if h.host.hardware is None:
+        return
+    acc = h.host.hardware.accelerators
+    names = (["nvidiactl", "nvidia-uvm"] + [f"nvidia{i}" for i in range(acc.count)]
+             if acc.vendor == "NVIDIA" else
+             ["kfd"] + [f"dri/renderD{128 + i}" for i in range(acc.count)] + [f"dri/card{i}" for i in range(acc.count)])
+    names += [f"infiniband/uverbs{i}" for i in range(len(h.host.hardware.rdma))]
+    for name in names:
+        _write(dev / name, "", 0o666)
+    vendor, klass, device = identity.PCI_IDS[acc.vendor]
+    for row in identity.accelerator_rows(acc):
+        node = pci / row["sysfs"]
+        for key, value in (("vendor", vendor), ("class", klass), ("device", device),
+                           ("subsystem_vendor", vendor), ("numa_node", "0")):
+            _write(node / key, value + "\n")
+
+
+def _inventory(plan: LabPlan, h: HostPlan) -> None:
+    spec = plan.spec
+    data = {
+        "host": h.name,
+        "netns": h.netns,
+        "mgmt_ip": h.mgmt_ip,
+        "fabric_ip": h.fabric_ip,
+        "fabric_mtu": spec.fabric.mtu,
+        "hardware": h.host.hardware.model_dump() if h.host.hardware else None,
+        "images": [identity.image_document(spec.image)] if h.host.role == "engine" else [],
+    }
+    _write(h.dir / "data" / "host.json", json.dumps(data, indent=1))
+    for sub in ("docker", "faults"):
+        (h.dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+def _model(plan: LabPlan, h: HostPlan) -> None:
+    spec = plan.spec
+    (h.dir / spec.run_dir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    if h.host.role != "engine":
+        return
+    mdir = h.dir / spec.model.dir.lstrip("/")
+    _write(mdir / "config.json", json.dumps(spec.model.config, indent=2, sort_keys=True) + "\n")
+    _write(mdir / "generation_config.json", json.dumps({"bos_token_id": 1, "eos_token_id": 2}) + "\n")
+    _write(mdir / "tokenizer_config.json", json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "model_max_length": spec.model.config.get(
+            "max_position_embeddings", 4096)}) + "\n")
+
+
+def prepare_host(plan: LabPlan, h: HostPlan) -> None:
+    """Lay out every private file of one host (idempotent; keeps an existing host key)."""
+    for sub, mode in (("root", 0o700), ("home", 0o755), ("tmp", 0o1777), ("srv", 0o755),
+                      ("realdev", 0o755)):
+        p = h.dir / sub
+        p.mkdir(parents=True, exist_ok=True)
+        os.chmod(p, mode)
+    make_host_key(h)
+    _sshd_config(h, _etc(plan, h))
+    _doubles(plan, h)
+    _devices_and_pci(h)
+    _inventory(plan, h)
+    _model(plan, h)
