@@ -187,8 +187,10 @@ def check_pair(producer: Geometry, consumer: Geometry) -> PairReport:
             "tp_divisibility", "tensor_parallel_size", producer.tp, consumer.tp,
             "the TP sizes do not divide each other", "use TP sizes where one divides the other"))
     else:
-        for rule in (_blocks(c, ratio), _replication(c), _layout(c, ratio), _block_lens(c, ratio)):
-            findings.extend(rule)
+        block_findings = list(_blocks(c, ratio))
+        findings.extend([*block_findings, *_replication(c), *_layout(c, ratio)])
+        if not block_findings:  # the block_len equations assume nested kernel blocks
+            findings.extend(_block_lens(c, ratio))
     findings.extend(_mamba(c))
     return PairReport(producer=producer.engine, consumer=consumer.engine,
                       hash_equal=producer.compatibility_hash == consumer.compatibility_hash,

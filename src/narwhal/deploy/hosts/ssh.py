@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class SshHost(Host):
         self.connect_timeout = connect_timeout
         self.ssh_config = ssh_config
         self._master_up = False
+        self._master: subprocess.Popen[bytes] | None = None
 
     def _options(self) -> list[str]:
         opts = [
@@ -71,8 +73,13 @@ class SshHost(Host):
         return opts
 
     def _start_master(self) -> None:
-        argv = ["ssh", *self._options(), "-M", "-N", "-f", "-o", "ControlMaster=yes",
-                "-o", "ControlPersist=600"]
+        """Start the one master connection of this host and wait for its control socket.
+
+        The master stays a child of this process (no -f): under sshpass a forked-off master
+        would lose its pseudo-terminal and die.
+        """
+        self._stop_master()
+        argv = ["ssh", *self._options(), "-M", "-N", "-o", "ControlMaster=yes"]
         env = dict(os.environ)
         if self.password is not None:
             argv = ["sshpass", "-e", *argv, "-o", "BatchMode=no"]
@@ -80,15 +87,35 @@ class SshHost(Host):
         else:
             argv += ["-o", "BatchMode=yes"]
         argv += [self.destination.target]
-        try:
-            done = subprocess.run(argv, capture_output=True, env=env, check=False,
-                                  stdin=subprocess.DEVNULL, timeout=self.connect_timeout + 15)
-        except subprocess.TimeoutExpired:
-            raise HostUnreachable(self.alias, f"no SSH answer within {self.connect_timeout} s; "
-                                  "check the route, port and firewall") from None
-        if done.returncode != 0:
-            self._classify(done.returncode, done.stderr.decode("utf-8", "replace"))
+        log = self.control_path.with_suffix(".log")
+        with open(log, "wb") as err:
+            self._master = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=err,
+                                            start_new_session=True)
+        deadline = time.monotonic() + self.connect_timeout + 5
+        while not self.control_path.exists():
+            status = self._master.poll()
+            if status is not None:
+                self._master = None
+                self._classify(status, log.read_text(errors="replace"))
+            if time.monotonic() > deadline:
+                self._stop_master()
+                raise HostUnreachable(self.alias, f"no SSH answer within "
+                                      f"{self.connect_timeout} s; check the route, port and "
+                                      "firewall")
+            time.sleep(0.02)
         self._master_up = True
+
+    def _stop_master(self) -> None:
+        master, self._master = getattr(self, "_master", None), None
+        if master is not None and master.poll() is None:
+            master.terminate()
+            try:
+                master.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                master.kill()
+                master.wait()
+        self._master_up = False
 
     def _classify(self, status: int, stderr: str) -> None:
         if any(m in stderr for m in KEY_MARKERS):
@@ -145,7 +172,4 @@ class SshHost(Host):
                             f"{done.stderr.decode('utf-8', 'replace').strip()[:200]}")
 
     def close(self) -> None:
-        if self.control_path.exists():
-            subprocess.run(["ssh", *self._options(), "-O", "exit", self.destination.target],
-                           capture_output=True, check=False)
-        self._master_up = False
+        self._stop_master()

@@ -39,8 +39,11 @@ class Redactor:
 
 
 def private_dir(path: Path) -> Path:
-    """Create path (and parents) as 0700 directories; an existing one is tightened to 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    """Create path and every missing parent as 0700; an existing leaf is tightened to 0700."""
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    for folder in reversed(missing):
+        folder.mkdir(mode=DIR_MODE, exist_ok=True)
+        os.chmod(folder, DIR_MODE)
     os.chmod(path, DIR_MODE)
     return path
 

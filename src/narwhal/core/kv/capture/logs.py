@@ -61,6 +61,18 @@ def _num(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+def parse_capacity(text: str) -> tuple[str, int, int, float] | None:
+    """(device, tokens, max_model_len, concurrency) from the one KV cache size line, if any."""
+    caps = set(_CAPACITY.findall(text))
+    if len(caps) > 1:
+        raise ContractError(f"log has {len(caps)} different KV cache size lines; "
+                            "capture one engine's log")
+    cap = _CAPACITY.search(text)
+    if cap is None:
+        return None
+    return cap["device"], _num(cap["tokens"]), _num(cap["max_len"]), float(cap["conc"])
+
+
 def parse_startup_log(text: str) -> StartupFacts:
     """Read every KV fact the log states; the layout is required, the rest may be absent."""
     layout = parse_layout(text)
@@ -68,19 +80,15 @@ def parse_startup_log(text: str) -> StartupFacts:
     if (m := _BACKENDS.search(text)) is not None:
         backends = tuple(n.strip().strip("'\"") for n in m["names"].split(",") if n.strip())
     avail = _AVAILABLE.search(text)
-    caps = _CAPACITY.findall(text)
-    if len({c for c in caps}) > 1:
-        raise ContractError(f"startup log has {len(caps)} different KV cache size lines; "
-                            "capture one engine's log")
-    cap = _CAPACITY.search(text)
+    cap = parse_capacity(text)
     passed = _HASH_PASSED.search(text)
     return StartupFacts(
         kv_cache_layout=layout,
         attention_backends=backends,
         available_kv_gib=float(avail["gib"]) if avail else None,
-        kv_cache_tokens=_num(cap["tokens"]) if cap else None,
-        max_model_len=_num(cap["max_len"]) if cap else None,
-        max_concurrency=float(cap["conc"]) if cap else None,
-        device=cap["device"] if cap else None,
+        kv_cache_tokens=cap[1] if cap else None,
+        max_model_len=cap[2] if cap else None,
+        max_concurrency=cap[3] if cap else None,
+        device=cap[0] if cap else None,
         compatibility_hash_passed=passed["hash"] if passed else None,
     )

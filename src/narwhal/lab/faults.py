@@ -1,0 +1,216 @@
+"""Faults a rehearsal needs, each recorded in the state file so `lab fault clear` undoes it.
+
+Network faults live only inside the affected host's namespace (tc on its fabric egress, one nft
+table per fault), so undoing one never disturbs another and nothing touches the root namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+from narwhal.lab import boot, hostfs
+from narwhal.lab.lifecycle import boot_host, locked, plan_from_state
+from narwhal.lab.network import FABRIC_IF
+from narwhal.lab.plan import LabPlan
+from narwhal.lab.run import LabError, in_netns, run
+from narwhal.lab.state import LabState, alive
+
+FILL_NAME = ".lab-fill"
+
+
+def _table(fault_id: int, hook: str, rule: str) -> str:
+    """One nft table per fault, so deleting the table undoes exactly that fault."""
+    return "\n".join([f"table inet nwlab_{fault_id} {{", f"  chain c {{",
+                      f"    type filter hook {hook} priority 0; policy accept;", f"    {rule}",
+                      "  }", "}", ""])
+
+
+class Faults:
+    """Apply and undo faults on one running lab; every change is saved to its state file."""
+
+    def __init__(self, state_path: Path) -> None:
+        self.state_path = state_path
+        self.state = LabState.read(state_path)
+        self.plan: LabPlan = plan_from_state(self.state)
+
+    def _next_id(self) -> int:
+        return max((f["id"] for f in self.state.faults), default=0) + 1
+
+    def _record(self, fault: dict[str, Any]) -> dict[str, Any]:
+        fault.setdefault("id", self._next_id())
+        self.state.faults.append(fault)
+        self.state.save(self.state_path)
+        return fault
+
+    def _tc(self, host: str, *args: str, check: bool = True) -> None:
+        run(in_netns(self.plan.host(host).netns, ["tc", *args]), check=check)
+
+    def _nft(self, host: str, script: str) -> None:
+        run(in_netns(self.plan.host(host).netns, ["nft", "-f", "-"]), input_text=script)
+
+    # network ---------------------------------------------------------------
+    def _apply_shapes(self, src: str) -> None:
+        self._tc(src, "qdisc", "del", "dev", FABRIC_IF, "root", check=False)
+        shapes = [f for f in self.state.faults if f["kind"] == "shape" and f["src"] == src]
+        if not shapes:
+            return
+        self._tc(src, "qdisc", "add", "dev", FABRIC_IF, "root", "handle", "1:", "htb")
+        for f in shapes:
+            dst = self.plan.host(f["dst"])
+            classid = f"1:{10 + dst.index}"
+            self._tc(src, "class", "add", "dev", FABRIC_IF, "parent", "1:", "classid", classid,
+                     "htb", "rate", f["rate"], "ceil", f["rate"])
+            self._tc(src, "filter", "add", "dev", FABRIC_IF, "parent", "1:", "protocol", "ip", "prio",
+                     "1", "u32", "match", "ip", "dst", f"{dst.fabric_ip}/32", "flowid", classid)
+
+    def shape(self, src: str, dst: str, rate: str) -> dict[str, Any]:
+        """Cap the directed fabric edge src -> dst (htb + u32 on src's egress); reverse untouched."""
+        self.plan.host(dst)
+        self.state.faults = [f for f in self.state.faults
+                             if not (f["kind"] == "shape" and (f["src"], f["dst"]) == (src, dst))]
+        fault = self._record({"kind": "shape", "src": src, "dst": dst, "rate": rate})
+        self._apply_shapes(src)
+        return fault
+
+    def loss(self, src: str, dst: str, percent: int) -> dict[str, Any]:
+        if not 0 < percent <= 100:
+            raise LabError(f"loss percent {percent} out of range; give 1..100")
+        fid, ip = self._next_id(), self.plan.host(dst).fabric_ip
+        self._nft(src, _table(fid, "output", f"ip daddr {ip} numgen random mod 100 < {percent} drop"))
+        return self._record({"id": fid, "kind": "loss", "src": src, "dst": dst, "percent": percent})
+
+    def block(self, host: str, port: int, mode: str = "reject", proto: str = "tcp") -> dict[str, Any]:
+        if mode not in ("reject", "drop") or proto not in ("tcp", "udp"):
+            raise LabError("block mode is reject or drop; proto is tcp or udp")
+        fid = self._next_id()
+        verdict = "reject with tcp reset" if mode == "reject" and proto == "tcp" else mode
+        self._nft(host, _table(fid, "input", f"{proto} dport {port} {verdict}"))
+        return self._record({"id": fid, "kind": "block", "host": host, "port": port, "mode": mode,
+                             "proto": proto})
+
+    # hosts -----------------------------------------------------------------
+    def _init(self, host: str) -> Any:
+        hs = self.state.hosts.get(host)
+        if hs is None or hs.init is None or not alive(hs.init):
+            raise LabError(f"host {host} is not running; `narwhal lab fault boot {host}` first")
+        return hs.init
+
+    def crash(self, host: str) -> dict[str, Any]:
+        """Power cut: SIGKILL the host's init, so every process on it dies at once."""
+        boot.stop(self._init(host))
+        self.state.hosts[host].crashed = True
+        return self._record({"kind": "crash", "host": host})
+
+    def boot(self, host: str) -> None:
+        hs = self.state.hosts.get(host)
+        if hs is not None and hs.init is not None and alive(hs.init):
+            raise LabError(f"host {host} is already running")
+        boot_host(self.plan, self.state, host)
+        self.state.faults = [f for f in self.state.faults if not (f["kind"] == "crash" and f["host"] == host)]
+        self.state.save(self.state_path)
+
+    def _restart(self, host: str) -> None:
+        hs = self.state.hosts.get(host)
+        if hs is not None and hs.init is not None:
+            boot.stop(hs.init)
+        boot_host(self.plan, self.state, host)
+
+    def rekey(self, host: str) -> dict[str, Any]:
+        """Give the host a new sshd host key (the old one is kept to restore) and restart sshd."""
+        h = self.plan.host(host)
+        key = h.dir / "sshd" / "ssh_host_ed25519_key"
+        for suffix in ("", ".pub"):
+            orig = Path(f"{key}{suffix}.orig")
+            if not orig.exists():
+                shutil.copy2(f"{key}{suffix}", orig)
+        hostfs.make_host_key(h, fresh=True)
+        self._restart(host)
+        return self._record({"kind": "rekey", "host": host})
+
+    def kill(self, host: str, pid: int, sig: int = signal.SIGKILL) -> int:
+        """Signal the process that has PID `pid` inside the host; return its machine-wide PID."""
+        init = self._init(host)
+        host_ns = os.readlink(f"/proc/{init.pid}/ns/pid")
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.readlink(entry / "ns" / "pid") != host_ns:
+                    continue
+                nspid = next(ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("NSpid:"))
+            except (OSError, StopIteration):
+                continue
+            if nspid.split()[-1] == str(pid):
+                if pid == 1:
+                    raise LabError("pid 1 is the host's init; use `lab fault crash`")
+                os.kill(int(entry.name), sig)
+                return int(entry.name)
+        raise LabError(f"no process {pid} on host {host}")
+
+    def fill(self, host: str) -> dict[str, Any]:
+        """Fill the host's disk directory (a small tmpfs) until writes fail with ENOSPC."""
+        init = self._init(host)
+        target = Path(f"/proc/{init.pid}/root") / self.plan.spec.run_dir.lstrip("/") / FILL_NAME
+        block = b"\0" * (1 << 20)
+        with open(target, "wb") as f:
+            for _ in range(self.plan.host(host).host.disk_mib + 1):
+                try:
+                    f.write(block)
+                    f.flush()
+                except OSError:
+                    break
+        return self._record({"kind": "fill", "host": host})
+
+    def tool(self, host: str, tool: str, exit_code: int, stderr: str, stdout: str = "") -> dict[str, Any]:
+        if tool not in hostfs.DOUBLES:
+            raise LabError(f"no double named {tool!r}; doubles are: {', '.join(hostfs.DOUBLES)}")
+        path = self.plan.host(host).dir / "faults" / f"{tool}.json"
+        path.write_text(json.dumps({"exit_code": exit_code, "stderr": stderr, "stdout": stdout}))
+        return self._record({"kind": "tool", "host": host, "tool": tool, "exit_code": exit_code})
+
+    # undo ------------------------------------------------------------------
+    def _undo(self, f: dict[str, Any]) -> None:
+        kind = f["kind"]
+        if kind == "shape":
+            self._apply_shapes(f["src"])
+        elif kind in ("loss", "block"):
+            host = f["src"] if kind == "loss" else f["host"]
+            run(in_netns(self.plan.host(host).netns, ["nft", "delete", "table", "inet", f"nwlab_{f['id']}"]),
+                check=False)
+        elif kind == "crash":
+            self.boot(f["host"])
+        elif kind == "rekey":
+            key = self.plan.host(f["host"]).dir / "sshd" / "ssh_host_ed25519_key"
+            for suffix in ("", ".pub"):
+                os.replace(f"{key}{suffix}.orig", f"{key}{suffix}")
+            self._restart(f["host"])
+        elif kind == "fill":
+            hs = self.state.hosts[f["host"]]
+            if hs.init is not None and alive(hs.init):
+                root = Path(f"/proc/{hs.init.pid}/root")
+                (root / self.plan.spec.run_dir.lstrip("/") / FILL_NAME).unlink(missing_ok=True)
+        elif kind == "tool":
+            (self.plan.host(f["host"]).dir / "faults" / f"{f['tool']}.json").unlink(missing_ok=True)
+
+    def clear(self, fault_id: int | None = None) -> list[dict[str, Any]]:
+        """Undo one fault, or all of them newest first; return what was undone."""
+        chosen = [f for f in self.state.faults if fault_id is None or f["id"] == fault_id]
+        if fault_id is not None and not chosen:
+            raise LabError(f"no active fault with id {fault_id}")
+        for f in reversed(chosen):
+            self.state.faults = [g for g in self.state.faults if g["id"] != f["id"]]
+            self.state.save(self.state_path)
+            self._undo(f)
+        return chosen
+
+
+def with_faults(state_path: Path) -> Faults:
+    return Faults(state_path)
+
+
+__all__ = ["Faults", "locked", "with_faults"]
