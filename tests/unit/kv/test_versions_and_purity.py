@@ -28,7 +28,7 @@ def test_unknown_vllm_release_fails_with_a_message_naming_it(version: str) -> No
 
 
 def test_a_plan_for_an_unknown_release_is_refused_at_the_field() -> None:
-    with pytest.raises(ValidationError, match="0.31.0"):
+    with pytest.raises(ValidationError, match=r"0\.31\.0"):
         LaunchPlan(model="m", vllm_version="0.31.0")
 
 

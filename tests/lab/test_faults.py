@@ -1,0 +1,49 @@
+"""Host and network faults behave as an operator would see them, and clear restores the host."""
+
+from __future__ import annotations
+
+import pytest
+
+from narwhal.lab.faults import Faults
+from narwhal.lab.testing import ssh
+
+
+@pytest.mark.lab
+def test_crash_refuses_connections_and_boot_restores_the_host(faults: Faults) -> None:
+    faults.crash("eng2")
+    down = ssh(faults.plan, "eng2", "true")
+    assert down.returncode == 255 and "Connection refused" in down.stderr
+    faults.clear()
+    assert ssh(faults.plan, "eng2", "hostname").stdout.strip() == "nwl-eng2"
+
+
+@pytest.mark.lab
+def test_rekeyed_host_fails_strict_host_key_checking(faults: Faults) -> None:
+    faults.rekey("eng1")
+    out = ssh(faults.plan, "eng1", "true")
+    assert out.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in out.stderr
+    faults.clear()
+    assert ssh(faults.plan, "eng1", "true").returncode == 0
+
+
+@pytest.mark.lab
+def test_blocked_port_is_refused_and_full_disk_gives_enospc(faults: Faults) -> None:
+    plan = faults.plan
+    faults.block("eng2", 5201)
+    faults.fill("eng1")
+    eng2 = plan.host("eng2").fabric_ip
+    out = ssh(plan, "eng2", f"iperf3 -s -1 -B {eng2} -D --pidfile /tmp/b.pid")
+    assert out.returncode == 0
+    probe = ssh(plan, "eng1", f"iperf3 -c {eng2} -t 1 -J | grep -c 'Connection refused'; "
+                              f"{{ echo x > {plan.spec.run_dir}/new; }} 2>&1 || echo full")
+    assert probe.stdout.split()[0] == "1" and "No space left on device" in probe.stdout, probe.stdout
+    ssh(plan, "eng2", "kill $(cat /tmp/b.pid)")
+
+
+@pytest.mark.lab
+def test_kill_ends_one_process_by_its_pid_on_that_host(faults: Faults) -> None:
+    start = ssh(faults.plan, "eng3", "setsid -f sleep 300 >/dev/null 2>&1 </dev/null; sleep 0.1; "
+                                     "ps -o pid= -C sleep | head -1")
+    pid = int(start.stdout.split()[0])
+    faults.kill("eng3", pid)
+    assert ssh(faults.plan, "eng3", f"sleep 0.2; kill -0 {pid}").returncode != 0
