@@ -3,6 +3,7 @@ leaks no private address, user name, host name or home path either."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -24,10 +25,8 @@ def _cmdlines() -> list[bytes]:
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            try:
+            with contextlib.suppress(OSError):
                 found.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-            except OSError:
-                pass
     return found
 
 

@@ -51,7 +51,7 @@ def test_digest_is_canonical_and_rejects_nan() -> None:
 def test_expect_names_schema_and_version() -> None:
     doc = stamp("narwhal.thing", 1, {"x": 1})
     assert expect(doc, "narwhal.thing", 1) is doc
-    with pytest.raises(ContractError, match="narwhal.thing v2"):
+    with pytest.raises(ContractError, match=r"narwhal\.thing v2"):
         expect(doc, "narwhal.thing", 2)
 
 

@@ -49,7 +49,7 @@ def test_cpu_capacity_line_is_read_like_the_gpu_one() -> None:
 
 
 def test_connector_intent_alone_is_not_proof_of_the_resolved_layout() -> None:
-    with pytest.raises(ContractError, match="no 'Using <LAYOUT> KV cache layout.' line"):
+    with pytest.raises(ContractError, match=r"no 'Using <LAYOUT> KV cache layout\.' line"):
         parse_layout(text("v0.32-cpu-startup.log"))
 
 
@@ -61,7 +61,8 @@ def test_log_without_any_layout_line_is_refused() -> None:
 
 
 def test_log_with_two_different_layouts_is_refused_naming_both() -> None:
-    log = text("v0.29-gpu-startup.log") + "INFO [kv_cache_layout.py:97] Using LBNHC KV cache layout.\n"
+    extra = "INFO [kv_cache_layout.py:97] Using LBNHC KV cache layout.\n"
+    log = text("v0.29-gpu-startup.log") + extra
     with pytest.raises(ContractError, match="2 different KV layouts") as err:
         parse_layout(log)
     assert "LBHNC" in str(err.value) and "LBNHC" in str(err.value)

@@ -1,4 +1,4 @@
-"""`narwhal kv plan` and `narwhal kv pair`: what an operator sees and the exit codes scripts rely on."""
+"""`narwhal kv plan` and `narwhal kv pair`: what an operator sees and the exit codes scripts use."""
 
 from __future__ import annotations
 

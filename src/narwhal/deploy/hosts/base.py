@@ -169,8 +169,10 @@ class Host(ABC):
     def forward(self, local_port: int, remote_host: str, remote_port: int) -> int:
         """Make remote_host:remote_port (as seen from this host) reachable on a local port."""
 
-    def cancel_forward(self, local_port: int, remote_host: str, remote_port: int) -> None:
+    def cancel_forward(  # noqa: B027 - optional hook, a no-op by default
+        self, local_port: int, remote_host: str, remote_port: int
+    ) -> None:
         """Undo forward; a no-op where no tunnel was needed."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the session."""

@@ -89,12 +89,12 @@ class SshHost(Host):
         argv += [self.destination.target]
         log = self.control_path.with_suffix(".log")
         with open(log, "wb") as err:
-            self._master = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+            master = self._master = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                             stdout=subprocess.DEVNULL, stderr=err,
                                             start_new_session=True)
         deadline = time.monotonic() + self.connect_timeout + 5
         while not self.control_path.exists():
-            status = self._master.poll()
+            status = master.poll()
             if status is not None:
                 self._master = None
                 self._classify(status, log.read_text(errors="replace"))

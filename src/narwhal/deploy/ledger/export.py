@@ -11,6 +11,7 @@ import re
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +79,13 @@ class Scrubber:
             data = pattern.sub(self._address, data)
         for kind, names in (("host", self.hosts), ("user", self.users)):
             for name in sorted(names, key=len, reverse=True):
-                data = re.sub(rb"(?<![A-Za-z0-9_-])" + re.escape(name.encode())
-                              + rb"(?![A-Za-z0-9_-])",
-                              lambda _m, k=kind, n=name: self.aliaser.alias(k, n).encode(), data)
+                word = (rb"(?<![A-Za-z0-9_-])" + re.escape(name.encode())
+                           + rb"(?![A-Za-z0-9_-])")
+                data = re.sub(word, self._named(kind, name), data)
         return data
+
+    def _named(self, kind: str, name: str) -> Callable[[re.Match[bytes]], bytes]:
+        return lambda _match: self.aliaser.alias(kind, name).encode()
 
     def _address(self, match: re.Match[bytes]) -> bytes:
         text = match[0]
