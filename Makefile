@@ -36,7 +36,7 @@ lint: setup
 	$(PY) -m mypy
 
 demo: bootstrap
-	$(PY) -m narwhal.demo
+	$(PY) -m narwhal.lab.demo
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .demo

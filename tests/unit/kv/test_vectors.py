@@ -6,6 +6,8 @@ import pytest
 
 from narwhal.core.errors import InputError
 from narwhal.core.kv.arch import arch_from_config, valid_tp_sizes
+from narwhal.core.kv.geometry import plan_geometry
+from narwhal.core.kv.plan import LaunchPlan
 from narwhal.core.kv.transfer import request_transfer
 from tests.unit.kv.helpers import DEEPSEEK, LLAMA, QWEN, config, geometry
 
@@ -154,3 +156,17 @@ def test_qwen3_next_hybrid_block_size_depends_on_tp_as_vllm_aligns_it(
     assert t.stages[0].blocks_per_group == [1, 1, 1, blocks]
     assert t.stages[0].bytes_per_rank == blocks * 12 * block * g.bytes_per_token_per_layer + 36 * (
         conv + ssm)
+
+
+def test_sliding_window_layers_send_only_their_window_when_hma_is_on() -> None:
+    cfg = {"model_type": "gpt_oss", "num_hidden_layers": 4, "num_attention_heads": 8,
+           "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128,
+           "torch_dtype": "bfloat16",
+           "layer_types": ["sliding_attention", "full_attention"] * 2}
+    on = plan_geometry(cfg, LaunchPlan(model="m"))
+    assert [(x.kind, x.layers) for x in on.groups] == [("sliding", [0, 2]), ("full", [1, 3])]
+    assert on.stages[0].metadata.num_regions == 2
+    assert request_transfer(on, 1000).stages[0].blocks_per_group == [9, 63]
+    off = plan_geometry(cfg, LaunchPlan(model="m", disable_hybrid_kv_cache_manager=True))
+    assert [(x.kind, len(x.layers)) for x in off.groups] == [("full", 4)]
+    assert request_transfer(off, 1000).stages[0].blocks_per_group == [63]
