@@ -12,7 +12,7 @@ bootstrap:
 
 # Every tier, after bringing the machine up to what the tiers need.
 test: bootstrap
-	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff check src tests
 	$(PY) -m mypy
 	$(PYTEST) tests/unit tests/component tests/lab tests/real
 
@@ -32,7 +32,7 @@ test-real: bootstrap
 	$(PYTEST) tests/real
 
 lint: setup
-	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff check src tests
 	$(PY) -m mypy
 
 demo: bootstrap
