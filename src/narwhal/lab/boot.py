@@ -51,7 +51,7 @@ def _mount_script(plan: LabPlan, h: HostPlan) -> str:
         "mount -t tmpfs -o mode=1777 lab-shm /dev/shm",
         f"cp -a {q(d + '/dev')}/. /dev/",
         f"umount -l {q(d + '/realdev')}",
-        f"mount --rbind {q(d + '/tmp')} /tmp",
+        f"mount --rbind {q(d + '/tmp')} /tmp",  # noqa: S108 - the host's private /tmp
         f"exec /usr/sbin/sshd -D -f {q(d + '/sshd/sshd_config')} -E {q(d + '/sshd/sshd.log')}",
     ]
     return "\n".join(lines)

@@ -86,7 +86,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         argv = ["nsenter", "-t", str(hs.init.pid), "-n", "-m", "-u", "-p", "--", *command]
     else:
         argv = ["ip", "netns", "exec", plan.ws_netns, *command]
-    os.execvpe(argv[0], argv, env)
+    os.execvpe(argv[0], argv, env)  # noqa: S606 - exec is the point: CMD's exit becomes ours
     return 127  # not reached
 
 

@@ -25,7 +25,7 @@ FILL_NAME = ".lab-fill"
 
 def _table(fault_id: int, hook: str, rule: str) -> str:
     """One nft table per fault, so deleting the table undoes exactly that fault."""
-    return "\n".join([f"table inet nwlab_{fault_id} {{", f"  chain c {{",
+    return "\n".join([f"table inet nwlab_{fault_id} {{", "  chain c {",
                       f"    type filter hook {hook} priority 0; policy accept;", f"    {rule}",
                       "  }", "}", ""])
 

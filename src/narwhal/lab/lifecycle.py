@@ -21,7 +21,8 @@ from narwhal.lab.spec import LabSpec, validate
 from narwhal.lab.state import HostState, LabState, alive
 
 LOCK_FILE = DEFAULT_STATE_ROOT / ".lock"
-FORBIDDEN_ROOTS = ("/tmp", "/root", "/home", "/srv", "/dev", "/proc", "/sys")
+# Refused for the lab directory: each host mounts its own copy of these.
+FORBIDDEN_ROOTS = ("/tmp", "/root", "/home", "/srv", "/dev", "/proc", "/sys")  # noqa: S108
 
 
 def default_state_path(name: str) -> Path:

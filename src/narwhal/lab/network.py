@@ -115,9 +115,9 @@ def wire(plan: LabPlan) -> None:
         _batch([
             "link set lo up",
             f"addr add {h.mgmt_ip}/{plan.mgmt_prefix} dev {MGMT_IF}",
-            f"link set {MGMT_IF} up",
+            f"link set {MGMT_IF} mtu {mtu_m} up",
             f"addr add {h.fabric_ip}/{plan.fabric_prefix} dev {FABRIC_IF}",
-            f"link set {FABRIC_IF} up",
+            f"link set {FABRIC_IF} mtu {mtu_f} up",
         ], h.netns)
 
 

@@ -6,6 +6,7 @@ a small supervisor process records each container's exit code the way dockerd wo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -101,7 +102,7 @@ def _create(store: Store, args: list[str]) -> tuple[dict[str, Any] | None, int]:
 
 def _env(c: dict[str, Any]) -> dict[str, str]:
     env = {"HOSTNAME": c["Config"]["Hostname"], "HOME": "/root"}
-    env.update(kv.split("=", 1) for kv in c["Config"]["Env"] if "=" in kv)  # type: ignore[misc]
+    env.update(kv.split("=", 1) for kv in c["Config"]["Env"] if "=" in kv)
     return env
 
 
@@ -276,10 +277,8 @@ def _need(store: Store, ref: str) -> dict[str, Any] | None:
 def _stop_proc(c: dict[str, Any], sig: int) -> None:
     pid = c["State"]["Pid"]
     if c["State"]["Running"] and pid:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)  # the container's own session, created by this double
-        except ProcessLookupError:
-            pass
 
 
 def _rm(store: Store, args: list[str]) -> int:
@@ -322,10 +321,13 @@ def _logs(store: Store, args: list[str]) -> int:
 def _exec(store: Store, args: list[str]) -> int:
     env_extra, workdir, i = [], None, 0
     while i < len(args) and args[i].startswith("-"):
-        if args[i] in ("-e", "--env"):
-            env_extra.append(args[i + 1]); i += 1
-        elif args[i] in ("-w", "--workdir", "-u", "--user"):
-            workdir = args[i + 1] if args[i] in ("-w", "--workdir") else workdir; i += 1
+        flag = args[i]
+        if flag in ("-e", "--env", "-w", "--workdir", "-u", "--user"):
+            i += 1
+            if flag in ("-e", "--env"):
+                env_extra.append(args[i])
+            elif flag in ("-w", "--workdir"):
+                workdir = args[i]
         i += 1
     if len(args) - i < 2:
         return _err('"docker exec" requires at least 2 arguments.')

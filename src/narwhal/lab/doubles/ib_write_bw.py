@@ -34,24 +34,22 @@ def _header(dev: str, link: str, mtu: int) -> str:
 def _opts(argv: list[str]) -> dict[str, Any]:
     o: dict[str, Any] = {"port": DEFAULT_PORT, "size": 65536, "iters": 5000, "duration": None,
                          "gbits": False, "server": None, "dev": None}
+    valued = {"-p": ("port", int), "--port": ("port", int), "-s": ("size", int), "--size": ("size", int),
+              "-n": ("iters", int), "--iters": ("iters", int), "-D": ("duration", float),
+              "--duration": ("duration", float), "-d": ("dev", str), "--ib-dev": ("dev", str)}
+    ignored_valued = {"-x", "--gid-index", "-q", "--qp", "-m", "--mtu"}
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a in ("-p", "--port"):
-            o["port"] = int(argv[i + 1]); i += 1
-        elif a in ("-s", "--size"):
-            o["size"] = int(argv[i + 1]); i += 1
-        elif a in ("-n", "--iters"):
-            o["iters"] = int(argv[i + 1]); i += 1
-        elif a in ("-D", "--duration"):
-            o["duration"] = float(argv[i + 1]); i += 1
-        elif a in ("-d", "--ib-dev"):
-            o["dev"] = argv[i + 1]; i += 1
+        if a in valued:
+            key, kind = valued[a]
+            o[key] = kind(argv[i + 1])
+            i += 1
         elif a == "--report_gbits":
             o["gbits"] = True
-        elif a.startswith("-"):
-            i += 1 if a in ("-x", "--gid-index", "-q", "--qp", "-m", "--mtu") else 0
-        else:
+        elif a in ignored_valued:
+            i += 1
+        elif not a.startswith("-"):
             o["server"] = a
         i += 1
     return o
