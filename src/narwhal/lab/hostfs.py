@@ -123,7 +123,23 @@ def _sshd_config(h: HostPlan, password: bool) -> None:
     ]))
 
 
+def _copy_double_sources(h: HostPlan) -> Path:
+    """Copy the doubles' package into the host's own files: the checkout may sit under a path
+    (such as /tmp) that the host's private mounts hide."""
+    root = h.dir / "pysrc"
+    shutil.rmtree(root, ignore_errors=True)
+    target = root / "narwhal" / "lab" / "doubles"
+    target.mkdir(parents=True)
+    shutil.copy(NARWHAL_SRC / "narwhal" / "__init__.py", root / "narwhal" / "__init__.py")
+    shutil.copy(NARWHAL_SRC / "narwhal" / "lab" / "__init__.py",
+                root / "narwhal" / "lab" / "__init__.py")
+    for source in (NARWHAL_SRC / "narwhal" / "lab" / "doubles").glob("*.py"):
+        shutil.copy(source, target / source.name)
+    return root
+
+
 def _doubles(plan: LabPlan, h: HostPlan) -> None:
+    sources = _copy_double_sources(h)
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "/usr/bin/env python3"
     acc = h.host.hardware.accelerators if h.host.hardware else None
     for tool, module in DOUBLES.items():
@@ -135,7 +151,7 @@ def _doubles(plan: LabPlan, h: HostPlan) -> None:
             f"#!{python} -I",
             f'"""Lab double of {tool}; data from {h.dir / "data"}."""',
             "import sys",
-            f"sys.path.insert(0, {str(NARWHAL_SRC)!r})",
+            f"sys.path.insert(0, {str(sources)!r})",
             f"from narwhal.lab.doubles.{module} import main",
             f"sys.exit(main({str(h.dir)!r}, sys.argv[1:]))",
             "",
