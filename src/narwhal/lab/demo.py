@@ -8,6 +8,7 @@ takes the lab down and ends with `narwhal status`. Gates that are not built yet 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,21 @@ def _revision() -> str:
     return done.stdout.strip()
 
 
+def _keep_client_key(env: Path, work: Path) -> None:
+    """Keep the lab's client key beside the .env, as an operator keeps theirs, so the record
+    stays readable (`narwhal status`) after the lab is gone."""
+    lines = env.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("NARWHAL_SSH_KEY="):
+            source = Path(line.split("=", 1)[1].strip("'\""))
+            kept = work / "id_ed25519"
+            shutil.copyfile(source, kept)
+            kept.chmod(0o600)
+            lines[i] = f"NARWHAL_SSH_KEY={kept.resolve()}"
+    env.write_text("\n".join(lines) + "\n")
+    env.chmod(0o600)
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("demo: the lab builds network namespaces and needs root; run `sudo make demo`")
@@ -52,6 +68,7 @@ def main() -> int:
     _run([narwhal, "lab", "down"], check=False)
     _run([narwhal, "lab", "up", "--env-out", str(env)])
     try:
+        _keep_client_key(env, work)
         with open(env, "a") as out:
             out.write(f"NARWHAL_DEPLOYMENT=demo\nNARWHAL_DEPLOYMENT_REVISION={_revision()}\n")
         _say("inputs: the lab's .env, validated (secrets masked)")
