@@ -125,26 +125,24 @@ def test_pair_with_a_document_that_is_not_a_kv_plan_exits_2(
     assert "expected narwhal.kv-plan v1" in capsys.readouterr().err
 
 
-def test_pair_with_an_edited_config_exits_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("model_config", "num_hidden_layers", 16, "model_config_digest"),
+        ("geometry", "block_size", 32, "differs from what this Narwhal revision predicts"),
+    ],
+    ids=["edited-config", "edited-prediction"],
+)
+def test_pair_with_a_hand_edited_document_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, key: str, value: int,
+    message: str,
 ) -> None:
     a, b = write_plan(tmp_path, capsys, "p"), write_plan(tmp_path, capsys, "d")
     doc = json.loads(Path(b).read_text())
-    doc["model_config"]["num_hidden_layers"] = 16
+    doc[section][key] = value
     Path(b).write_text(json.dumps(doc))
     assert run(["kv", "pair", a, b]) == 2
-    assert "model_config_digest" in capsys.readouterr().err
-
-
-def test_pair_with_edited_prediction_exits_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    a, b = write_plan(tmp_path, capsys, "p"), write_plan(tmp_path, capsys, "d")
-    doc = json.loads(Path(b).read_text())
-    doc["geometry"]["block_size"] = 32
-    Path(b).write_text(json.dumps(doc))
-    assert run(["kv", "pair", a, b]) == 2
-    assert "differs from what this Narwhal revision predicts" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_pair_of_two_documents_with_the_same_engine_name_exits_2(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.core.kv.layers import LayerKind, MambaDims, layer_kinds
+from narwhal.core.kv.layers import LayerKind, MambaDims, layer_kinds, positive_int
 
 MLA_MODEL_TYPES = frozenset(
     {
@@ -78,12 +78,7 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _int(cfg: Mapping[str, Any], key: str, problems: list[Problem]) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        problems.append(Problem(key, f"must be a positive integer, got {value!r}",
-                                "use the model's own config.json"))
-        return 1
-    return value
+    return positive_int(cfg, key, problems)
 
 
 def _first_present(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> Any:

@@ -66,13 +66,19 @@ class MambaDims:
         return 1 if self.kind == "mamba1" else 3
 
 
-def _pos(cfg: Mapping[str, Any], key: str, problems: list[Problem]) -> int:
+def positive_int(cfg: Mapping[str, Any], key: str, problems: list[Problem],
+                 context: str = "") -> int:
+    """A config.json field that must be a positive integer; a problem (and 1) otherwise."""
     value = cfg.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        problems.append(Problem(key, f"must be a positive integer for this hybrid, got {value!r}",
+        problems.append(Problem(key, f"must be a positive integer{context}, got {value!r}",
                                 "use the model's own config.json"))
         return 1
     return value
+
+
+def _pos(cfg: Mapping[str, Any], key: str, problems: list[Problem]) -> int:
+    return positive_int(cfg, key, problems, " for this hybrid")
 
 
 def mamba_dims(cfg: Mapping[str, Any], kind: Kind, problems: list[Problem]) -> MambaDims:

@@ -7,8 +7,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
-from narwhal.core.errors import HostError, HostKeyChanged, HostUnreachable
+from narwhal.core.errors import HostError, HostKeyChanged
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import known_hosts_path, physical_hosts
 from narwhal.deploy.hosts.trust import pinned_fingerprints, pinned_lines, scan
 from narwhal.deploy.ledger.evidence import private_dir
@@ -37,11 +38,7 @@ def run_trust(args: argparse.Namespace) -> int:
     keep = path.read_text().splitlines() if path.exists() else []
     added: list[str] = []
     for host in physical_hosts(ctx.inputs):
-        try:
-            keys = scan(host.destination, ctx.inputs.connect_timeout_s)
-        except HostUnreachable:
-            raise HostUnreachable(host.alias, "no host key answered; check route and port") \
-                from None
+        keys = scan(host.destination, ctx.inputs.connect_timeout_s, host.alias)
         shown = ", ".join(f"{k.key_type} {k.fingerprint}" for k in keys)
         pinned = pinned_fingerprints(path, host.destination)
         if pinned:
@@ -92,10 +89,7 @@ def run_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _hostname(host: object) -> tuple[str, bool, str]:
-    from narwhal.deploy.hosts.base import Host
-
-    assert isinstance(host, Host)
+def _hostname(host: Host) -> tuple[str, bool, str]:
     try:
         result = host.run(["hostname"], check=True)
     except HostError as exc:

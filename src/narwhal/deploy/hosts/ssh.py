@@ -42,7 +42,6 @@ class SshHost(Host):
         self.password = password
         self.connect_timeout = connect_timeout
         self.ssh_config = ssh_config
-        self._master_up = False
         self._master: subprocess.Popen[bytes] | None = None
 
     def _options(self) -> list[str]:
@@ -104,7 +103,10 @@ class SshHost(Host):
                                       f"{self.connect_timeout} s; check the route, port and "
                                       "firewall")
             time.sleep(0.02)
-        self._master_up = True
+
+    def _master_alive(self) -> bool:
+        return (self._master is not None and self._master.poll() is None
+                and self.control_path.exists())
 
     def _stop_master(self) -> None:
         master, self._master = getattr(self, "_master", None), None
@@ -115,7 +117,6 @@ class SshHost(Host):
             except subprocess.TimeoutExpired:
                 master.kill()
                 master.wait()
-        self._master_up = False
 
     def _classify(self, status: int, stderr: str) -> None:
         if any(m in stderr for m in KEY_MARKERS):
@@ -140,7 +141,7 @@ class SshHost(Host):
         if env:
             raise HostError(self.alias, "environment variables cannot be sent over SSH; "
                             "pass values as files or stdin")
-        if not self._master_up or not self.control_path.exists():
+        if not self._master_alive():
             self._start_master()
         ssh = ["ssh", *self._options(), "-o", "ControlMaster=no", "-o", "BatchMode=yes", "-T",
                self.destination.target, "--", cl.remote_line(argv)]
@@ -151,7 +152,7 @@ class SshHost(Host):
             raise HostError(self.alias, f"`{argv[0]}` did not finish within {timeout} s",
                             command=argv[0]) from None
         if done.returncode == 255 and b"Control socket" in done.stderr:
-            self._master_up = False
+            self._stop_master()  # the next call opens a fresh master
         return done.returncode, done.stdout, done.stderr
 
     def forward(self, local_port: int, remote_host: str, remote_port: int) -> int:
@@ -162,7 +163,7 @@ class SshHost(Host):
         self._control("cancel", local_port, remote_host, remote_port)
 
     def _control(self, verb: str, local_port: int, remote_host: str, remote_port: int) -> None:
-        if not self._master_up:
+        if not self._master_alive():
             self._start_master()
         spec = f"127.0.0.1:{int(local_port)}:{remote_host}:{int(remote_port)}"
         done = subprocess.run(["ssh", *self._options(), "-O", verb, "-L", spec,

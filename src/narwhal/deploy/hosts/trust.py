@@ -32,7 +32,7 @@ def _fingerprint(line: str) -> tuple[str, str]:
     return parts[1], parts[-1].strip("()")
 
 
-def scan(dest: Destination, timeout: int) -> list[ScannedKey]:
+def scan(dest: Destination, timeout: int, alias: str = "host") -> list[ScannedKey]:
     """Ask the host for its public keys (ssh-keyscan); empty or failed scan is an error."""
     argv = ["ssh-keyscan", "-T", str(timeout), "-t", KEY_TYPES]
     if dest.port:
@@ -48,7 +48,8 @@ def scan(dest: Destination, timeout: int) -> list[ScannedKey]:
         fingerprint, _ = _fingerprint(line)
         keys.append(ScannedKey(line, fingerprint, key_type))
     if not keys:
-        raise HostUnreachable("?", f"no host key answered within {timeout} s")
+        raise HostUnreachable(alias, f"no host key answered within {timeout} s; check the "
+                              "route and port")
     return keys
 
 

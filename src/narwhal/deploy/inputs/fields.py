@@ -148,23 +148,28 @@ def _block_size(value: int) -> int:
     return value
 
 
-def _fraction(value: Any) -> float:
+def _finite(value: Any) -> float:
+    """A finite float; NaN would pass every range check below, so it is refused first."""
     try:
         number = float(_text(value))
     except ValueError as exc:
         raise ValueError("is not a number") from exc
-    if not math.isfinite(number) or not 0 < number <= 1:
+    if not math.isfinite(number):
+        raise ValueError("is not a finite number")
+    return number
+
+
+def _fraction(value: Any) -> float:
+    number = _finite(value)
+    if not 0 < number <= 1:
         raise ValueError("is not in (0, 1]")
     return number
 
 
 def _positive_seconds(value: Any) -> float:
-    try:
-        number = float(_text(value))
-    except ValueError as exc:
-        raise ValueError("is not a number") from exc
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError("is not a finite number of seconds above 0")
+    number = _finite(value)
+    if number <= 0:
+        raise ValueError("is not a number of seconds above 0")
     return number
 
 

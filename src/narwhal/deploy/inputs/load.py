@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.secret import Secret
@@ -130,8 +130,7 @@ class _Reader:
         if typed is None or dest is None:
             return None
         self._check_urls(n, typed)
-        self._check_key_file(self.var(n, "SSH_KEY") if "SSH_KEY" in own else "NARWHAL_SSH_KEY",
-                             typed.ssh_key)
+        self._check_key_file(self.var(n, "SSH_KEY"), typed.ssh_key)
         password = own.get("SSH_PASSWORD")
         return EngineInputs(
             n=n, ssh=dest, **typed.model_dump(),
@@ -147,9 +146,8 @@ class _Reader:
                     continue  # already reported as a required variable
                 attr = str(err["loc"][0]) if err["loc"] else ""
                 field = ATTR_TO_FIELD.get(attr, attr.upper())
-                key = self.var(n, field) if field in ENGINE_FIELDS else f"NARWHAL_NODE_{n}_{field}"
-                if attr == "ssh_key":
-                    key = self.var(n, "SSH_KEY") if "SSH_KEY" in self.nodes[n] else "NARWHAL_SSH_KEY"
+                key = self.var(n, field) if field in ENGINE_FIELDS or field == "SSH_KEY" \
+                    else f"NARWHAL_NODE_{n}_{field}"
                 raw = merged.get(attr, "")
                 message = str(err["msg"]).removeprefix("Value error, ")
                 self.add(key, f"{message}{_shown(key, str(raw))}",
@@ -211,8 +209,6 @@ class _Reader:
     def typed_global(self, field: str, adapter: Any, fix: str, default: Any = None) -> Any:
         if field not in self.globals:
             return default
-        from pydantic import TypeAdapter
-
         try:
             return TypeAdapter(adapter).validate_python(self.globals[field])
         except ValidationError as exc:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from narwhal.core.documents import stamp
+from narwhal.core.documents import sha256_bytes, stamp
 from narwhal.core.errors import GateBlocked, LedgerError
 from narwhal.deploy.hosts.base import Host, ProcessRef, RunResult
 from narwhal.deploy.ledger.evidence import EvidenceWriter, private_dir
@@ -51,14 +50,9 @@ class Attempt:
             "exit_status": result.exit_status,
         }
         for name, data in (("stdout", result.stdout), ("stderr", result.stderr)):
-            clean = self.writer.redactor.bytes(data)
-            entry: dict[str, Any] = {"bytes": len(clean),
-                                     "sha256": hashlib.sha256(clean).hexdigest(), "path": None}
-            if clean:
-                rel = f"out/{self._seq:05d}.{name}"
-                self.writer.create(self.folder / rel, clean)
-                entry["path"] = rel
-            row[name] = entry
+            rel = f"out/{self._seq:05d}.{name}" if data else None
+            clean = self.writer.create(self.folder / rel, data) if rel else b""
+            row[name] = {"bytes": len(clean), "sha256": sha256_bytes(clean), "path": rel}
         self.writer.append_row(self.folder / "commands.jsonl", row)
 
     @contextmanager
@@ -109,8 +103,8 @@ class Attempt:
         if "/" in name or name.startswith(".") or name in ("attempt.json", "start.json",
                                                             "commands.jsonl", "owned.jsonl"):
             raise LedgerError(f"artifact name {name!r} is reserved or not a plain file name")
-        path = self.writer.create(self.folder / name, data)
-        self.artifacts[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        path = self.folder / name
+        self.artifacts[name] = sha256_bytes(self.writer.create(path, data))
         return path
 
     def block(self, cause: str) -> None:

@@ -54,19 +54,22 @@ class EvidenceWriter:
     def __init__(self, redactor: Redactor) -> None:
         self.redactor = redactor
 
-    def create(self, path: Path, data: bytes) -> Path:
-        """Write a new file exclusively with mode 0600; an existing file is an error."""
+    def create(self, path: Path, data: bytes) -> bytes:
+        """Write a new file exclusively with mode 0600; an existing file is an error.
+
+        Returns the bytes as written (secrets masked), for digests without a re-read."""
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         except FileExistsError:
             raise LedgerError(f"{path} already exists; evidence is never overwritten") from None
+        clean = self.redactor.bytes(data)
         with os.fdopen(fd, "wb") as out:
-            out.write(self.redactor.bytes(data))
+            out.write(clean)
             out.flush()
             os.fsync(out.fileno())
-        return path
+        return clean
 
-    def create_json(self, path: Path, document: Any) -> Path:
+    def create_json(self, path: Path, document: Any) -> bytes:
         return self.create(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
 
     def append_row(self, path: Path, row: dict[str, Any]) -> None:

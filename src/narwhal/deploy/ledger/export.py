@@ -53,35 +53,42 @@ def _private_address(text: bytes) -> bool:
 
 
 class Scrubber:
-    """Applies every replacement to one file's bytes."""
+    """Applies every replacement to one file's bytes; patterns are compiled once per export."""
 
     def __init__(self, inputs: Inputs, aliaser: Aliaser) -> None:
         self.aliaser = aliaser
-        self.secrets = {s.reveal(): s.name or "unnamed" for s in inputs.secrets()}
+        self.secrets = {s.reveal().encode(): s.name or "unnamed" for s in inputs.secrets()}
         dests = [inputs.router.ssh, *[e.ssh for e in inputs.engines]]
-        self.addresses = {d.host for d in dests if _is_ip(d.host)}
-        self.addresses |= {e.ip for e in inputs.engines if e.ip}
-        self.hosts = {d.host for d in dests if not _is_ip(d.host)} | {socket.gethostname()}
-        self.users = {d.user for d in dests if d.user} | {getpass.getuser()}
+        addresses = {d.host for d in dests if _is_ip(d.host)}
+        addresses |= {e.ip for e in inputs.engines if e.ip}
+        hosts = {d.host for d in dests if not _is_ip(d.host)} | {socket.gethostname()}
+        users = {d.user for d in dests if d.user} | {getpass.getuser()}
+        # Known values longest first, so one never eats part of another; afterwards any
+        # private address the record mentions that the inputs did not name.
+        known: list[tuple[str, str, re.Pattern[bytes]]] = []
+        for kind, names, before, after in (
+                ("address", addresses, rb"(?<![0-9A-Za-z.:])", rb"(?![0-9A-Za-z:]|\.[0-9])"),
+                ("host", hosts, rb"(?<![A-Za-z0-9_-])", rb"(?![A-Za-z0-9_-])"),
+                ("user", users, rb"(?<![A-Za-z0-9_-])", rb"(?![A-Za-z0-9_-])")):
+            for name in sorted(names, key=len, reverse=True):
+                pattern = re.compile(before + re.escape(name.encode()) + after)
+                known.append((kind, name, pattern))
+        # Named hosts and users are replaced after the generic address scan.
+        self.addresses = [k for k in known if k[0] == "address"]
+        self.words = [k for k in known if k[0] != "address"]
 
     def __call__(self, data: bytes) -> bytes:
         for value, name in self.secrets.items():
-            if value.encode() in data:
-                data = data.replace(value.encode(), f"<{self.aliaser.alias('secret', name)}>"
-                                    .encode())
+            if value in data:
+                data = data.replace(value, f"<{self.aliaser.alias('secret', name)}>".encode())
         data = HOME_RE.sub(lambda m: f"<{self.aliaser.alias('home', m[0].decode())}>".encode(),
                            data)
-        for address in sorted(self.addresses, key=len, reverse=True):
-            data = re.sub(rb"(?<![0-9A-Za-z.:])" + re.escape(address.encode())
-                          + rb"(?![0-9A-Za-z:]|\.[0-9])",
-                          self.aliaser.alias("address", address).encode(), data)
-        for pattern in (IPV4_RE, IPV6_RE):
-            data = pattern.sub(self._address, data)
-        for kind, names in (("host", self.hosts), ("user", self.users)):
-            for name in sorted(names, key=len, reverse=True):
-                word = (rb"(?<![A-Za-z0-9_-])" + re.escape(name.encode())
-                           + rb"(?![A-Za-z0-9_-])")
-                data = re.sub(word, self._named(kind, name), data)
+        for kind, name, pattern in self.addresses:
+            data = pattern.sub(self._named(kind, name), data)
+        for generic in (IPV4_RE, IPV6_RE):
+            data = generic.sub(self._address, data)
+        for kind, name, pattern in self.words:
+            data = pattern.sub(self._named(kind, name), data)
         return data
 
     def _named(self, kind: str, name: str) -> Callable[[re.Match[bytes]], bytes]:
@@ -118,11 +125,10 @@ def export(ledger: Ledger, inputs: Inputs, out: Path) -> dict[str, Any]:
         if rel.name in SKIP or rel.name.startswith("."):
             continue
         before = Counter(aliaser.counts)
-        clean = scrub(path.read_bytes())
         private_dir(out / rel.parent)
-        writer.create(out / rel, clean)
+        written = writer.create(out / rel, scrub(path.read_bytes()))
         changed = aliaser.counts - before
-        files[str(rel)] = {"sha256": sha256_bytes(clean),
+        files[str(rel)] = {"sha256": sha256_bytes(written),
                            "replaced": {f"{k}:{a}": n for (k, a), n in sorted(changed.items())}}
     manifest = stamp("narwhal.export-manifest", 1, {
         "deployment": ledger.deployment, "exported": time.strftime(

@@ -23,7 +23,8 @@ STOP_WAIT_S = 5.0
 def target_attempt(ledger: Ledger, gate: str, attempt_id: str | None) -> str:
     """The attempt to recover: the one named, else the gate's last one, which must not have
     passed."""
-    entry = ledger.load()["gates"].get(gate) or ledger.load()["activities"].get(gate)
+    index = ledger.load()
+    entry = index["gates"].get(gate) or index["activities"].get(gate)
     if not entry or not entry["attempts"]:
         raise LedgerError(f"gate {gate} has no attempts to recover")
     chosen = attempt_id or entry["attempts"][-1]

@@ -131,10 +131,5 @@ class Ledger:
         attempt.finish("passed")
         self._update(step, state="passed", cause="", fingerprint=fingerprint, last=attempt_id)
 
-    def block(self, step: str, cause: str, *, fingerprint: dict[str, str]) -> None:
-        """Record a gate as blocked without running anything (a precondition failed)."""
-        with self.attempt(step, fingerprint=fingerprint, hosts={}) as att:
-            att.block(cause)
-
     def attempt_folder(self, step: str, attempt_id: str) -> Path:
         return self.root / step / attempt_id
