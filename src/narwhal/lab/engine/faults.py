@@ -1,0 +1,98 @@
+"""Faults on command: what a broken engine looks like to its clients.
+
+`EngineFaults` holds the live state; the HTTP layer and the step loop read it on every request
+or step (plain attribute reads), the NIXL side reads its four flags at the moment it acts:
+
+    refuse_handshakes          answer no side-channel handshake
+    drop_lease_early           free held KV blocks before their lease runs out
+    recompute_instead_of_pull  a consumer recomputes instead of pulling
+    stale_peer                 behave as a restarted producer: consumers that handshook before
+                               fail until they handshake again
+
+Engine-level faults: crash (exit at once, like a dead engine core), hang (no HTTP answer,
+/health included, and no scheduler progress; the /emu routes still answer so a test can clear
+it), slow (every step costs `factor` times more), wrong_model (serve another model name).
+`POST /emu/fault {"fault": NAME, ...}` sets one; `clear` resets all; SIGUSR1 toggles hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FLAG_FAULTS = ("refuse_handshakes", "drop_lease_early", "recompute_instead_of_pull", "stale_peer")
+FaultName = Literal["crash", "hang", "slow", "wrong_model", "refuse_handshakes",
+                    "drop_lease_early", "recompute_instead_of_pull", "stale_peer", "clear"]
+
+
+class FaultCommand(BaseModel):
+    """Body of POST /emu/fault."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    fault: FaultName
+    enabled: bool = True  # hang and the four flags: set (true) or clear (false)
+    factor: float = Field(default=10.0, gt=0)  # slow
+    model: str | None = Field(default=None, min_length=1)  # wrong_model: the name to serve
+    exit_code: int = Field(default=1, ge=0, le=255)  # crash
+
+
+@dataclass
+class EngineFaults:
+    """Live fault state (mutable on purpose: faults change while the engine runs)."""
+
+    refuse_handshakes: bool = False
+    drop_lease_early: bool = False
+    recompute_instead_of_pull: bool = False
+    stale_peer: bool = False
+    hung: bool = False
+    slow_factor: float = 1.0
+    wrong_model: str | None = None
+
+    def __post_init__(self) -> None:
+        self._resume: asyncio.Future[None] | None = None
+
+    def hang_gate(self) -> asyncio.Future[None] | None:
+        """While hung: a future that completes when the hang is cleared; else None."""
+        if not self.hung:
+            return None
+        if self._resume is None or self._resume.done():
+            self._resume = asyncio.get_running_loop().create_future()
+        return self._resume
+
+    def set_hung(self, hung: bool) -> None:
+        self.hung = hung
+        if not hung and self._resume is not None and not self._resume.done():
+            self._resume.set_result(None)
+
+    def apply(self, command: FaultCommand) -> None:
+        """Apply one command (crash is handled by the caller: it ends the process)."""
+        name = command.fault
+        if name == "clear":
+            for flag in FLAG_FAULTS:
+                setattr(self, flag, False)
+            self.slow_factor = 1.0
+            self.wrong_model = None
+            self.set_hung(False)
+        elif name == "hang":
+            self.set_hung(command.enabled)
+        elif name == "slow":
+            self.slow_factor = command.factor if command.enabled else 1.0
+        elif name == "wrong_model":
+            self.wrong_model = (command.model or "wrong-model") if command.enabled else None
+        elif name in FLAG_FAULTS:
+            setattr(self, name, command.enabled)
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "refuse_handshakes": self.refuse_handshakes,
+            "drop_lease_early": self.drop_lease_early,
+            "recompute_instead_of_pull": self.recompute_instead_of_pull,
+            "stale_peer": self.stale_peer,
+            "hung": self.hung,
+            "slow_factor": self.slow_factor,
+            "wrong_model": self.wrong_model,
+        }

@@ -1,0 +1,83 @@
+"""Two emulated connectors on loopback, started in one event loop and always stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from narwhal.core.kv.geometry import Geometry
+from narwhal.lab.engine.nixl.connector import NixlConnector
+from narwhal.lab.engine.nixl.settings import NixlConfig, settle
+from narwhal.node.nixl_probe import ProbeTarget
+from tests.unit.engine_nixl.helpers import Lines, Metrics, Switches, recorded_logger, tiny
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Engine:
+    """One started connector with what a test inspects: its log lines, metrics and faults."""
+
+    connector: NixlConnector
+    lines: Lines
+    metrics: Metrics
+    faults: Switches = field(default_factory=Switches)
+
+    @property
+    def geometry(self) -> Geometry:
+        return self.connector.geometry
+
+
+def engine(name: str, geometry: Geometry | None = None, *, role: str = "kv_both",
+           extra: dict[str, Any] | None = None, engine_id: str | None = None,
+           kv_scale: float = 1.0, handshake_timeout_s: float = 1.0,
+           port: int | None = None) -> Engine:
+    kv: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": role,
+                          "kv_connector_extra_config": extra or {}}
+    if engine_id:
+        kv["engine_id"] = engine_id
+    settings = settle(NixlConfig(kv, side_channel_host=HOST,
+                                 side_channel_port=port or free_port(), kv_scale=kv_scale))
+    # A short initiator timeout keeps failure tests quick; vLLM's is 5 s (settings default).
+    settings = dataclasses.replace(settings, handshake_timeout_s=handshake_timeout_s)
+    log, lines = recorded_logger(name)
+    metrics, faults = Metrics(), Switches()
+    conn = NixlConnector(settings, geometry or tiny(), metrics, faults, log)
+    return Engine(conn, lines, metrics, faults)
+
+
+@asynccontextmanager
+async def started(*engines: Engine) -> AsyncIterator[None]:
+    try:
+        for e in engines:
+            await e.connector.start()
+        yield
+    finally:
+        for e in engines:
+            await e.connector.stop()
+
+
+def run(scenario: Callable[[], Awaitable[None]], limit_s: float = 25.0) -> None:
+    """Run one async scenario with a hard time bound."""
+    asyncio.run(asyncio.wait_for(scenario(), limit_s))
+
+
+def target(e: Engine) -> ProbeTarget:
+    """Our side-channel probe's view of an emulated engine."""
+    g = e.geometry
+    return ProbeTarget(alias="emulator", host=HOST, port=e.connector.side_channel_port,
+                       pp_size=g.pp, tp_size=g.tp, vllm_version=g.plan.vllm_version)
+
+
+PROMPT = list(range(306))
