@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup bootstrap test test-fast test-unit test-component test-lab test-real lint demo clean
+.PHONY: setup bootstrap test test-fast test-unit test-component test-lab test-real real-capture lint demo clean
 
 setup:
 	./scripts/setup-venv.sh
@@ -28,8 +28,13 @@ test-component: setup
 test-lab: bootstrap
 	$(PYTEST) tests/lab
 
+# Real vLLM CPU engines; the first run installs the cached vLLM venv (a few minutes).
 test-real: bootstrap
 	$(PYTEST) tests/real
+
+# Rewrite tests/fixtures/vllm-0.32.0 from a fresh pair of real engines.
+real-capture: bootstrap
+	$(PY) -m tests.real.capture
 
 lint: setup
 	$(PY) -m ruff check src tests

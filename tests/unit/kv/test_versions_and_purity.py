@@ -21,7 +21,7 @@ def test_reference_release_uses_connector_version_9_and_0_33_uses_15() -> None:
     assert V0_33_0.hash_factor_keys == V0_29_0.hash_factor_keys
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.28.1", "1.0.0", ""])
+@pytest.mark.parametrize("version", ["0.31.0", "0.28.1", "1.0.0", ""])
 def test_unknown_vllm_release_fails_with_a_message_naming_it(version: str) -> None:
     with pytest.raises(ContractError, match=f"vLLM '{version}' is not a modelled release"):
         facts_for(version)

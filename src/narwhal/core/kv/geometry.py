@@ -109,6 +109,19 @@ def _backend(plan: LaunchPlan, arch: Arch, facts: VllmFacts) -> Backend:
         want = "an MLA" if arch.is_mla else "a non-MLA"
         raise InputError(plan.name, [Problem(
             "attention_backend", f"{backend.name} cannot serve this model", f"use {want} backend")])
+    problems: list[Problem] = []
+    if backend.head_sizes and arch.head_size not in backend.head_sizes:
+        sizes = ", ".join(str(h) for h in backend.head_sizes)
+        problems.append(Problem(
+            "attention_backend", f"{backend.name} has no kernel for head size {arch.head_size} "
+            f"(supports {sizes}); the engine refuses to start",
+            "serve a model whose head_dim the backend supports, or use another backend"))
+    if backend.kv_cache_dtypes and plan.kv_cache_dtype not in backend.kv_cache_dtypes:
+        problems.append(Problem(
+            "kv_cache_dtype", f"{backend.name} does not accept {plan.kv_cache_dtype!r}",
+            f"use one of {', '.join(backend.kv_cache_dtypes)}"))
+    if problems:
+        raise InputError(plan.name, problems)
     return backend
 
 

