@@ -65,7 +65,7 @@ def default_spec_document() -> dict[str, Any]:
             "hosts": [{"name": "router", "role": "router"}] + [_engine(i) for i in (1, 2, 3)],
             "image": {
                 "repository": "narwhal-lab/vllm-emulator",
-                "tag": "v0.29.0",
+                "tag": "v0.32.0",
                 "entrypoint": ["vllm", "serve"],
                 "cmd": [],
                 "env": [

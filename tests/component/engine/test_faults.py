@@ -103,7 +103,8 @@ def test_wrong_model_serves_another_name(engines: StartEngine) -> None:
     assert [m["id"] for m in get(engine, "/v1/models").json()["data"]] == ["other"]
     refused = post(engine, "/v1/completions", {"model": "good", "prompt": "x"})
     assert refused.status == 404
-    assert refused.json()["error"]["message"] == "The model `good` does not exist."
+    assert refused.json()["error"]["message"] == ("The model `good` does not exist. Valid "
+                                                  "aliases: other.")
     assert post(engine, "/v1/completions", {"model": "other", "prompt": "x",
                                             "max_tokens": 1}).json()["model"] == "other"
     post(engine, "/emu/fault", {"fault": "clear"})

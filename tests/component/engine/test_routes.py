@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from narwhal.lab.engine.testing import RunningEngine, start_engine
 from tests.component.engine.client import call, get, metric, post
 
 pytestmark = pytest.mark.timeout(120)
-FIXTURES = Path(__file__).resolve().parents[2] / "unit" / "kv" / "fixtures"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
 PROMPT = "the people of the world were right about the water"
 
 
@@ -40,7 +41,7 @@ def completion(engine: RunningEngine, **body: Any) -> dict[str, Any]:
 def test_health_version_and_models(engine: RunningEngine, tiny_model: Path) -> None:
     health = get(engine, "/health")
     assert (health.status, health.body) == (200, b"")
-    assert get(engine, "/version").json() == {"version": "0.29.0"}
+    assert get(engine, "/version").json() == {"version": "0.32.0"}  # DEFAULT_VLLM_VERSION
     models = get(engine, "/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == ["tiny-llama", "alias"]
@@ -66,19 +67,24 @@ def test_tokenize_counts_bos_and_detokenize_inverts_it(engine: RunningEngine) ->
 
 def test_completion_has_vllm_shape_and_null_kv_params(engine: RunningEngine) -> None:
     body = completion(engine, model="alias", max_tokens=5, ignore_eos=True)
-    assert set(body) == {"id", "object", "created", "model", "choices", "service_tier",
-                         "system_fingerprint", "usage", "kv_transfer_params"}
+    assert list(body) == ["id", "object", "created", "model", "choices", "service_tier",
+                          "system_fingerprint", "usage", "kv_transfer_params",
+                          "ec_transfer_params", "metrics"]  # vLLM 0.32.0's order
     assert body["id"].startswith("cmpl-") and body["object"] == "text_completion"
     assert body["model"] == "tiny-llama"  # responses carry the first served name
     assert body["kv_transfer_params"] is None
+    assert re.fullmatch(r"vllm-0\.32\.0-[0-9a-f]{8}", body["system_fingerprint"])
     choice = body["choices"][0]
-    assert set(choice) == {"index", "text", "logprobs", "finish_reason", "stop_reason",
-                           "token_ids", "prompt_logprobs", "prompt_token_ids"}
+    assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
+                            "token_ids", "prompt_logprobs", "prompt_token_ids", "routed_experts"]
     assert choice["finish_reason"] == "length" and choice["token_ids"] is None
     usage = body["usage"]
     prompt_len = post(engine, "/tokenize", {"prompt": PROMPT}).json()["count"]
     assert usage == {"prompt_tokens": prompt_len, "total_tokens": prompt_len + 5,
-                     "completion_tokens": 5, "prompt_tokens_details": None}
+                     "completion_tokens": 5, "prompt_tokens_details": None,
+                     "completion_tokens_details": None}
+    again = completion(engine, max_tokens=1)
+    assert again["system_fingerprint"] == body["system_fingerprint"]  # fixed per engine
 
 
 def test_return_token_ids_and_the_same_prompt_gives_the_same_tokens(
@@ -108,6 +114,7 @@ def test_streamed_completion_matches_the_unstreamed_one_and_ends_with_usage(
     usage, chunks = events[-2], events[:-2]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 9
     assert set(usage["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens"}
+    assert usage["system_fingerprint"].startswith("vllm-0.32.0-")
     assert all(c["object"] == "text_completion" and c["id"] == usage["id"] for c in chunks)
     choices = [c["choices"][0] for c in chunks]
     assert "".join(c["text"] for c in choices) == full["choices"][0]["text"]
@@ -145,6 +152,16 @@ def test_chat_completion_streamed_and_not(engine: RunningEngine) -> None:
     assert "".join(deltas) == message["content"]
     assert events[-3]["choices"][0]["finish_reason"] == "length"
     assert events[-2]["usage"]["completion_tokens"] == 6 and events[-1] == "[DONE]"
+    assert (full["prompt_text"], events[0]["prompt_text"]) == (None, None)
+
+
+def test_chat_returns_the_rendered_prompt_only_when_asked(engine: RunningEngine) -> None:
+    body = {"messages": [{"role": "user", "content": "the world"}], "max_tokens": 2,
+            "return_prompt_text": True}
+    full = post(engine, "/v1/chat/completions", body).json()
+    assert full["prompt_text"] == "<s>user: the world</s>\n<s>assistant: "  # the template
+    first = post(engine, "/v1/chat/completions", {**body, "stream": True}).events()[0]
+    assert first["prompt_text"] == full["prompt_text"]
 
 
 def test_logprobs_in_both_shapes_are_deterministic(engine: RunningEngine) -> None:
@@ -170,7 +187,8 @@ def test_x_request_id_names_the_response(engine: RunningEngine) -> None:
 
 
 @pytest.mark.parametrize(("body", "status", "err_type", "fragment"), [
-    ({"model": "nope", "prompt": "x"}, 404, "NotFoundError", "The model `nope` does not exist."),
+    ({"model": "nope", "prompt": "x"}, 404, "NotFoundError",
+     "The model `nope` does not exist. Valid aliases: tiny-llama, alias."),
     ({"prompt": "x", "max_tokens": "many"}, 400, "Bad Request", "max_tokens"),
     ({"prompt": "x", "max_tokens": 0}, 400, "BadRequestError",
      "max_tokens must be at least 1, got 0."),
@@ -226,7 +244,7 @@ def test_metrics_have_every_cache_label_and_counters_move(engine: RunningEngine)
     completion(engine, max_tokens=4, ignore_eos=True)
     after = get(engine, "/metrics").body.decode()
     labels = parse_cache_config_info(after)[0].labels
-    real = parse_cache_config_info((FIXTURES / "v0.32-cpu-metrics.txt").read_text())[0].labels
+    real = parse_cache_config_info((REAL / "metrics-idle.txt").read_text())[0].labels
     assert set(labels) == set(real)
     assert (labels["block_size"], labels["num_gpu_blocks"]) == ("128", "8192")
     assert parse_process_start_time(after) == parse_process_start_time(before)

@@ -104,6 +104,46 @@ def test_a_hash_mismatch_fails_the_pull_with_vllms_message_naming_both_hashes(
     run(scenario)
 
 
+def test_requests_sharing_one_failed_handshake_count_one_failure_and_each_log_theirs() -> None:
+    """vLLM counts a failed handshake once, however many requests waited on it; each request
+    still logs its own handshake_failed line (with its own id and block counts)."""
+    p, d = engine("p"), engine("d", tiny(dtype="bfloat16"))
+
+    async def scenario() -> None:
+        async with started(p, d):
+            params = [p.connector.hold(f"req-{i}", PROMPT) for i in range(4)]
+            results = await asyncio.gather(
+                *(d.connector.pull(x, PROMPT, f"cmpl-d{i}-0-ab") for i, x in enumerate(params)),
+                return_exceptions=True)
+            assert all(isinstance(r, KvLoadFailed) for r in results)
+            assert d.metrics.failed == 1
+            assert len(d.lines.having("handshake_setup_failed")) == 1
+            lines = d.lines.having("NIXL transfer failure: handshake_failed")
+            assert len(lines) == 4
+            assert all("'num_local_blocks': 3" in line for line in lines)
+            for i in range(4):
+                assert sum(f"'request_id': 'cmpl-d{i}-0-ab'" in line for line in lines) == 1
+    run(scenario)
+
+
+def test_the_release_after_a_failure_frees_the_producers_blocks_once_reachable() -> None:
+    """The clean-up vLLM sends for a failed remote prefill: once the handshake works again,
+    the producer is told and frees the request's blocks before their lease runs out."""
+    p, d = engine("p"), engine("d", handshake_timeout_s=0.3)
+
+    async def scenario() -> None:
+        async with started(p, d):
+            params = p.connector.hold("req-1", PROMPT)
+            p.faults.refuse_handshakes = True
+            with pytest.raises(KvLoadFailed):
+                await d.connector.pull(params, PROMPT, "cmpl-x-0-ab")
+            p.faults.refuse_handshakes = False
+            await d.connector.release(params, "x")
+            assert len(p.connector.leases) == 0
+            assert d.metrics.failed == 1  # the release's handshake worked
+    run(scenario)
+
+
 def test_a_block_size_the_consumer_cannot_nest_fails_the_runtime_check() -> None:
     p, d = engine("p", tiny(block_size=32)), engine("d", tiny(block_size=16))
 
@@ -205,7 +245,7 @@ def test_recompute_instead_of_pull_moves_nothing_and_reports_zero_tokens() -> No
         async with started(p, d):
             d.faults.recompute_instead_of_pull = True
             params = p.connector.hold("req-1", PROMPT)
-            assert d.connector.valid_remote_params(params)
+            assert d.connector.remote_verdict(params) == "pull"
             outcome = await d.connector.pull(params, PROMPT)
             assert (outcome.tokens, outcome.bytes_moved) == (0, 0)
             assert len(p.connector.leases) == 1  # left to expire, as on a real fleet

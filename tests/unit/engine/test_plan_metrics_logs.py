@@ -6,6 +6,8 @@ import io
 import logging
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from narwhal.core.kv.capture.endpoints import parse_cache_config_info, parse_process_start_time
 from narwhal.core.kv.capture.logs import parse_startup_log
 from narwhal.lab.engine import logs, startup_log
@@ -15,9 +17,25 @@ from narwhal.lab.engine.scheduler import Seq
 from narwhal.lab.engine.server import prepare
 from tests.unit.engine.helpers import config, llama8b, plan, tiny
 
-FIXTURES = Path(__file__).resolve().parents[1] / "kv" / "fixtures"
+REAL_METRICS = (Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
+                / "metrics-idle.txt")
 REAL_CPU = ("--served-model-name", "tiny-llama", "--max-model-len", "512", "--dtype", "float32",
             "--emu-platform", "cpu")
+# The launch of the captured engine (tests/fixtures/vllm-0.32.0/capture.json).
+CAPTURED = (*REAL_CPU, "--kv-cache-memory-bytes", "67108864", "--kv-transfer-config",
+            '{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}')
+
+
+def families(text: str) -> dict[str, tuple[str, list[str], frozenset[str]]]:
+    """vllm:* family name -> (type, bucket edges, label names of its samples)."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("vllm:"):
+            continue
+        edges = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
+        labels = frozenset(k for s in family.samples for k in s.labels if k != "le")
+        out[family.name] = (family.type, edges, labels)
+    return out
 
 
 def test_tiny_llama_on_cpu_matches_the_real_vllm_cpu_numbers(tmp_path: Path) -> None:
@@ -28,17 +46,35 @@ def test_tiny_llama_on_cpu_matches_the_real_vllm_cpu_numbers(tmp_path: Path) -> 
     assert p.geometry.stages[0].bytes_per_token == 1024
 
 
-def test_cache_config_info_has_every_label_real_vllm_prints(tmp_path: Path) -> None:
+def test_cache_config_info_equals_the_captured_engines_label_for_label(tmp_path: Path) -> None:
+    """Same launch as the captured vllm-cpu 0.32.0 engine: every label and every value."""
+    cfg = config(tiny(tmp_path), *CAPTURED)
+    text = EngineMetrics(cfg, plan(tiny(tmp_path), *CAPTURED), with_nixl=True).render().decode()
+    ours = parse_cache_config_info(text)[0].labels
+    real = parse_cache_config_info(REAL_METRICS.read_text())[0].labels
+    assert ours == real
+
+
+def test_every_vllm_family_has_the_real_type_buckets_and_labels(tmp_path: Path) -> None:
+    """Type, bucket edges and label names of every vllm:* family the real engine exposes, in
+    the order it registers them (created samples included)."""
+    cfg = config(tiny(tmp_path), *CAPTURED)
+    text = EngineMetrics(cfg, plan(tiny(tmp_path), *CAPTURED), with_nixl=True).render().decode()
+    ours, real = families(text), families(REAL_METRICS.read_text())
+    assert list(ours) == list(real)
+    for name, want in real.items():
+        assert ours[name] == want, name
+
+
+def test_the_cpu_platform_without_a_connector_still_has_every_cache_label(tmp_path: Path) -> None:
     cfg = config(tiny(tmp_path), *REAL_CPU, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     p = plan(tiny(tmp_path), *REAL_CPU, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     text = EngineMetrics(cfg, p, with_nixl=False).render().decode()
     ours = parse_cache_config_info(text)[0].labels
-    real = parse_cache_config_info((FIXTURES / "v0.32-cpu-metrics.txt").read_text())[0].labels
+    real = parse_cache_config_info(REAL_METRICS.read_text())[0].labels
     assert set(ours) == set(real)
-    for key in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_memory_bytes",
-                "kv_cache_max_concurrency", "enable_prefix_caching", "gpu_memory_utilization",
-                "num_cpu_blocks", "engine"):
-        assert ours[key] == real[key], key
+    assert (ours["num_gpu_blocks"], ours["kv_cache_size_tokens"]) == ("8192", "1048576")
+    assert ours["kv_cache_memory_bytes"] == str(2**30)
 
 
 def test_metrics_carry_vllm_names_labels_and_the_real_process_start(tmp_path: Path) -> None:
@@ -69,7 +105,40 @@ def test_metrics_carry_vllm_names_labels_and_the_real_process_start(tmp_path: Pa
     assert ('vllm:prompt_tokens_by_source_total{engine="0",model_name="m1",'
             'source="external_kv_transfer"} 300.0') in text
     assert 'vllm:nixl_num_failed_transfers_total{engine="0",model_name="m1"} 1.0' in text
-    assert "_created" not in text
+    assert "vllm:nixl_num_failed_transfers_created{" in text  # prometheus_client's, as vLLM's
+
+
+def test_a_one_token_pulled_prompt_counts_as_local_compute(tmp_path: Path) -> None:
+    """vLLM 0.32.0 (tests/real): the block moves, but the token is reported as computed."""
+    cfg = config(tiny(tmp_path), *CAPTURED)
+    metrics = EngineMetrics(cfg, plan(tiny(tmp_path), *CAPTURED), with_nixl=True)
+    for length in (1, 2):
+        metrics.admitted(length, 4, 0, length, True)
+        metrics.first_token(Seq("r", prompt_len=length, output_len=4, planned_reason="length",
+                                external=length))
+    by_source = "vllm:prompt_tokens_by_source_total"
+    assert sample(metrics, by_source, source="local_compute") == 1
+    assert sample(metrics, by_source, source="external_kv_transfer") == 2
+    assert sample(metrics, "vllm:prompt_tokens_cached_by_source_total", source="p2p") == 3
+    assert sample(metrics, "vllm:external_prefix_cache_hits_total") == 3
+
+
+def test_a_failed_load_finishes_the_request_with_reason_error(tmp_path: Path) -> None:
+    cfg = config(tiny(tmp_path), *CAPTURED)
+    metrics = EngineMetrics(cfg, plan(tiny(tmp_path), *CAPTURED), with_nixl=True)
+    metrics.admitted(14, 5, 0, 14, True)
+    metrics.load_failed(14, 0.02)
+    assert sample(metrics, "vllm:request_success_total", finished_reason="error") == 1
+    assert sample(metrics, "vllm:request_prefill_kv_computed_tokens_sum") == 14
+    assert sample(metrics, "vllm:prompt_tokens_total") == 0
+    assert sample(metrics, "vllm:e2e_request_latency_seconds_count") == 1
+
+
+def sample(metrics: EngineMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, {"engine": "0", "model_name": "tiny-llama",
+                                                     **labels})
+    assert value is not None, (name, labels)
+    return value
 
 
 def test_nixl_metrics_exist_only_with_a_connector(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.steps: list[tuple[int, int, bool]] = []
+        self.tokens: list[int] = []
         self.done: list[Seq] = []
         self.preemptions = 0
 
@@ -71,8 +72,9 @@ class Recorder:
         self.done.append(seq)
 
     def step(self, running: int, waiting: int, blocked_by_capacity: bool, used_blocks: int,
-             total_blocks: int) -> None:
+             total_blocks: int, tokens: int = 0) -> None:
         self.steps.append((running, waiting, blocked_by_capacity))
+        self.tokens.append(tokens)
 
     def preempted(self, seq: Seq) -> None:
         self.preemptions += 1
@@ -125,8 +127,12 @@ def test_a_full_cache_preempts_the_newest_request_which_still_completes() -> Non
 
 def test_prefill_is_chunked_by_the_batched_token_budget() -> None:
     seq = Seq("long", prompt_len=1000, output_len=2, planned_reason="length")
-    scheduler, _ = _run([seq], num_blocks=100, budget=256)
+    scheduler, observer = _run([seq], num_blocks=100, budget=256)
     assert scheduler.counters["steps"] >= 4 + 1
+    # Each step reports the tokens it scheduled (vllm:iteration_tokens_total): full chunks,
+    # the prompt's remainder, then one decode token.
+    worked = [t for t in observer.tokens if t]
+    assert worked[:3] == [256, 256, 256] and sum(worked) == 1000 + 1
 
 
 def test_prefix_cache_hits_whole_blocks_and_never_the_last_token() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from narwhal.lab.engine.flags import DTYPE_ALIASES, NIXL_CONNECTORS, build_parser, normalize_argv
 
-DEFAULT_VLLM_VERSION = "0.29.0"
+DEFAULT_VLLM_VERSION = "0.32.0"
 DEFAULT_SIDE_CHANNEL_HOST = "localhost"
 DEFAULT_SIDE_CHANNEL_PORT = 5600
 ADMIN_TOKEN_ENV = "NARWHAL_EMU_ADMIN_TOKEN"  # noqa: S105 - the variable name, not a secret

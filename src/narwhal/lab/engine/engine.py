@@ -1,9 +1,16 @@
 """The engine behind the HTTP routes: plan a request's output, pull remote KV, queue it, hold KV.
 
 This is the only module that talks to the KV connector, and only through nixl/api.py:
-`valid_remote_params` and `pull` before a `do_remote_prefill` request is queued, `hold` after a
-`do_remote_decode` request finishes at its length cap (vLLM's pull-mode connector holds blocks
-only then; a request that stopped on EOS returns no kv_transfer_params).
+`remote_verdict` and `pull` before a `do_remote_prefill` request is queued (`release` after a
+load failed), `hold` after a `do_remote_decode` request finishes at its length cap (vLLM's
+pull-mode connector holds blocks only then; a request that stopped on EOS returns no
+kv_transfer_params).
+
+A `do_remote_prefill` request meets one of vLLM 0.32's three fates (nixl/params.py): its KV is
+pulled; or `Got invalid KVTransferParams` is logged and it waits for a load that never starts
+(it is parked until the client leaves); or, with no `remote_block_ids`, the engine core's
+assertion fails and the engine dies: every request then fails with `EngineDead` and the process
+exits non-zero (`on_dead`), as a real engine does.
 """
 
 from __future__ import annotations
@@ -11,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from narwhal.lab.engine.config import EngineConfig
 from narwhal.lab.engine.engine_plan import EnginePlan
@@ -26,6 +33,16 @@ from narwhal.lab.engine.prefix_cache import PrefixCache
 from narwhal.lab.engine.scheduler import Scheduler, Seq
 from narwhal.lab.engine.timing import TimingModel
 from narwhal.lab.engine.tokenizer import Tokenizer
+
+ENGINE_DEAD_MESSAGE = ("EngineCore encountered an issue. See stack trace (above) for the root "
+                       "cause.")
+
+
+class EngineDead(Exception):
+    """The engine core is dead: vLLM's EngineDeadError, HTTP 500 with ENGINE_DEAD_MESSAGE."""
+
+    def __init__(self) -> None:
+        super().__init__(ENGINE_DEAD_MESSAGE)
 
 
 @dataclass(frozen=True)
@@ -102,21 +119,45 @@ class Engine:
             num_blocks=plan.num_blocks, block_size=plan.block_size,
             max_num_seqs=cfg.serve.max_num_seqs, max_batched_tokens=plan.max_num_batched_tokens,
             timing=timing, observer=metrics, clock=self.loop.time, gate=faults.hang_gate)
+        self.dead = False
+        self.on_dead: Callable[[], None] | None = None  # the server's shutdown, set by it
+        self._parked: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self.scheduler.start()
 
+    def unpark(self, error: Exception | None = None) -> None:
+        """End the requests parked on a KV load that never starts: cancelled at shutdown (the
+        client's connection closes), failed with `error` when the engine dies."""
+        for future in list(self._parked):
+            if future.done():
+                continue
+            if error is None:
+                future.cancel()
+            else:
+                future.set_exception(error)
+
     async def stop(self) -> None:
+        self.unpark()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.scheduler.stop()
 
     async def submit(self, request_id: str, prompt_ids: list[int], sampling: Sampling) -> Run:
-        """Queue a request; KvLoadFailed when its remote KV cannot be loaded (policy "fail")."""
+        """Queue a request; KvLoadFailed when its remote KV cannot be loaded (policy "fail"),
+        EngineDead when the engine core is (or just became) dead."""
+        if self.dead:
+            raise EngineDead
         arrival = self.loop.time()
         params = sampling.kv_transfer_params if self.connector is not None else None
+        internal = f"{request_id}-0-{secrets.token_hex(4)}"
         external, queried = 0, False
         if params and params.get("do_remote_prefill"):
             queried = True
-            external = await self._pull(params, prompt_ids)
+            external = await self._remote_prefill(params, prompt_ids, request_id, internal,
+                                                  sampling, arrival)
         planned = self.generator.plan(prompt_ids, sampling.max_tokens, sampling.min_tokens,
                                       sampling.ignore_eos)
         local_hit = self.prefix_cache.lookup_and_insert(prompt_ids)
@@ -125,29 +166,87 @@ class Engine:
         seq = Seq(request_id, len(prompt_ids), len(planned.token_ids), planned.finish_reason,
                   local_hit=local_hit, external=external, arrival=arrival)
         self.metrics.admitted(len(prompt_ids), sampling.max_tokens, local_hit, external, queried)
-        internal = f"{request_id}-0-{secrets.token_hex(4)}"
         produce = bool(params and params.get("do_remote_decode"))
         run = Run(request_id, internal, prompt_ids, planned, seq, produce)
         self.scheduler.submit(seq)
         return run
 
-    async def _pull(self, params: dict[str, Any], prompt_ids: list[int]) -> int:
+    async def _remote_prefill(self, params: dict[str, Any], prompt_ids: list[int],
+                              request_id: str, internal: str, sampling: Sampling,
+                              arrival: float) -> int:
+        """Prompt tokens whose KV was pulled (0: compute locally), after vLLM's verdict."""
         connector = self.connector
         assert connector is not None
-        if not connector.valid_remote_params(params):
+        verdict = connector.remote_verdict(params)
+        if verdict == "engine_dead":
+            self.die(params)
+            raise EngineDead
+        if verdict == "invalid":
             self.log.warning("Got invalid KVTransferParams: %s. This request will not utilize "
-                             "KVTransfer", params, extra=at("base_scheduler.py:395", ENGINE_CORE))
-            return 0
+                             "KVTransfer", params, extra=at("pull_scheduler.py:180", ENGINE_CORE))
+            await self._park()
+        self.metrics.fetching(1)
         try:
-            outcome = await connector.pull(params, prompt_ids)
+            outcome = await connector.pull(params, prompt_ids, internal)
         except KvLoadFailed as exc:
             self.log.error("%s", exc.log_line, extra=at("pull_worker.py:512", ENGINE_CORE))
             if self.cfg.kv_load_failure_policy != "recompute":
+                self._load_failed(params, prompt_ids, request_id, sampling, arrival)
                 raise
             self.log.warning("Recomputing the prompt locally (kv_load_failure_policy=recompute)",
                              extra=at("base_scheduler.py:611", ENGINE_CORE))
             return 0
+        finally:
+            self.metrics.fetching(-1)
         return outcome.tokens
+
+    def _load_failed(self, params: dict[str, Any], prompt_ids: list[int], request_id: str,
+                     sampling: Sampling, arrival: float) -> None:
+        """Count the failed request as vLLM does (admitted, then finished with "error") and
+        start the clean-up that tells the producer to free the blocks."""
+        n = len(prompt_ids)
+        self.metrics.admitted(n, sampling.max_tokens, 0, n, True)
+        self.metrics.load_failed(n, self.loop.time() - arrival)
+        connector = self.connector
+        assert connector is not None
+        bare = request_id.partition("-")[2] or request_id  # vLLM logs the clean-up's plain id
+        task = self.loop.create_task(connector.release(params, bare), name="nixl-release")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _park(self) -> NoReturn:
+        """Wait for a KV load that never starts; only cancellation (client gone, shutdown) or
+        the engine's death ends it, so this never returns normally."""
+        future: asyncio.Future[None] = self.loop.create_future()
+        self._parked.add(future)
+        self.metrics.parked(1)
+        try:
+            await future
+        finally:
+            self._parked.discard(future)
+            self.metrics.parked(-1)
+        raise asyncio.CancelledError
+
+    def die(self, params: dict[str, Any]) -> None:
+        """The engine core's assertion failed: log why, fail everything, then shut down."""
+        if self.dead:
+            return
+        self.dead = True
+        core = at("core.py:1512", ENGINE_CORE)
+        self.log.error("EngineCore encountered a fatal error.", extra=core)
+        self.log.error(
+            "AssertionError (pull_scheduler.py, update_state_after_alloc: assert "
+            "num_external_tokens == 0): kv_transfer_params %s ask for a remote prefill "
+            "(do_remote_prefill) but carry no remote_block_ids, so there is nothing to pull for "
+            "the tokens the scheduler reserved. The engine core is dead; every request now "
+            "fails with HTTP 500 and the server shuts down. Send the producer's whole "
+            "kv_transfer_params.", params, extra=core)
+        self.log.error("Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
+                       "client.", extra=at("core_client.py:573"))
+        self.scheduler.abort_all()
+        self.unpark(EngineDead())
+        if self.on_dead is not None:
+            self.loop.call_soon(self.on_dead)
 
     def finish_kv(self, run: Run) -> dict[str, Any] | None:
         """Producer side: hold the prompt's blocks for the consumer; the response's params."""

@@ -101,7 +101,7 @@ class EngineServer:
         """The name responses carry (the first served name); 404 for a name not served."""
         served = self.served
         if name is not None and name not in served:
-            raise not_found_model(name)
+            raise not_found_model(name, served)
         return served[0]
 
     def response_headers(self, request_id: str) -> dict[str, str]:
@@ -110,7 +110,7 @@ class EngineServer:
     # -- plain routes --------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.StreamResponse:
         await self.admit(request)
-        return web.Response(status=200)
+        return web.Response(status=503 if self.engine.dead else 200)
 
     async def version(self, request: web.Request) -> web.StreamResponse:
         await self.admit(request)

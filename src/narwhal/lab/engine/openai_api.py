@@ -4,6 +4,8 @@ Request checks follow vLLM's order: body schema (400 `Bad Request`), model name 
 parameters and prompt length (400 `BadRequestError` naming the parameter). A streamed response
 sends its headers before the engine runs, as vLLM's StreamingResponse does, so a KV load
 failure there arrives as an SSE error event; unstreamed, it is HTTP 500 `Internal server error`.
+A dead engine core (engine.py) fails every request the same two ways with vLLM's
+EngineDeadError message instead.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from narwhal.lab.engine import responses as R
-from narwhal.lab.engine.engine import Engine, Run, Sampling
+from narwhal.lab.engine.engine import ENGINE_DEAD_MESSAGE, Engine, EngineDead, Run, Sampling
 from narwhal.lab.engine.nixl.api import KvLoadFailed
 from narwhal.lab.engine.protocol import (
     ApiError,
@@ -25,6 +27,7 @@ from narwhal.lab.engine.protocol import (
     CommonBody,
     CompletionBody,
     bad_request,
+    engine_dead_error,
     internal_error,
     parse_body,
 )
@@ -48,6 +51,7 @@ class Job:
     interval: int
     logprobs: int | None  # completions: top-N; chat: top_logprobs when logprobs=true
     role: str
+    prompt_text: str | None = None  # chat with return_prompt_text: the rendered prompt
 
 
 class OpenAIRoutes:
@@ -61,6 +65,11 @@ class OpenAIRoutes:
         self.max_logprobs = engine.cfg.serve.max_logprobs
         self.interval = engine.cfg.serve.stream_interval
         self.role = engine.cfg.serve.response_role
+        cfg, launch = engine.cfg, engine.plan.launch
+        self.fingerprint = R.system_fingerprint(
+            cfg.vllm_version, launch.tensor_parallel_size, launch.pipeline_parallel_size,
+            launch.data_parallel_size, bool(cfg.args.enable_expert_parallel),
+            launch.model_dump_json())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         await self.server.admit(request)
@@ -89,7 +98,8 @@ class OpenAIRoutes:
         self._check_fits(prompt_ids, requested or 0)
         max_tokens = requested if requested is not None else self.max_model_len - len(prompt_ids)
         self._check_max_tokens(max_tokens, body.min_tokens)
-        job = self._job(request, body, True, model, prompt_ids, max_tokens, top)
+        job = self._job(request, body, True, model, prompt_ids, max_tokens, top,
+                        text if body.return_prompt_text else None)
         return await self._serve(request, job)
 
     # -- validation -------------------------------------------------------------------------
@@ -153,20 +163,23 @@ class OpenAIRoutes:
                               f"got {min_tokens}.", "min_tokens", min_tokens)
 
     def _job(self, request: web.Request, body: CommonBody, chat: bool, model: str,
-             prompt_ids: list[int], max_tokens: int, top: int | None) -> Job:
+             prompt_ids: list[int], max_tokens: int, top: int | None,
+             prompt_text: str | None = None) -> Job:
         base = request.headers.get("X-Request-Id") or body.request_id or uuid.uuid4().hex
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
         options = body.stream_options
         stream = bool(body.stream)
         return Job(
-            chat=chat, head=R.Head(rid, int(time.time()), model, chat), prompt_ids=prompt_ids,
+            chat=chat, head=R.Head(rid, int(time.time()), model, chat, self.fingerprint),
+            prompt_ids=prompt_ids,
             sampling=Sampling(max_tokens, body.min_tokens, body.ignore_eos,
                               body.kv_transfer_params),
             stream=stream, include_usage=bool(stream and options and options.include_usage),
             continuous_usage=bool(stream and options and options.include_usage
                                   and options.continuous_usage_stats),
             return_token_ids=bool(body.return_token_ids),
-            interval=max(self.interval, body.stream_interval or 1), logprobs=top, role=self.role)
+            interval=max(self.interval, body.stream_interval or 1), logprobs=top, role=self.role,
+            prompt_text=prompt_text)
 
     # -- generation ----------------------------------------------------------------------------
     async def _serve(self, request: web.Request, job: Job) -> web.StreamResponse:
@@ -177,11 +190,15 @@ class OpenAIRoutes:
             run = await self.engine.submit(job.head.request_id, job.prompt_ids, job.sampling)
         except KvLoadFailed:
             raise internal_error() from None
+        except EngineDead:
+            raise engine_dead_error(ENGINE_DEAD_MESSAGE) from None
         try:
             await run.done()
         except asyncio.CancelledError:
             self.engine.abort(run)
             raise
+        if self.engine.dead:
+            raise engine_dead_error(ENGINE_DEAD_MESSAGE)
         return web.Response(body=R.body(self._full(job, run)), headers=headers,
                             content_type="application/json")
 
@@ -195,7 +212,7 @@ class OpenAIRoutes:
         n_prompt = len(job.prompt_ids)
         if job.chat:
             return R.chat_body(job.head, job.role, text, logprobs, run.finish_reason, token_ids,
-                               prompt_ids, n_prompt, len(ids), kv)
+                               prompt_ids, job.prompt_text, n_prompt, len(ids), kv)
         return R.completion_body(job.head, text, logprobs, run.finish_reason, token_ids,
                                  prompt_ids, n_prompt, len(ids), kv)
 
@@ -214,9 +231,10 @@ class OpenAIRoutes:
         await response.prepare(request)
         try:
             run = await self.engine.submit(job.head.request_id, job.prompt_ids, job.sampling)
-        except KvLoadFailed:
-            await response.write(R.sse(R.error_chunk("Internal server error",
-                                                     "InternalServerError", 500)))
+        except (KvLoadFailed, EngineDead) as exc:
+            message = ENGINE_DEAD_MESSAGE if isinstance(exc, EngineDead) else \
+                "Internal server error"
+            await response.write(R.sse(R.error_chunk(message, "InternalServerError", 500)))
             await response.write(R.DONE)
             return response
         try:
@@ -233,7 +251,7 @@ class OpenAIRoutes:
         n_prompt = len(job.prompt_ids)
         prompt_ids = job.prompt_ids if job.return_token_ids else None
         if job.chat:
-            chunk = R.chat_role_chunk(head, job.role, prompt_ids)
+            chunk = R.chat_role_chunk(head, job.role, prompt_ids, job.prompt_text)
             if job.continuous_usage:
                 chunk["usage"] = R.usage(n_prompt, 0, False)
             await response.write(R.sse(chunk))
@@ -251,7 +269,10 @@ class OpenAIRoutes:
             if job.continuous_usage:
                 chunk["usage"] = R.usage(n_prompt, end, False)
             await response.write(R.sse(chunk))
-        if job.include_usage:
+        if self.engine.dead:
+            await response.write(R.sse(R.error_chunk(ENGINE_DEAD_MESSAGE, "InternalServerError",
+                                                     500)))
+        elif job.include_usage:
             await response.write(R.sse(R.usage_chunk(head, n_prompt, run.seq.produced)))
         await response.write(R.DONE)
 

@@ -44,12 +44,18 @@ def bad_request(message: str, param: str | None = None, value: Any = None) -> Ap
     return ApiError(400, text, "BadRequestError", param)
 
 
-def not_found_model(name: str) -> ApiError:
-    return ApiError(404, f"The model `{name}` does not exist.", "NotFoundError", "model")
+def not_found_model(name: str, served: tuple[str, ...]) -> ApiError:
+    return ApiError(404, f"The model `{name}` does not exist. Valid aliases: "
+                    f"{', '.join(served)}.", "NotFoundError", "model")
 
 
 def internal_error() -> ApiError:
     return ApiError(500, "Internal server error", "InternalServerError")
+
+
+def engine_dead_error(message: str) -> ApiError:
+    """vLLM's EngineDeadError: HTTP 500 once the engine core has died."""
+    return ApiError(500, message, "InternalServerError")
 
 
 def schema_error(errors: list[dict[str, Any]]) -> ApiError:
@@ -124,6 +130,7 @@ class ChatBody(CommonBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
+    return_prompt_text: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

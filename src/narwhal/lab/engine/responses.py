@@ -2,11 +2,16 @@
 
 Non-streaming bodies list every field (vLLM dumps the whole model, nulls included); streamed
 chunks list only the fields vLLM sets on them (it dumps with exclude_unset), and the final
-usage chunk drops nulls. JSON is compact, like pydantic's model_dump_json.
+usage chunk drops nulls. JSON is compact, like pydantic's model_dump_json. Key sets and order
+follow vLLM 0.32.0 (tests/fixtures/vllm-0.32.0): `routed_experts` on every choice,
+`completion_tokens_details` in usage, `ec_transfer_params` and `metrics` after
+`kv_transfer_params`, chat's `prompt_text`, and a `system_fingerprint` string on bodies and on
+the usage chunk, computed once at startup (`system_fingerprint`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +37,24 @@ def usage(prompt: int, completion: int, details: bool = True) -> dict[str, Any]:
                            "completion_tokens": completion}
     if details:
         out["prompt_tokens_details"] = None
+        out["completion_tokens_details"] = None
     return out
+
+
+def system_fingerprint(version: str, tp: int, pp: int, dp: int, expert_parallel: bool,
+                       config: str) -> str:
+    """vLLM's default ("full") fingerprint: `vllm-<version>[-tpN][-ppN][-dpN][-ep]-<hash8>`.
+
+    vLLM's hash8 is a digest of its whole VllmConfig, which the emulator does not have; here it
+    is a digest of `config` (the settled launch plan), so it is stable for one plan and changes
+    with it, which is all a client can rely on.
+    """
+    parts = [f"vllm-{version}"]
+    parts += [f"{name}{size}" for name, size in (("tp", tp), ("pp", pp), ("dp", dp)) if size > 1]
+    if expert_parallel:
+        parts.append("ep")
+    parts.append(hashlib.sha256(config.encode()).hexdigest()[:8])
+    return "-".join(parts)
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,7 @@ class Head:
     created: int
     model: str
     chat: bool
+    fingerprint: str | None = None
 
     def start(self, stream: bool) -> dict[str, Any]:
         if self.chat:
@@ -94,24 +117,24 @@ def completion_body(head: Head, text: str, logprobs: dict[str, Any] | None, fini
                     completion_len: int, kv_params: dict[str, Any] | None) -> dict[str, Any]:
     choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
               "stop_reason": None, "token_ids": token_ids, "prompt_logprobs": None,
-              "prompt_token_ids": prompt_ids}
+              "prompt_token_ids": prompt_ids, "routed_experts": None}
     return {**head.start(False), "choices": [choice], "service_tier": None,
-            "system_fingerprint": None, "usage": usage(prompt_len, completion_len),
-            "kv_transfer_params": kv_params}
+            "system_fingerprint": head.fingerprint, "usage": usage(prompt_len, completion_len),
+            "kv_transfer_params": kv_params, "ec_transfer_params": None, "metrics": None}
 
 
 def chat_body(head: Head, role: str, text: str, logprobs: dict[str, Any] | None,
               finish: str | None, token_ids: list[int] | None, prompt_ids: list[int] | None,
-              prompt_len: int, completion_len: int,
+              prompt_text: str | None, prompt_len: int, completion_len: int,
               kv_params: dict[str, Any] | None) -> dict[str, Any]:
     message = {"role": role, "content": text, "refusal": None, "annotations": None,
                "audio": None, "function_call": None, "reasoning": None}
     choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
-              "stop_reason": None, "token_ids": token_ids}
+              "stop_reason": None, "token_ids": token_ids, "routed_experts": None}
     return {**head.start(False), "choices": [choice], "service_tier": None,
-            "system_fingerprint": None, "usage": usage(prompt_len, completion_len),
-            "prompt_logprobs": None, "prompt_token_ids": prompt_ids,
-            "kv_transfer_params": kv_params}
+            "system_fingerprint": head.fingerprint, "usage": usage(prompt_len, completion_len),
+            "prompt_logprobs": None, "prompt_token_ids": prompt_ids, "prompt_text": prompt_text,
+            "kv_transfer_params": kv_params, "ec_transfer_params": None, "metrics": None}
 
 
 def completion_chunk(head: Head, text: str, logprobs: dict[str, Any] | None,
@@ -122,10 +145,12 @@ def completion_chunk(head: Head, text: str, logprobs: dict[str, Any] | None,
     return {**head.start(True), "choices": [choice]}
 
 
-def chat_role_chunk(head: Head, role: str, prompt_ids: list[int] | None) -> dict[str, Any]:
+def chat_role_chunk(head: Head, role: str, prompt_ids: list[int] | None,
+                    prompt_text: str | None) -> dict[str, Any]:
     choice = {"index": 0, "delta": {"role": role, "content": ""}, "logprobs": None,
               "finish_reason": None}
-    return {**head.start(True), "choices": [choice], "prompt_token_ids": prompt_ids}
+    return {**head.start(True), "choices": [choice], "prompt_token_ids": prompt_ids,
+            "prompt_text": prompt_text}
 
 
 def chat_chunk(head: Head, text: str, logprobs: dict[str, Any] | None, finish: str | None,
@@ -139,7 +164,10 @@ def chat_chunk(head: Head, text: str, logprobs: dict[str, Any] | None, finish: s
 
 
 def usage_chunk(head: Head, prompt_len: int, completion_len: int) -> dict[str, Any]:
-    return {**head.start(True), "choices": [], "usage": usage(prompt_len, completion_len, False)}
+    chunk = {**head.start(True), "choices": [], "usage": usage(prompt_len, completion_len, False)}
+    if head.fingerprint is not None:
+        chunk["system_fingerprint"] = head.fingerprint
+    return chunk
 
 
 def error_chunk(message: str, err_type: str, code: int) -> dict[str, Any]:

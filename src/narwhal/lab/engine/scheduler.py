@@ -100,7 +100,7 @@ class SchedulerObserver(Protocol):
     def token(self, seq: Seq, gap: float) -> None: ...
     def finished(self, seq: Seq) -> None: ...
     def step(self, running: int, waiting: int, blocked_by_capacity: bool, used_blocks: int,
-             total_blocks: int) -> None: ...
+             total_blocks: int, tokens: int = 0) -> None: ...
     def preempted(self, seq: Seq) -> None: ...
 
 
@@ -154,6 +154,11 @@ class Scheduler:
                 self.waiting.remove(seq)
         self.counters["aborted"] += 1
         self._finish(seq, "abort")
+
+    def abort_all(self) -> None:
+        """The engine died: end every queued and running request (their waiters wake)."""
+        for seq in [*self.running, *self.waiting]:
+            self.abort(seq)
 
     def _finish(self, seq: Seq, reason: str) -> None:
         self.free_blocks += seq.blocks
@@ -226,7 +231,8 @@ class Scheduler:
         if len(self.waiting) > self.counters["max_waiting_seen"]:
             self.counters["max_waiting_seen"] = len(self.waiting)
         self._observer.step(len(self.running), len(self.waiting), blocked,
-                            self.num_blocks - self.free_blocks, self.num_blocks)
+                            self.num_blocks - self.free_blocks, self.num_blocks,
+                            self.max_batched_tokens - budget)
         return cost, emitting
 
     def _chunk(self, seq: Seq, budget: int, emitting: list[Seq]) -> tuple[float, int]:

@@ -2,7 +2,8 @@
 
 `main(argv)` is the whole program: a bad flag exits 2 (argparse, naming the flag), an engine
 that cannot start exits 1 with one clear line, SIGTERM/SIGINT stop it cleanly, SIGUSR1 toggles
-the hang fault.
+the hang fault. An engine whose core dies while serving (engine.py: `do_remote_prefill`
+without `remote_block_ids`) answers the request that killed it, shuts down and exits 1.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Running:
         self.connector = connector
 
     async def stop(self) -> None:
+        self.engine.unpark()  # parked requests would hold the HTTP shutdown for its timeout
         await self.runner.cleanup()
         await self.engine.stop()
         if self.connector is not None:
@@ -137,11 +139,12 @@ async def _stats(log: logging.Logger, engine: Engine) -> None:
 
 
 async def serve(cfg: EngineConfig, plan: EnginePlan, tokenizer: Tokenizer,
-                log: logging.Logger) -> None:
-    """Run until SIGTERM/SIGINT."""
+                log: logging.Logger) -> int:
+    """Run until SIGTERM/SIGINT (exit status 0) or the engine core's death (1)."""
     running = await start(cfg, plan, tokenizer, log)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    running.engine.on_dead = stop.set
     faults = running.engine.faults
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
@@ -159,6 +162,7 @@ async def serve(cfg: EngineConfig, plan: EnginePlan, tokenizer: Tokenizer,
     await running.stop()
     log.info("Application shutdown complete.", extra=logs.uvicorn())
     log.info("Finished server process [%d]", os.getpid(), extra=logs.uvicorn())
+    return 1 if running.engine.dead else 0
 
 
 def prepare(argv: Sequence[str], env: dict[str, str],
@@ -184,11 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg, plan, tokenizer = prepare(args, dict(os.environ), log)
         _use_uvloop()
-        asyncio.run(serve(cfg, plan, tokenizer, log))
+        return asyncio.run(serve(cfg, plan, tokenizer, log))
     except StartupError as exc:
         log.error("Engine failed to start: %s", exc, extra=logs.at("api_server.py:2090"))
         return 1
-    return 0
 
 
 def _use_uvloop() -> None:

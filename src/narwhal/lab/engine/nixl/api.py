@@ -8,7 +8,12 @@ block transfer, leases) never parses HTTP. Both sides are built against these ty
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+# What a consumer does with `do_remote_prefill` params (vLLM 0.32's scheduler, nixl/params.py):
+# pull the KV; log `Got invalid KVTransferParams` and wait for a load that never starts; or
+# assert, which kills the engine core.
+RemoteVerdict = Literal["pull", "invalid", "engine_dead"]
 
 
 class KvLoadFailed(Exception):
@@ -59,10 +64,16 @@ class KvConnector(Protocol):
         """Producer side, after a `do_remote_decode` prefill: keep the prompt's blocks under a
         lease and return the response's `kv_transfer_params` exactly as vLLM's pull mode does."""
 
-    def valid_remote_params(self, params: dict[str, Any]) -> bool:
-        """Consumer side: False for params vLLM would log as `Got invalid KVTransferParams`
-        (the request is then computed locally)."""
+    def remote_verdict(self, params: dict[str, Any]) -> RemoteVerdict:
+        """Consumer side, before anything moves: what vLLM's scheduler does with these params."""
 
-    async def pull(self, params: dict[str, Any], prompt_token_ids: list[int]) -> PullOutcome:
-        """Consumer side: handshake (cached per remote engine), validate, read the blocks over
-        TCP, notify the producer. Raises KvLoadFailed with vLLM's message on any failure."""
+    async def pull(self, params: dict[str, Any], prompt_token_ids: list[int],
+                   request_id: str = "") -> PullOutcome:
+        """Consumer side (verdict "pull"): handshake (cached per remote engine), validate, read
+        the blocks over TCP, notify the producer. Raises KvLoadFailed with vLLM's message on
+        any failure; `request_id` is the consumer's own id, for the failure log."""
+
+    async def release(self, params: dict[str, Any], request_id: str) -> None:
+        """Consumer side, after a failed load: what vLLM does for a request that finishes with
+        `do_remote_prefill` still set, i.e. hand-shake again if needed and tell the producer to
+        free its blocks. Failures are logged and counted, never raised."""

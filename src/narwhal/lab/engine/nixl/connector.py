@@ -4,7 +4,7 @@
 agent metadata, blocks and bytes per request) comes from core/kv for this engine's own plan;
 this module only wires the pieces and turns their failures into vLLM's log lines.
 
-Fault `recompute_instead_of_pull`: `valid_remote_params` answers as usual, but `pull` moves
+Fault `recompute_instead_of_pull`: `remote_verdict` answers as usual, but `pull` moves
 nothing and returns a PullOutcome with tokens=0 and bytes_moved=0, so the HTTP side counts the
 prompt as local_compute (what vLLM does under kv_load_failure_policy "recompute"). The
 producer's lease then runs out, as it would on a real fleet.
@@ -29,21 +29,33 @@ from narwhal.core.kv.geometry import Geometry
 from narwhal.core.kv.transfer import request_transfer
 from narwhal.core.kv.versions import facts_for
 from narwhal.lab.engine.nixl import failures
-from narwhal.lab.engine.nixl.api import KvConnector, KvMetrics, PullOutcome
+from narwhal.lab.engine.nixl.api import KvConnector, KvMetrics, PullOutcome, RemoteVerdict
 from narwhal.lab.engine.nixl.handshake import HandshakeError, Handshaker
 from narwhal.lab.engine.nixl.leases import BlockPool, LeaseTable
 from narwhal.lab.engine.nixl.listener import SideChannelListener
-from narwhal.lab.engine.nixl.params import parse_remote, producer_params
+from narwhal.lab.engine.nixl.params import (
+    RemoteParams,
+    parse_remote,
+    producer_params,
+    remote_verdict,
+)
 from narwhal.lab.engine.nixl.settings import (
     ConnectorConfig,
     FaultSwitches,
     NixlSettings,
     settle,
 )
-from narwhal.lab.engine.nixl.transfer import BlockServer, TransferError, read_blocks
-from narwhal.lab.engine.nixl.wire import AgentBlob, agent_metadata, num_kernel_blocks, payload_frame
+from narwhal.lab.engine.nixl.transfer import BlockServer, TransferError, notify, read_blocks
+from narwhal.lab.engine.nixl.wire import (
+    AgentBlob,
+    agent_metadata,
+    memory_type,
+    num_kernel_blocks,
+    payload_frame,
+)
 
 __all__ = ["ConnectorConfig", "FaultSwitches", "NixlConnector", "make_connector"]
+LOG_SAMPLE = 8  # block ids shown in a failure's context, as vLLM's local_block_ids_sample
 
 
 class NixlConnector:
@@ -92,13 +104,15 @@ class NixlConnector:
         self._context = zmq.asyncio.Context()
         try:
             await self._server.start(s.host)
+            self._current_payloads()  # a field this release sends but we cannot fill fails here
             self._listener = SideChannelListener(self._context, s.host, s.port,
                                                  self._current_payloads, self._faults, log)
             await self._listener.start()
         except BaseException:
             await self.stop()
             raise
-        self._handshaker = Handshaker(self._context, self.geometry, self._facts, s, log)
+        self._handshaker = Handshaker(self._context, self.geometry, self._facts, s, log,
+                                      self._metrics)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="nixl-lease-sweeper")
 
     async def stop(self) -> None:
@@ -146,10 +160,10 @@ class NixlConnector:
         if self._payloads_for != incarnation:
             blob = AgentBlob(agent_name=self._agent_name, host=self._server.address,
                              port=self._server.port, incarnation=incarnation).encode()
-            g = self.geometry
+            g, memory = self.geometry, memory_type(self.settings.buffer_device)
             self._payloads = {
                 (pp, tp): payload_frame(g.compatibility_hash, agent_metadata(
-                    g, self._facts, self.engine_id, pp, tp, blob))
+                    g, self._facts, self.engine_id, pp, tp, blob, memory))
                 for pp in range(g.pp) for tp in range(g.tp)}
             self._payloads_for = incarnation
         return self._payloads
@@ -169,10 +183,21 @@ class NixlConnector:
         return params
 
     # consumer ----------------------------------------------------------------
-    def valid_remote_params(self, params: dict[str, Any]) -> bool:
-        return parse_remote(params) is not None
+    def remote_verdict(self, params: dict[str, Any]) -> RemoteVerdict:
+        return remote_verdict(params)
 
-    async def pull(self, params: dict[str, Any], prompt_token_ids: list[int]) -> PullOutcome:
+    def _failure_context(self, request_id: str, remote: RemoteParams,
+                         local_blocks: int) -> dict[str, Any]:
+        """The Context vLLM's `_log_failure` prints for a request's failure."""
+        return {"request_id": request_id, "engine_id": self.engine_id,
+                "remote_engine_id": remote.engine_id, "remote_request_id": remote.request_id,
+                "remote_host": remote.host, "remote_port": remote.port,
+                "num_local_blocks": local_blocks,
+                "num_remote_blocks": sum(len(g) for g in remote.block_ids),
+                "local_block_ids_sample": list(range(1, min(local_blocks, LOG_SAMPLE) + 1))}
+
+    async def pull(self, params: dict[str, Any], prompt_token_ids: list[int],
+                   request_id: str = "") -> PullOutcome:
         if self._faults.recompute_instead_of_pull:
             return PullOutcome(tokens=0, bytes_moved=0, seconds=0.0, post_seconds=0.0,
                                descriptors=0, handshake_seconds=0.0)
@@ -181,17 +206,14 @@ class NixlConnector:
             raise failures.report(self._log, "handshake_failed", {"engine_id": self.engine_id},
                                   "RuntimeError: Got invalid KVTransferParams"
                                   if remote is None else "RuntimeError: connector not started")
-        context = {"request_id": remote.request_id, "engine_id": self.engine_id,
-                   "remote_engine_id": remote.engine_id, "remote_request_id": remote.request_id,
-                   "remote_host": remote.host, "remote_port": remote.port,
-                   "num_remote_blocks": sum(len(g) for g in remote.block_ids)}
+        plan = request_transfer(self.geometry, len(prompt_token_ids))
+        context = self._failure_context(request_id or remote.request_id, remote,
+                                        sum(plan.stages[0].blocks_per_group))
         try:
             peer, handshake_s = await self._handshaker.ensure(
                 remote.engine_id, remote.host, remote.port, remote.tp_size, remote.pp_size)
-        except HandshakeError as exc:
-            self._metrics.transfer_failed()
+        except HandshakeError as exc:  # counted once per handshake, by the handshaker
             raise failures.report(self._log, "handshake_failed", context, exc.line) from None
-        plan = request_transfer(self.geometry, len(prompt_token_ids))
         nbytes = round(plan.total_bytes * self.settings.kv_scale)
         try:
             result = await read_blocks(peer.agent, remote.request_id, remote.block_ids, nbytes)
@@ -205,6 +227,29 @@ class NixlConnector:
             handshake_seconds=handshake_s)
         self._metrics.transfer_done(outcome)
         return outcome
+
+    async def release(self, params: dict[str, Any], request_id: str) -> None:
+        """vLLM's clean-up for a failed remote prefill: an empty-block "read" that only
+        notifies the producer, which needs a handshake first (a second one when the first
+        failed, so a failed handoff counts two failed handshakes once this has run)."""
+        remote = parse_remote(params)
+        if remote is None or self._handshaker is None:
+            return
+        try:
+            peer, _ = await self._handshaker.ensure(
+                remote.engine_id, remote.host, remote.port, remote.tp_size, remote.pp_size)
+        except HandshakeError as exc:
+            failures.report(self._log, "handshake_failed",
+                            self._failure_context(request_id, remote, 0), exc.line)
+            return
+        try:
+            await notify(peer.agent, remote.request_id)
+        except TransferError as exc:
+            self._metrics.transfer_failed()
+            self._metrics.notification_failed()
+            failures.report(self._log, "notification_failed",
+                            {**self._failure_context(request_id, remote, 0), "error": exc.detail},
+                            failures.REMOTE_DISCONNECT)
 
     def _transfer_failed(self, exc: TransferError, engine_id: str, request_id: str,
                          context: dict[str, Any]) -> Exception:

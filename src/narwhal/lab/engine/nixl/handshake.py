@@ -6,7 +6,8 @@ runtime pair checks of reference §2.5. Those checks are core/kv's `check_pair`,
 remote as its metadata shows it: our own plan with the remote's parallel sizes and reported
 block geometry (the hash already proved the model-level factors equal). One handshake per
 remote engine id is cached; concurrent first pulls share it; a failure is not cached, so the
-next request tries again, as vLLM drops a failed handshake future.
+next request tries again, as vLLM drops a failed handshake future. A failed handshake is
+counted once (vllm:nixl_num_failed_transfers), however many requests waited on it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from narwhal.core.kv.geometry import Geometry
 from narwhal.core.kv.pair import check_pair, tp_ratio
 from narwhal.core.kv.versions import VllmFacts
 from narwhal.lab.engine.nixl import failures
+from narwhal.lab.engine.nixl.api import KvMetrics
 from narwhal.lab.engine.nixl.listener import zmq_path
 from narwhal.lab.engine.nixl.settings import NixlSettings
 from narwhal.lab.engine.nixl.wire import AgentBlob
@@ -96,8 +98,9 @@ class Handshaker:
     """Per-connector handshake cache keyed by remote engine id."""
 
     def __init__(self, context: zmq.asyncio.Context, local: Geometry, facts: VllmFacts,
-                 settings: NixlSettings, log: logging.Logger) -> None:
+                 settings: NixlSettings, log: logging.Logger, metrics: KvMetrics) -> None:
         self._context = context
+        self._metrics = metrics
         self._local = local
         self._facts = facts
         self._settings = settings
@@ -145,6 +148,7 @@ class Handshaker:
             except (zmq.ZMQError, OSError, ValueError) as exc:  # e.g. an unresolvable host
                 raise HandshakeError(f"{type(exc).__name__}: {exc}") from None
         except HandshakeError as exc:
+            self._metrics.transfer_failed()
             self._log.error("NIXL transfer failure: handshake_setup_failed | Context: %s",
                             {"failure_type": "handshake_setup_failed", "request_id": None,
                              "engine_id": self._settings.engine_id,

@@ -1,9 +1,16 @@
 """`kv_transfer_params` as vLLM 0.32's pull mode writes them (producer) and reads them (consumer).
 
 The producer's object has exactly the keys, order and types of the real reply recorded in
-real-vllm-cpu.md. The consumer needs the five keys of reference §3.2; vLLM computes the request
-locally (after `Got invalid KVTransferParams`) when one is missing. Values of the wrong type
-are treated the same way here, since they come from an HTTP body a client wrote.
+real-vllm-cpu.md. The consumer sorts a `do_remote_prefill` request the way vLLM 0.32's
+`NixlPullConnectorScheduler.update_state_after_alloc` does (`remote_verdict`), which looks only
+at which keys are there:
+
+    remote_block_ids missing or empty     the scheduler asserts and the engine core dies
+    a remote_engine_id/request_id/host/port key missing
+                                          `Got invalid KVTransferParams`; the request waits
+                                          for a KV load that never starts
+    all five present                      the worker pulls; `parse_remote` then reads the
+                                          values, and values it cannot use fail the load
 """
 
 from __future__ import annotations
@@ -11,9 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from narwhal.lab.engine.nixl.api import RemoteVerdict
+
 MAX_PARALLEL = 1024  # bound on tp_size/pp_size: each remote rank costs a handshake request
 REQUIRED = ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host",
             "remote_port")
+ADDRESS_KEYS = REQUIRED[1:]  # the keys vLLM checks by presence once block ids are given
 
 
 def producer_params(*, engine_id: str, host: str, port: int, tp_size: int, pp_size: int,
@@ -61,6 +71,17 @@ def _size(params: dict[str, Any], key: str) -> int | None:
     if value is None:
         return 1
     return value if _int(value) and 1 <= value <= MAX_PARALLEL else None
+
+
+def remote_verdict(params: Any) -> RemoteVerdict:
+    """What vLLM 0.32 does with a consumer's `do_remote_prefill` params (module docstring)."""
+    if not isinstance(params, dict):
+        return "invalid"
+    if not params.get("remote_block_ids"):
+        return "engine_dead"
+    if any(key not in params for key in ADDRESS_KEYS):
+        return "invalid"
+    return "pull"
 
 
 def parse_remote(params: Any) -> RemoteParams | None:

@@ -7,7 +7,8 @@ its payload, and eight engines stay small. Protocol (control frames from frames.
 
     consumer -> {"op": "read", "req", "blocks", "nbytes", "incarnation"}
     producer -> {"ok": true, "nbytes"} + nbytes raw bytes | {"ok": false, "error": <kind>}
-    consumer -> {"op": "notif", "req"}     (vLLM's send_notif after the read)
+    consumer -> {"op": "notif", "req"}     (vLLM's send_notif after the read, or alone to
+                                            release the blocks of a request that failed)
     producer -> {"ok": true, "freed": bool}
 
 Error kinds: "stale" (the reader's incarnation is not the agent's current one), "expired",
@@ -204,3 +205,25 @@ async def read_blocks(peer: AgentBlob, remote_request_id: str, block_ids: list[l
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
+
+
+async def notify(peer: AgentBlob, remote_request_id: str) -> bool:
+    """Only the notification (no read): the producer frees the request's blocks if it still
+    holds them. Returns whether it did; TransferError("notify") when the producer is gone."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(peer.host, peer.port), CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:
+        raise TransferError("notify", f"connect {peer.host}:{peer.port}: "
+                            f"{exc or type(exc).__name__}") from None
+    try:
+        writer.write(frames.encode({"op": "notif", "req": remote_request_id}))
+        await writer.drain()
+        reply = await _reply(reader, "notification")
+    except (ConnectionError, TransferError) as exc:
+        raise TransferError("notify", str(exc)) from None
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    return bool(reply.get("freed"))

@@ -4,6 +4,12 @@ The reply is byte-for-byte the shape vLLM's msgspec encoder produces (a map in d
 order, bin for bytes, float64 clock), so `core/kv/capture/sidechannel.parse_reply` and our
 probe read the emulator and a real engine alike. The `agent_metadata` field is NIXL's opaque
 blob; here it carries what a peer needs to reach this engine's block server.
+
+Which fields a reply carries, and in what order, is the version adapter's business
+(`VllmFacts.metadata_fields`): 0.29.0 sends 14, 0.32.0 sends 21, its seven per-region fields
+computed by core/kv's `region_fields`. Plans core/kv does not model regions for (hybrids,
+model types whose layer names it does not know) get a plain one-region-per-layer stand-in, so
+the engine still hand-shakes; no reader compares those values with a prediction.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from typing import Any
 
 import msgpack
 
+from narwhal.core.errors import ContractError
 from narwhal.core.kv.geometry import Geometry
+from narwhal.core.kv.regions import region_fields
 from narwhal.core.kv.versions import VllmFacts
 
 BLOB_MAGIC = b"NWLAB-NIXL\x01"
@@ -23,6 +31,8 @@ _BASE_ADDR = 0x7F3A_0000_0000
 _RANK_WINDOW = 64 << 30
 _REGION_ALIGN = 2 << 20
 DEFAULT_NUM_BLOCKS = 8192  # kernel blocks reported when the plan gives no KV memory
+REGION_FIELDS = ("region_num_blocks", "region_group_ids", "region_names", "region_mem_types",
+                 "ple_block_len", "region_members", "packed_member_layouts")
 
 
 @dataclass(frozen=True)
@@ -68,9 +78,28 @@ def _base_addrs(geometry: Geometry, pp: int, tp: int) -> list[int]:
     return [start + i * step for i in range(meta.num_regions)]
 
 
+def memory_type(buffer_device: str) -> str:
+    """NIXL's memory type for the registered KV cache: DRAM for a CPU buffer, else VRAM."""
+    return "DRAM" if buffer_device == "cpu" else "VRAM"
+
+
+def regions(geometry: Geometry, pp: int, memory: str) -> dict[str, Any]:
+    """The per-region fields of rank `pp`: core/kv's prediction, or a stand-in it cannot make."""
+    blocks = num_kernel_blocks(geometry, pp)
+    try:
+        fields = region_fields(geometry, pp, memory=memory)
+    except ContractError:
+        count = geometry.stages[pp].metadata.num_regions
+        fields = {"region_group_ids": [0] * count,
+                  "region_names": [f"kv_cache.region.{i}" for i in range(count)],
+                  "region_mem_types": [memory] * count, "ple_block_len": None,
+                  "region_members": [], "packed_member_layouts": {}}
+    return {**fields, "region_num_blocks": [blocks] * len(fields["region_names"])}
+
+
 def agent_metadata(geometry: Geometry, facts: VllmFacts, engine_id: str, pp: int, tp: int,
-                   blob: bytes) -> dict[str, Any]:
-    """NixlAgentMetadata of one rank, in the emulated release's declared field order."""
+                   blob: bytes, memory: str = "VRAM") -> dict[str, Any]:
+    """NixlAgentMetadata of one rank: the emulated release's fields, in its declared order."""
     meta = geometry.stages[pp].metadata
     values: dict[str, Any] = {
         "engine_id": engine_id,
@@ -88,6 +117,12 @@ def agent_metadata(geometry: Geometry, facts: VllmFacts, engine_id: str, pp: int
         "dcp_size": meta.dcp_size,
         "pcp_size": meta.pcp_size,
     }
+    if any(name in REGION_FIELDS for name in facts.metadata_fields):
+        values.update(regions(geometry, pp, memory))
+    unknown = [name for name in facts.metadata_fields if name not in values]
+    if unknown:
+        raise ContractError(f"vLLM {facts.release} sends NixlAgentMetadata fields the emulator "
+                            f"cannot fill: {', '.join(unknown)}")
     return {name: values[name] for name in facts.metadata_fields}
 
 
