@@ -6,9 +6,9 @@ import statistics
 from pathlib import Path
 
 import pytest
-from tests.lab.emulators import MODEL_NAME, drive, emulators
 
 from narwhal.lab.faults import Faults
+from narwhal.lab.hosted_engines import MODEL_NAME, drive, emulators
 from narwhal.lab.plan import LabPlan
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]

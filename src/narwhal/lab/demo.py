@@ -15,6 +15,12 @@ import time
 from pathlib import Path
 
 from narwhal.core.gates import GATES
+from narwhal.lab import lifecycle
+from narwhal.lab.faults import Faults
+from narwhal.lab.hosted_engines import MODEL_NAME, drive, emulators
+from narwhal.lab.state import LabState
+
+SHAPED_MBIT = 20
 
 
 def _say(text: str) -> None:
@@ -53,6 +59,33 @@ def _keep_client_key(env: Path, work: Path) -> None:
     env.chmod(0o600)
 
 
+def _handoffs(work: Path) -> None:
+    """Two emulated vLLM engines (kv_both) on eng1 and eng2: P/D handoffs pull real KV bytes over
+    the fabric; shaping eng1 -> eng2 slows them in proportion to their bytes."""
+    state_path = lifecycle.default_state_path("nwl")
+    plan = lifecycle.plan_from_state(LabState.read(state_path))
+    words = ["150", "600"]
+    with emulators(plan, [("eng1", 8000), ("eng2", 8000)], work / "engines") as (p, d):
+        print(f"prefill {p.url} on eng1, decode {d.url} on eng2, KV over the fabric", flush=True)
+        drive(plan, "handoff", p.url, d.url, "--model", MODEL_NAME, "--words", "5")
+        open_rows = drive(plan, "handoff", p.url, d.url, "--model", MODEL_NAME,
+                          "--words", *words)["rows"]
+        with lifecycle.locked():
+            Faults(state_path).shape("eng1", "eng2", f"{SHAPED_MBIT}mbit")
+        try:
+            shaped_rows = drive(plan, "handoff", p.url, d.url, "--model", MODEL_NAME,
+                                "--words", *words)["rows"]
+        finally:
+            with lifecycle.locked():
+                Faults(state_path).clear()
+    print(f"{'prompt tokens':>14} {'~KV bytes':>10} {'decode leg, open':>17} "
+          f"{'decode leg, ' + str(SHAPED_MBIT) + ' mbit':>20}")
+    for fast, slow in zip(open_rows, shaped_rows, strict=True):
+        kv_bytes = fast["prompt_tokens"] * 2048  # the lab model: 2 KiB of KV per token
+        print(f"{fast['prompt_tokens']:>14} {kv_bytes:>10} {fast['decode_s']:>16.3f}s "
+              f"{slow['decode_s']:>19.3f}s", flush=True)
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("demo: the lab builds network namespaces and needs root; run `sudo make demo`")
@@ -75,6 +108,8 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "trust", "--yes", *common])
         _say("access: one SSH master per physical host, every command recorded")
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "check", *common])
+        _say("engines: emulated vLLM engines hand KV to each other across the lab fabric")
+        _handoffs(work)
         _say("export: the record with addresses, users, homes and secrets aliased")
         _run([narwhal, "record", "export", "--out", str(work / "export"), *common])
     finally:

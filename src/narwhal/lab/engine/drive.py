@@ -1,7 +1,7 @@
-"""Run inside a lab namespace (the root namespace cannot reach the lab): drive engines over HTTP.
+"""Drive engines over HTTP from inside a lab namespace (the root namespace cannot reach the lab).
 
-Standard library only, so it runs under `ip netns exec` with any Python. Prints one JSON document
-on stdout. Subcommands:
+`python -m narwhal.lab.engine.drive ...` under `ip netns exec`; standard library only, so it
+starts fast and loads nothing of the engine. Prints one JSON document on stdout. Subcommands:
   health URL... --timeout S          wait until every URL's /health answers 200
   handoff PREFILL DECODE --model M --words N [N...] [--repeat R]
                                      one P/D handoff per prompt size: prefill (max_tokens 1,
@@ -72,7 +72,7 @@ def handoff(prefill: str, decode: str, model: str, sizes: list[int], repeat: int
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="engine_driver")
+    p = argparse.ArgumentParser(prog="python -m narwhal.lab.engine.drive")
     sub = p.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("health")
     h.add_argument("urls", nargs="+")

@@ -1,7 +1,7 @@
 """Engine emulators on lab hosts: each in its host's network namespace, reached only from inside.
 
 The root namespace has no route into the lab, so health checks and requests run through
-tests/lab/engine_driver.py under `ip netns exec` in the workstation namespace. HTTP listens on
+`narwhal.lab.engine.drive` under `ip netns exec` in the workstation namespace. HTTP listens on
 the host's management address; the NIXL side channel and the KV block server on its fabric
 address, so KV bytes cross the (shapeable) fabric exactly as on a real fleet.
 """
@@ -21,9 +21,8 @@ from typing import Any
 
 from narwhal.lab.engine.testing import write_model_dir
 from narwhal.lab.plan import LabPlan
-from narwhal.lab.run import in_netns
+from narwhal.lab.run import LabError, in_netns
 
-DRIVER = Path(__file__).with_name("engine_driver.py")
 MODEL_NAME = "narwhal-lab/tiny-llama"
 KV_BOTH = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
 
@@ -40,7 +39,7 @@ class LabEngine:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
-        raise AssertionError(f"no VmRSS for {self.host}")
+        raise LabError(f"emulator on {self.host} (pid {self.process.pid}) has no VmRSS")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -55,9 +54,10 @@ class LabEngine:
 
 def drive(plan: LabPlan, *args: str, timeout: float = 120.0) -> dict[str, Any]:
     """Run the driver in the workstation namespace; its JSON answer."""
-    done = subprocess.run(in_netns(plan.ws_netns, [sys.executable, str(DRIVER), *args]),
+    done = subprocess.run(in_netns(plan.ws_netns, [sys.executable, "-m", "narwhal.lab.engine.drive", *args]),
                           capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, done.stderr
+    if done.returncode != 0:
+        raise LabError(f"engine driver `{' '.join(args[:1])}` failed: {done.stderr.strip()[-2000:]}")
     answer: dict[str, Any] = json.loads(done.stdout)
     return answer
 
@@ -88,7 +88,7 @@ def emulators(plan: LabPlan, placements: Sequence[tuple[str, int]], log_dir: Pat
         if health["pending"]:
             logs = "\n".join(f"--- {e.host} {e.url}\n{e.log_path.read_text()[-2000:]}"
                              for e in started if e.url in health["pending"])
-            raise AssertionError(f"emulators not healthy: {health['pending']}\n{logs}")
+            raise LabError(f"emulators not healthy within 60 s: {health['pending']}\n{logs}")
         yield started
     finally:
         for engine in started:
