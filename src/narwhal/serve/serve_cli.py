@@ -1,15 +1,74 @@
-"""`narwhal-serve`: The prefill/decode-aware router in front of the fleet (gate G)."""
+"""`narwhal-serve`: the prefill/decode-aware router in front of the fleet (gate G).
+
+    narwhal-serve --fleet FLEET.json [--host 127.0.0.1] [--port 8000] [--log-level warning]
+
+The fleet document is read and checked before anything listens; every problem in it is
+printed at once (exit 2). The process runs until SIGTERM/SIGINT, drains, and prints one
+`NARWHAL_RESULT` line with what it served.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
+from pathlib import Path
 
-from narwhal.core.cli_common import not_built
+import uvloop
+
+from narwhal.core import result_line
+from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from narwhal.core.errors import InputError
+from narwhal.serve.app import Router
+from narwhal.serve.fleet import load_fleet
+from narwhal.serve.settings import settle
 
 DESCRIPTION = "The prefill/decode-aware router in front of the fleet (gate G)."
+COMMAND = "narwhal-serve"
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=COMMAND, description=DESCRIPTION,
+        epilog="Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /ready, "
+               "/metrics and /narwhal/state; see docs/router.md.")
+    p.add_argument("--fleet", required=True, type=Path, metavar="FLEET.json",
+                   help="the narwhal.fleet v1 document (engines, SLO, limits, tenants, journal)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", default=8000, type=_port, help="port to listen on (default 8000)")
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error"],
+                   help="stderr log level (default warning; nothing is logged per request)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="narwhal-serve", description=DESCRIPTION)
-    parser.parse_args(argv)
-    return not_built("narwhal-serve", DESCRIPTION)
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"{COMMAND}: %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settle(load_fleet(args.fleet), os.environ, args.fleet)
+    except InputError as exc:
+        print(f"{COMMAND}: {exc}", file=sys.stderr)
+        print(result_line.render(COMMAND, False, error=str(exc).splitlines()[0]))
+        return EXIT_BAD_INPUT
+    try:
+        summary = uvloop.run(Router(settings).serve(args.host, args.port))
+    except OSError as exc:
+        message = f"cannot serve on {args.host}:{args.port} or open the journal: {exc}"
+        print(f"{COMMAND}: {message}", file=sys.stderr)
+        print(result_line.render(COMMAND, False, error=message))
+        return EXIT_FAILED
+    print(result_line.render(COMMAND, True, summary))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

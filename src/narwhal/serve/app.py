@@ -1,0 +1,125 @@
+"""Wire the router together and run its lifecycle: start, serve, drain on SIGTERM, flush.
+
+Startup opens the journal (a bad path fails here, not on the first request), probes every
+engine once (engines start held out until their /health answers 200), then listens. On
+SIGTERM or SIGINT it stops accepting, lets in-flight requests finish for at most
+`serving.drain_timeout_s`, cuts what is left (each cut request still gets its journal row),
+and flushes the journal before returning a summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import time
+from typing import Any
+
+from narwhal.serve.deadlines import Deadlines
+from narwhal.serve.engines import Engine, EngineChooser, LeastOutstanding
+from narwhal.serve.front import ClientConnection
+from narwhal.serve.health import Health
+from narwhal.serve.journal import Journal
+from narwhal.serve.metrics import RouterMetrics
+from narwhal.serve.proxy import Proxy
+from narwhal.serve.routes import Routes
+from narwhal.serve.settings import RouterSettings
+from narwhal.serve.upstream import Connector, EnginePool
+
+_log = logging.getLogger("narwhal.serve")
+
+
+class Router:
+    """One router process's objects, built once from settled configuration."""
+
+    def __init__(self, settings: RouterSettings, *, connector: Connector | None = None,
+                 chooser: EngineChooser | None = None) -> None:
+        self.settings = settings
+        limits = settings.limits
+        shortest = min(limits.connect_timeout_s, limits.prefill_timeout_s,
+                       limits.first_token_timeout_s, limits.stream_idle_timeout_s,
+                       settings.health.probe_timeout_s)
+        self.deadlines = Deadlines(period_s=min(1.0, max(0.05, shortest / 4)))
+        self.engines = [
+            Engine(spec, EnginePool(spec.host, spec.port, connect_timeout_s=limits.connect_timeout_s,
+                                    keepalive_s=limits.upstream_keepalive_s, connector=connector))
+            for spec in settings.engines
+        ]
+        for engine in self.engines:
+            engine.ejected, engine.ejected_reason = True, "not probed yet"
+        self.health = Health(self.engines, settings.health, self.deadlines)
+        self.metrics = RouterMetrics(settings.ttft_s, settings.tpot_s)
+        self.journal = Journal(settings.journal_path, settings.journal_max_rows)
+        self.proxy = Proxy(limits, chooser or LeastOutstanding(self.engines), self.health,
+                           self.metrics, self.journal, self.deadlines)
+        self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal)
+        self.metrics.attach_state(self.engines, self.journal, lambda: self.proxy.inflight)
+        self.connections: set[ClientConnection] = set()
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self, host: str, port: int) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        self.journal.open()
+        await self.health.probe_all()
+        max_body = self.settings.limits.max_request_bytes
+        server = await loop.create_server(
+            lambda: ClientConnection(self.routes, max_body, self.connections),
+            host, port, backlog=2048, reuse_address=True)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        background = [loop.create_task(c) for c in (
+            self.deadlines.run(), self.health.run(), self.metrics.watch_loop_lag())]
+        # Everything built so far lives as long as the process: keep it out of the collector's
+        # scans. Request objects die by reference counting, so the cycle collector has little
+        # to find; running it every 20k allocations instead of 700 cuts its share of request
+        # CPU from ~5% to noise without letting garbage pile up.
+        gc.freeze()
+        gc.set_threshold(20_000, 50, 100)
+        admitted = sum(not e.ejected for e in self.engines)
+        _log.warning("serving %s on http://%s:%d with %d engines (%d answered /health)",
+                     self.settings.model, host, port, len(self.engines), admitted)
+        try:
+            await self._stop.wait()
+            return await self._shutdown(server)
+        finally:
+            for task in background:
+                task.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    async def _shutdown(self, server: asyncio.Server) -> dict[str, Any]:
+        t0 = time.monotonic()
+        self.routes.draining = True
+        server.close()
+        for conn in list(self.connections):
+            conn.begin_close()
+        left = self.proxy.inflight
+        drained = await self.proxy.wait_idle(self.settings.limits.drain_timeout_s)
+        cut = 0
+        if not drained:
+            cut = self.proxy.inflight
+            _log.warning("drain timeout: cutting %d requests still in flight", cut)
+            self.proxy.cut_all()
+            for engine in self.engines:
+                engine.pool.close_all()  # legs still waiting on an engine fail now
+            if not await self.proxy.wait_idle(5.0):
+                for conn in list(self.connections):
+                    if conn.transport is not None:
+                        conn.transport.abort()
+                await self.proxy.wait_idle(5.0)
+        for engine in self.engines:
+            engine.pool.close_all()
+        self.journal.close()
+        return {
+            "served": self.proxy.served,
+            "inflight_at_stop": left,
+            "cut_at_drain_timeout": cut,
+            "drain_s": round(time.monotonic() - t0, 3),
+            "journal": str(self.journal.path),
+            "journal_rows": self.journal.written,
+            "journal_dropped": self.journal.dropped,
+        }

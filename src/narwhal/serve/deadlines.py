@@ -1,0 +1,45 @@
+"""One periodic sweep enforces every leg's deadline, instead of a timer per leg per chunk.
+
+A leg in flight sets `deadline` (a `time.monotonic()` value) and is added here; relays push
+their deadline forward on every read with one float store. The sweep runs a few times per
+second and calls `expire()` on legs past due, so a timeout costs nothing on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Expirable(Protocol):
+    deadline: float
+
+    def expire(self) -> None: ...
+
+
+class Deadlines:
+    """The set of legs with a deadline, swept every `period_s`."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self._legs: set[Expirable] = set()
+
+    def add(self, leg: Expirable) -> None:
+        self._legs.add(leg)
+
+    def discard(self, leg: Expirable) -> None:
+        self._legs.discard(leg)
+
+    def sweep(self) -> int:
+        now = time.monotonic()
+        late = [leg for leg in self._legs if leg.deadline < now]
+        for leg in late:
+            self._legs.discard(leg)
+            leg.expire()
+        return len(late)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            self.sweep()

@@ -1,0 +1,125 @@
+"""Engines at run time and the seam that places a request's two legs on them.
+
+`EngineChooser` is the scheduling seam: phase 1 fills it with `LeastOutstanding`, a plain
+least-outstanding-legs policy over the prefill-capable and decode-capable pools. The
+curve-priced scheduler, role flips and generation holds replace it behind the same three
+methods without touching the data path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from narwhal.serve.settings import EngineSpec
+from narwhal.serve.upstream import EnginePool
+
+
+class Engine:
+    """Mutable run-time state of one engine; the request path reads and bumps counters only."""
+
+    __slots__ = ("ejected", "ejected_reason", "ejections", "fail_streak", "last_ok", "outstanding",
+                 "pool", "spec")
+
+    def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.outstanding = 0
+        self.fail_streak = 0
+        self.ejected = False
+        self.ejected_reason = ""
+        self.ejections = 0
+        self.last_ok = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def state(self) -> dict[str, object]:
+        return {
+            "id": self.spec.id,
+            "role": self.spec.role,
+            "admitted": not self.ejected,
+            "ejected_reason": self.ejected_reason or None,
+            "outstanding": self.outstanding,
+            "fail_streak": self.fail_streak,
+            "ejections": self.ejections,
+        }
+
+
+class RequestFacts(Protocol):
+    """What a chooser may read about a request (more fields arrive with the scheduler)."""
+
+    @property
+    def prompt_tokens(self) -> int | None: ...
+
+    @property
+    def max_tokens(self) -> int | None: ...
+
+    @property
+    def tenant(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the legs go; `prefill is decode` means one plain request on that engine."""
+
+    prefill: Engine
+    decode: Engine
+
+    @property
+    def single(self) -> bool:
+        return self.prefill is self.decode
+
+
+class EngineChooser(Protocol):
+    def place(self, facts: RequestFacts) -> Placement | None: ...
+
+    def another_prefill(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None: ...
+
+    def another_decode(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None: ...
+
+
+class LeastOutstanding:
+    """Each leg goes to the admitted engine with the fewest legs in flight.
+
+    Ties rotate so equal engines share load. For the decode leg a tie prefers the engine
+    already chosen for prefill: one plain request then replaces two legs and a KV handoff.
+    """
+
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        self._prefill = tuple(e for e in engines if e.spec.can_prefill)
+        self._decode = tuple(e for e in engines if e.spec.can_decode)
+        self._turn = 0
+
+    def _least(self, pool: tuple[Engine, ...], exclude: Sequence[Engine],
+               prefer: Engine | None = None) -> Engine | None:
+        best: Engine | None = None
+        best_key = 1 << 62
+        n = len(pool)
+        start = self._turn % n if n else 0
+        for k in range(n):
+            engine = pool[(start + k) % n]
+            if engine.ejected or engine in exclude:
+                continue
+            key = engine.outstanding * 2 + (0 if engine is prefer else 1)
+            if key < best_key:
+                best, best_key = engine, key
+        return best
+
+    def place(self, facts: RequestFacts) -> Placement | None:
+        self._turn += 1
+        prefill = self._least(self._prefill, ())
+        if prefill is None:
+            return None
+        decode = self._least(self._decode, (), prefer=prefill)
+        if decode is None:
+            return None
+        return Placement(prefill, decode)
+
+    def another_prefill(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None:
+        return self._least(self._prefill, exclude)
+
+    def another_decode(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None:
+        return self._least(self._decode, exclude)

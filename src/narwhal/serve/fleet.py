@@ -1,0 +1,265 @@
+"""The fleet document (`narwhal.fleet` v1): what the router serves, on which engines, under which SLO.
+
+The document is strict and closed: an unknown key is refused rather than ignored, because a typo
+(`max_concurent`) would otherwise fall back to a default without a word. Every problem in one
+document is reported at once, each naming the dotted field and the way out. Bearer keys never
+appear here: a tenant names the environment variable that holds its key.
+
+This module depends on `narwhal.core` only, so it can move to `core/` unchanged when the deploy
+side starts writing fleet documents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from narwhal.core.errors import InputError, Problem
+
+SCHEMA = "narwhal.fleet"
+VERSION = 1
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class EngineEntry(_Strict):
+    """One engine: a stable id, its OpenAI-compatible base URL and the legs it may serve."""
+
+    id: str
+    url: str
+    role: Literal["prefill", "decode", "both"]
+
+
+class Slo(_Strict):
+    """Service-level objectives; histogram buckets are derived from them."""
+
+    ttft_s: float = Field(gt=0, le=600)
+    tpot_s: float = Field(gt=0, le=60)
+
+
+class Serving(_Strict):
+    """Named limits and timeouts; every value has a default that suits a small fleet."""
+
+    max_request_bytes: int = Field(default=1_048_576, ge=1024, le=256 * 1_048_576)
+    max_concurrent: int = Field(default=1024, ge=1, le=100_000)
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    prefill_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    first_token_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    stream_idle_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    upstream_keepalive_s: float = Field(default=4.0, gt=0, le=3600)
+    prompt_length: Literal["prefill_usage", "tokenize"] = "prefill_usage"
+
+
+class Health(_Strict):
+    """When an engine is ejected and how often ejected or idle engines are probed."""
+
+    eject_after_failures: int = Field(default=3, ge=1, le=1000)
+    probe_interval_s: float = Field(default=2.0, gt=0, le=3600)
+    probe_timeout_s: float = Field(default=1.0, gt=0, le=60)
+
+
+class Tenant(_Strict):
+    """A tenant and the environment variable that holds its bearer key (never the key)."""
+
+    name: str
+    key_env: str
+
+
+class Journal(_Strict):
+    """Where per-request rows go and how many may wait for the writer before rows are dropped."""
+
+    path: str
+    max_queued_rows: int = Field(default=65_536, ge=16, le=10_000_000)
+
+
+class FleetDocument(_Strict):
+    """`narwhal.fleet` v1."""
+
+    schema_: Literal["narwhal.fleet"] = Field(alias="schema")
+    schema_version: Literal[1]
+    model: str = Field(min_length=1, max_length=256)
+    engines: tuple[EngineEntry, ...] = Field(min_length=1, max_length=1024)
+    slo: Slo
+    serving: Serving = Serving()
+    health: Health = Health()
+    tenants: tuple[Tenant, ...] = ()
+    journal: Journal
+
+
+_FIXES: dict[str, str] = {
+    "missing": "add it",
+    "literal_error": "use one of the listed values",
+    "float_type": "write a number, e.g. 2.5",
+    "int_type": "write a whole number without quotes or decimals",
+    "string_type": "write a JSON string",
+    "bool_type": "write true or false",
+    "finite_number": "write a finite number (NaN and Infinity pass every range check, so they are refused)",
+    "greater_than": "raise the value",
+    "greater_than_equal": "raise the value",
+    "less_than_equal": "lower the value",
+    "too_short": "add at least one entry",
+    "too_long": "shorten it",
+    "string_too_short": "write a non-empty value",
+    "string_too_long": "shorten it",
+    "model_type": "write a JSON object",
+    "tuple_type": "write a JSON array",
+}
+
+
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The model class that owns the field at loc[:-1], to list the keys allowed there."""
+    model: type[BaseModel] = FleetDocument
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None
+        )
+        if field is None:
+            return None
+        inner = field.annotation
+        args = getattr(inner, "__args__", ())
+        candidates = [inner, *args]
+        found = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _allowed_keys(model: type[BaseModel]) -> str:
+    return ", ".join(f.alias or name for name, f in model.model_fields.items())
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def _problems_from(exc: ValidationError) -> list[Problem]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            owner = _model_at(loc)
+            allowed = _allowed_keys(owner) if owner else "see docs/router.md"
+            fix = f"remove or rename it; allowed keys here: {allowed}"
+            if owner is Tenant and "key" in str(loc[-1]).lower():
+                fix = ("never put a key in the document: export it in an environment variable "
+                       "and write that variable's name in key_env")
+            problems.append(
+                Problem(
+                    _dotted(loc),
+                    "unknown key (a misspelt key would otherwise silently keep its default)",
+                    fix,
+                )
+            )
+            continue
+        fix = _FIXES.get(kind, "see docs/router.md for the field's meaning")
+        problems.append(Problem(_dotted(loc), err["msg"].lower(), fix))
+    return problems
+
+
+def _url_problem(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return "must start with http:// (the router speaks plain HTTP/1.1 to engines)"
+    if not parts.hostname or parts.port is None:
+        return "must name a host and an explicit port, e.g. http://10.0.0.5:8000"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        return "must be a bare base URL without path, query or credentials"
+    return ""
+
+
+def _relations(doc: FleetDocument) -> list[Problem]:
+    """Checks between fields that a schema cannot express."""
+    problems: list[Problem] = []
+    seen_ids: dict[str, int] = {}
+    seen_urls: dict[str, int] = {}
+    for i, engine in enumerate(doc.engines):
+        where = f"engines[{i}]"
+        if not _ID.match(engine.id):
+            problems.append(Problem(f"{where}.id", f"{engine.id!r} is not a usable id",
+                                    "use letters, digits, '.', '_' or '-' (at most 64)"))
+        if engine.id in seen_ids:
+            problems.append(Problem(f"{where}.id", f"{engine.id!r} repeats engines[{seen_ids[engine.id]}]",
+                                    "give every engine its own id"))
+        seen_ids.setdefault(engine.id, i)
+        why = _url_problem(engine.url)
+        if why:
+            problems.append(Problem(f"{where}.url", f"{engine.url!r} {why}", "fix the URL"))
+        key = engine.url.rstrip("/")
+        if key in seen_urls:
+            problems.append(Problem(f"{where}.url", f"same URL as engines[{seen_urls[key]}]",
+                                    "list each engine once; use role 'both' for an engine that does both legs"))
+        seen_urls.setdefault(key, i)
+    if not any(e.role in ("prefill", "both") for e in doc.engines):
+        problems.append(Problem("engines", "no engine can take a prefill leg",
+                                "give at least one engine role 'prefill' or 'both'"))
+    if not any(e.role in ("decode", "both") for e in doc.engines):
+        problems.append(Problem("engines", "no engine can take a decode leg",
+                                "give at least one engine role 'decode' or 'both'"))
+    names: set[str] = set()
+    for i, tenant in enumerate(doc.tenants):
+        if not _ID.match(tenant.name) or tenant.name in names:
+            problems.append(Problem(f"tenants[{i}].name", f"{tenant.name!r} is empty, malformed or repeated",
+                                    "give each tenant a distinct name of letters, digits, '.', '_' or '-'"))
+        names.add(tenant.name)
+        if not _ENV_NAME.match(tenant.key_env):
+            problems.append(Problem(
+                f"tenants[{i}].key_env",
+                "is not an environment variable name (the document holds the variable's name, never the key)",
+                "write the name of the variable that holds the key, e.g. NARWHAL_KEY_TEAM_A"))
+    if not doc.journal.path.strip():
+        problems.append(Problem("journal.path", "is empty", "name the JSONL file, e.g. runs/journal.jsonl"))
+    return problems
+
+
+def parse_fleet(raw: Any, source: str) -> FleetDocument:
+    """Validate an already-parsed JSON value; raise InputError listing every problem."""
+    if not isinstance(raw, dict):
+        raise InputError(source, [Problem("(document)", "is not a JSON object",
+                                          f"write a {SCHEMA} v{VERSION} object")])
+    if raw.get("schema") == SCHEMA and raw.get("schema_version") != VERSION:
+        raise InputError(source, [Problem(
+            "schema_version", f"version {raw.get('schema_version')!r} is not readable by this build",
+            f"write schema_version {VERSION}")])
+    try:
+        doc = FleetDocument.model_validate_json(json.dumps(raw))
+    except ValidationError as exc:
+        raise InputError(source, _problems_from(exc)) from None
+    problems = _relations(doc)
+    if problems:
+        raise InputError(source, problems)
+    return doc
+
+
+def load_fleet(path: Path) -> FleetDocument:
+    """Read and validate a fleet document from disk."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(source, [Problem("(file)", f"cannot be read ({exc.strerror})",
+                                          "pass the path of an existing, readable fleet document")]) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
+                                          f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
+    return parse_fleet(raw, source)

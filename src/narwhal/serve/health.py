@@ -1,0 +1,94 @@
+"""Engine health: eject after a streak of connection failures, readmit on a good /health.
+
+Three signals feed it: legs report connection failures and successes; a leg that timed out
+asks for a probe now rather than counting as a failure (a slow engine is not a dead one); and
+a periodic sweep probes every ejected engine and every engine that carried no traffic since
+the last sweep, so a dead engine is found even when the fleet is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from narwhal.serve.deadlines import Deadlines
+from narwhal.serve.engines import Engine
+from narwhal.serve.legs import LegFailed, LegTimedOut, exchange, request_bytes
+from narwhal.serve.settings import HealthPolicy
+from narwhal.serve.upstream import EngineUnreachable
+
+_log = logging.getLogger("narwhal.serve.health")
+
+
+class Health:
+    def __init__(self, engines: Sequence[Engine], policy: HealthPolicy, deadlines: Deadlines) -> None:
+        self.engines = tuple(engines)
+        self.policy = policy
+        self.deadlines = deadlines
+        self._probing: set[Engine] = set()
+        self._tasks: set[asyncio.Task[bool]] = set()
+
+    # -- signals from legs ------------------------------------------------------------------
+    def ok(self, engine: Engine) -> None:
+        engine.fail_streak = 0
+        engine.last_ok = time.monotonic()
+
+    def failed(self, engine: Engine, reason: str) -> None:
+        engine.fail_streak += 1
+        if not engine.ejected and engine.fail_streak >= self.policy.eject_after_failures:
+            engine.ejected = True
+            engine.ejected_reason = f"{engine.fail_streak} consecutive failures, last: {reason}"
+            engine.ejections += 1
+            _log.warning("engine %s ejected: %s", engine.id, engine.ejected_reason)
+
+    def suspect(self, engine: Engine) -> None:
+        """A leg timed out: probe the engine now instead of waiting for the sweep."""
+        if engine in self._probing:
+            return
+        task = asyncio.get_running_loop().create_task(self.probe(engine))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- probing ----------------------------------------------------------------------------
+    async def probe(self, engine: Engine) -> bool:
+        """GET /health once; 200 readmits an ejected engine, anything else counts a failure."""
+        if engine in self._probing:
+            return not engine.ejected
+        self._probing.add(engine)
+        try:
+            req = request_bytes(b"GET", b"/health", engine.spec.host_header, b"", None)
+            try:
+                status, _ = await exchange(engine.pool, req, self.policy.probe_timeout_s,
+                                           self.deadlines)
+                reason = f"/health answered {status}"
+            except (EngineUnreachable, LegFailed, LegTimedOut) as exc:
+                status, reason = 0, f"/health: {exc or type(exc).__name__}"
+            if status == 200:
+                if engine.ejected and engine.ejections:
+                    _log.warning("engine %s readmitted: /health is 200", engine.id)
+                engine.ejected = False
+                engine.ejected_reason = ""
+                self.ok(engine)
+                return True
+            self.failed(engine, reason)
+            return False
+        finally:
+            self._probing.discard(engine)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(e) for e in self.engines))
+
+    def due(self, now: float) -> list[Engine]:
+        """Engines the sweep should probe: ejected ones, and idle ones with no recent success."""
+        horizon = now - self.policy.probe_interval_s
+        return [e for e in self.engines
+                if e.ejected or (e.outstanding == 0 and e.last_ok < horizon)]
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.probe_interval_s)
+            due = self.due(time.monotonic())
+            if due:
+                await asyncio.gather(*(self.probe(e) for e in due))

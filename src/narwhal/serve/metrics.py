@@ -1,0 +1,157 @@
+"""Prometheus metrics for the router, with histogram buckets derived from the fleet's SLO.
+
+The request path only bumps plain integers: a histogram observation is one `bisect` and two
+additions, a counter is a dict entry. Everything is turned into Prometheus families at scrape
+time by one collector, which also reads engine state, in-flight counts and journal counters
+from the live objects. prometheus_client's own metric classes take a lock and walk their
+buckets in Python on every observation, several times the cost, for thread safety the
+single-threaded event loop does not need. The exposition format is still prometheus_client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from narwhal.serve.engines import Engine
+from narwhal.serve.journal import Journal
+
+_FRACTIONS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
+_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def slo_buckets(slo_s: float) -> tuple[float, ...]:
+    """Buckets at fixed fractions of an SLO, so 'within SLO' is always a bucket edge."""
+    return tuple(round(slo_s * f, 9) for f in _FRACTIONS)
+
+
+class Hist:
+    """A histogram owned by the event loop: per-bucket counts and a sum."""
+
+    __slots__ = ("bounds", "counts", "help", "name", "sum")
+
+    def __init__(self, name: str, help_text: str, bounds: Sequence[float]) -> None:
+        self.name = name
+        self.help = help_text
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def family(self) -> HistogramMetricFamily:
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            running += n
+            buckets.append((repr(float(bound)), float(running)))
+        buckets.append(("+Inf", float(running + self.counts[-1])))
+        return HistogramMetricFamily(self.name, self.help, buckets=buckets, sum_value=self.sum)
+
+
+class RouterMetrics:
+    """Every metric the router exports, in its own registry."""
+
+    def __init__(self, ttft_s: float, tpot_s: float) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.ttft = Hist("narwhal_router_ttft_seconds",
+                         "Request arrival to first streamed byte sent to the client",
+                         slo_buckets(ttft_s))
+        self.tpot = Hist("narwhal_router_tpot_seconds",
+                         "Mean gap between streamed events of one request", slo_buckets(tpot_s))
+        self.handoff = Hist("narwhal_router_handoff_seconds",
+                            "Prefill response complete to first decode byte (KV pull included)",
+                            slo_buckets(ttft_s))
+        self.loop_lag = Hist("narwhal_router_event_loop_lag_seconds",
+                             "How late a periodic event-loop tick ran", _LAG_BUCKETS)
+        self.requests: dict[tuple[str, str], int] = {}
+        self.retries: dict[str, int] = {}
+
+    def attach_state(self, engines: Sequence[Engine], journal: Journal,
+                     inflight: Callable[[], int]) -> None:
+        self.registry.register(_Families(self, engines, journal, inflight))
+
+    def request(self, route: str, outcome: str) -> None:
+        key = (route, outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def retry(self, leg: str) -> None:
+        self.retries[leg] = self.retries.get(leg, 0) + 1
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def watch_loop_lag(self, period_s: float = 0.25) -> None:
+        """Measure how late the loop runs a timer; a busy or blocked loop shows up here."""
+        while True:
+            start = time.monotonic()
+            await asyncio.sleep(period_s)
+            self.loop_lag.observe(max(0.0, time.monotonic() - start - period_s))
+
+
+class _Families(Collector):
+    """Builds every family at scrape time from the counters and the live objects."""
+
+    def __init__(self, metrics: RouterMetrics, engines: Sequence[Engine], journal: Journal,
+                 inflight: Callable[[], int]) -> None:
+        self._m = metrics
+        self._engines = engines
+        self._journal = journal
+        self._inflight = inflight
+
+    def collect(self) -> Iterable[Any]:
+        m = self._m
+        requests = CounterMetricFamily("narwhal_router_requests",
+                                       "Client requests by route and outcome",
+                                       labels=["route", "outcome"])
+        for (route, outcome), n in sorted(m.requests.items()):
+            requests.add_metric([route, outcome], float(n))
+        yield requests
+        retries = CounterMetricFamily("narwhal_router_leg_retries",
+                                      "Legs retried on another engine", labels=["leg"])
+        for leg, n in sorted(m.retries.items()):
+            retries.add_metric([leg], float(n))
+        yield retries
+        for hist in (m.ttft, m.tpot, m.handoff, m.loop_lag):
+            yield hist.family()
+        yield from self._engine_families()
+        yield GaugeMetricFamily("narwhal_router_inflight_requests", "Requests being served",
+                                value=float(self._inflight()))
+        j = self._journal
+        yield CounterMetricFamily("narwhal_router_journal_rows", "Journal rows written",
+                                  value=float(j.written))
+        yield CounterMetricFamily("narwhal_router_journal_dropped_rows",
+                                  "Journal rows dropped because the writer queue was full",
+                                  value=float(j.dropped))
+        yield GaugeMetricFamily("narwhal_router_journal_queued_rows",
+                                "Rows waiting for the journal writer", value=float(j.queued))
+
+    def _engine_families(self) -> Iterable[Any]:
+        admitted = GaugeMetricFamily("narwhal_router_engine_admitted",
+                                     "1 while the engine may receive legs, 0 while ejected",
+                                     labels=["engine", "role"])
+        outstanding = GaugeMetricFamily("narwhal_router_engine_outstanding_legs",
+                                        "Legs in flight on the engine", labels=["engine"])
+        ejections = CounterMetricFamily("narwhal_router_engine_ejections",
+                                        "Times the engine was ejected after a failure streak",
+                                        labels=["engine"])
+        for e in self._engines:
+            admitted.add_metric([e.spec.id, e.spec.role], 0.0 if e.ejected else 1.0)
+            outstanding.add_metric([e.spec.id], float(e.outstanding))
+            ejections.add_metric([e.spec.id], float(e.ejections))
+        yield admitted
+        yield outstanding
+        yield ejections

@@ -1,0 +1,399 @@
+"""The two-leg data path: a one-token prefill leg, the KV handoff, a streamed decode leg.
+
+Per request: place both legs (the `EngineChooser` seam); if they land on one engine send one
+plain request; otherwise send the prefill leg, take the producer's `kv_transfer_params` as
+the engine returned them and attach them to the decode leg. The decode leg is retried on
+another engine only while no byte of it reached the client.
+
+The path is a chain of continuations, not a task: each leg's sink calls the next stage from
+the socket callback that ended the leg (see legs.py). Every stage runs under `_guard`, so a
+bug still answers the client and still ends the call; every accepted call ends in `_finish`
+exactly once: one journal row, one outcome count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from narwhal.serve import relay as R
+from narwhal.serve.call import Call
+from narwhal.serve.deadlines import Deadlines
+from narwhal.serve.engines import Engine, EngineChooser
+from narwhal.serve.front import ClientConnection
+from narwhal.serve.health import Health
+from narwhal.serve.journal import Journal
+from narwhal.serve.jsonio import dumps, loads
+from narwhal.serve.legs import (
+    FAILED,
+    TIMEOUT,
+    Collector,
+    LegFailed,
+    LegTimedOut,
+    dispatch,
+    exchange,
+    request_bytes,
+)
+from narwhal.serve.metrics import RouterMetrics
+from narwhal.serve.reassemble import StreamError, reassemble
+from narwhal.serve.responses import error_body, stream_head
+from narwhal.serve.settings import Limits
+from narwhal.serve.upstream import EngineUnreachable
+
+_log = logging.getLogger("narwhal.serve.proxy")
+_MAX_TRIES = 3
+_RETRYABLE = (R.FAILED_BEFORE, R.TIMEOUT_BEFORE)
+
+
+class Proxy:
+    """Runs accepted calls to completion; counts them while they run."""
+
+    def __init__(self, limits: Limits, chooser: EngineChooser, health: Health,
+                 metrics: RouterMetrics, journal: Journal, deadlines: Deadlines) -> None:
+        self.limits = limits
+        self.chooser = chooser
+        self.health = health
+        self.metrics = metrics
+        self.journal = journal
+        self.deadlines = deadlines
+        self.inflight = 0
+        self.served = 0
+        self.cutting = False  # set when shutdown cuts requests that outlived the drain
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._calls: set[Call] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self, conn: ClientConnection, call: Call) -> None:
+        self.inflight += 1
+        self._calls.add(call)
+        self._idle.clear()
+        conn.watcher = call
+        self._guard(call, self._place)
+
+    def cut_all(self) -> int:
+        """End every call still in flight (shutdown's drain bound ran out); returns how many."""
+        self.cutting = True
+        calls = list(self._calls)
+        for call in calls:
+            call.cut()
+        return len(calls)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Background work off the common path (opening a connection, /tokenize)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _guard(self, call: Call, stage: Callable[..., None], *args: Any) -> None:
+        try:
+            stage(call, *args)
+        except Exception as exc:  # a bug: answer, journal it, keep serving
+            _log.exception("request %s: unexpected error (this is a bug)", call.request_id)
+            if not call.finished:
+                if call.outcome:
+                    self._finish(call)
+                else:
+                    self._error(call, 500, f"router error: {type(exc).__name__}",
+                                "router_error", "router_error")
+
+    def _finish(self, call: Call) -> None:
+        if call.finished:
+            return
+        call.finished = True
+        if self.cutting and call.outcome != "ok":
+            call.outcome = "cut_at_shutdown"
+        self.inflight -= 1
+        self.served += 1
+        self._calls.discard(call)
+        m = self.metrics
+        m.request(call.route, call.outcome)
+        if call.ttft_s is not None:
+            m.ttft.observe(call.ttft_s)
+        if call.tpot_s is not None:
+            m.tpot.observe(call.tpot_s)
+        if call.handoff_s is not None:
+            m.handoff.observe(call.handoff_s)
+        self.journal.record(call.row())
+        if self.inflight == 0:
+            self._idle.set()
+
+    # -- replies ----------------------------------------------------------------------------
+    def _error(self, call: Call, status: int, message: str, code: str, outcome: str,
+               extra: bytes = b"") -> None:
+        call.status, call.outcome, call.reason = status, outcome, message
+        self._finish(call)
+        call.conn.respond(status, error_body(status, message, code=code), call.request_id,
+                          call.keep_alive, extra=extra)
+
+    def _engine_error(self, call: Call, leg: str, engine: Engine, status: int,
+                      payload: bytes) -> None:
+        """Pass an engine's 4xx through as it was (vLLM already shapes it); wrap a 5xx."""
+        if 400 <= status < 500:
+            call.status, call.outcome = status, "engine_rejected"
+            call.reason = f"{leg} engine {engine.id} answered {status}"
+            try:
+                ok = isinstance(loads(payload).get("error"), dict)
+            except (ValueError, AttributeError):
+                ok = False
+            body = payload if ok else error_body(status, payload[:500].decode("utf-8", "replace"),
+                                                  code="engine_rejected")
+            self._finish(call)
+            call.conn.respond(status, body, call.request_id, call.keep_alive)
+            return
+        text = payload[:300].decode("utf-8", "replace")
+        self._error(call, 502, f"{leg} engine {engine.id} answered {status}: {text}",
+                    "engine_error", "engine_error")
+
+    def _gone(self, call: Call, reason: str) -> None:
+        call.status, call.reason = 499, reason
+        call.outcome = "cut_at_shutdown" if self.cutting else "client_gone"
+        self._finish(call)
+        call.conn.finish(False)
+
+    # -- placement --------------------------------------------------------------------------
+    def _place(self, call: Call) -> None:
+        placement = self.chooser.place(call)
+        if placement is None:
+            self._error(call, 503, "no healthy engine can serve this request now", "no_engine",
+                        "no_engine", extra=b"retry-after: 1\r\n")
+            return
+        call.placement = placement
+        if self.limits.tokenize:
+            self._spawn(self._tokenize(call, placement.prefill))
+        else:
+            self._route(call)
+
+    def _route(self, call: Call) -> None:
+        placement = call.placement
+        assert placement is not None
+        if placement.single:
+            call.mode = "single"
+            call.prefill_engine = placement.prefill.id
+            self._decode(call, placement.decode, None)
+        else:
+            call.t_prefill_start = time.monotonic()
+            self._prefill(call, placement.prefill)
+
+    async def _tokenize(self, call: Call, engine: Engine) -> None:
+        """Exact prompt length from the engine's /tokenize (fleet: serving.prompt_length)."""
+        req = request_bytes(b"POST", b"/tokenize", engine.spec.host_header, b"",
+                            call.tokenize_body())
+        try:
+            status, payload = await exchange(engine.pool, req, self.limits.prefill_timeout_s,
+                                             self.deadlines)
+            if status == 200:
+                count = loads(payload).get("count")
+                if type(count) is int:
+                    call.prompt_tokens = count
+        except (EngineUnreachable, LegFailed, LegTimedOut, ValueError, AttributeError):
+            pass  # the prefill leg that follows meets the same engine and reports properly
+        if call.gone:
+            self._gone(call, "client connection closed before the prefill leg")
+        else:
+            self._guard(call, self._route)
+
+    # -- prefill leg ------------------------------------------------------------------------
+    def _prefill(self, call: Call, engine: Engine, fresh: bool = False) -> None:
+        if not fresh:
+            call.prefill_tries.append(engine)
+        call.prefill_engine = engine.id
+        engine.outstanding += 1
+        leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
+                        time.monotonic() + self.limits.prefill_timeout_s)
+        req = request_bytes(b"POST", call.path, engine.spec.host_header,
+                            call.request_id + b"-prefill", call.prefill_body())
+        dispatch(engine.pool, req, leg, self.deadlines, self._spawn, fresh=fresh)
+
+    def _prefill_done(self, call: Call, engine: Engine, leg: Collector, fresh: bool) -> None:
+        self.deadlines.discard(leg)
+        engine.outstanding -= 1
+        if leg.stale_keepalive and not fresh:
+            self._prefill(call, engine, fresh=True)  # the engine had closed the idle connection
+            return
+        if leg.result == FAILED:
+            self.health.failed(engine, leg.reason)
+            nxt = None if (call.gone or self.cutting) else \
+                self.chooser.another_prefill(call, call.prefill_tries)
+            if nxt is not None and len(call.prefill_tries) < _MAX_TRIES:
+                self.metrics.retry("prefill")
+                self._prefill(call, nxt)
+                return
+            self._error(call, 502, f"prefill engine {engine.id} failed: {leg.reason}",
+                        "engine_unreachable", "prefill_failed")
+            return
+        if leg.result == TIMEOUT:
+            self.health.suspect(engine)
+            self._error(call, 504, f"prefill engine {engine.id} did not answer within "
+                        f"{self.limits.prefill_timeout_s:g} s", "engine_timeout", "prefill_timeout")
+            return
+        self.health.ok(engine)
+        call.t_prefill_done = time.monotonic()
+        call.prefill_s = round(call.t_prefill_done - call.t_prefill_start, 6)
+        payload = b"".join(leg.body)
+        if leg.status != 200:
+            self._engine_error(call, "prefill", engine, leg.status, payload)
+            return
+        kv = self._handoff(call, engine, payload)
+        if kv is None:
+            return
+        if call.gone:
+            self._gone(call, "client connection closed before the decode leg")
+            return
+        assert call.placement is not None
+        self._decode(call, call.placement.decode, kv)
+
+    def _handoff(self, call: Call, engine: Engine, payload: bytes) -> bytes | None:
+        """The producer's kv_transfer_params, re-encoded from its own JSON value unchanged."""
+        try:
+            doc = loads(payload)
+            kv: Any = doc.get("kv_transfer_params")
+            if kv is None:
+                kv = (doc.get("choices") or [{}])[0].get("kv_transfer_params")
+        except (ValueError, AttributeError, IndexError, TypeError):
+            self._error(call, 502, f"prefill engine {engine.id} answered with a body that is not "
+                        "a completion", "engine_error", "prefill_bad_body")
+            return None
+        if not isinstance(kv, dict) or not kv:
+            self._error(call, 502, f"prefill engine {engine.id} returned no kv_transfer_params; "
+                        "start it with a KV connector (kv_role kv_producer or kv_both)",
+                        "no_handoff", "no_handoff")
+            return None
+        if call.prompt_tokens is None:
+            usage = doc.get("usage")
+            if isinstance(usage, dict) and type(usage.get("prompt_tokens")) is int:
+                call.prompt_tokens = usage["prompt_tokens"]
+        return dumps(kv)
+
+    # -- decode leg -------------------------------------------------------------------------
+    def _decode(self, call: Call, engine: Engine, kv: bytes | None, fresh: bool = False) -> None:
+        if not fresh:
+            call.decode_tries.append(engine)
+            call.decode_attempts += 1
+        call.decode_engine = engine.id
+        call.kv = kv
+        limits = self.limits
+        conn = call.conn
+
+        def then(relay: R.DecodeRelay) -> None:
+            self._guard(call, self._decode_done, engine, relay, fresh)
+
+        relay: R.DecodeRelay
+        if call.stream and call.http11:
+            keep = call.keep_alive and not conn.closing
+            relay = R.PassRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s,
+                                conn, stream_head(call.request_id, keep, True))
+        elif call.stream:  # an HTTP/1.0 client: unframed body, ended by closing
+            relay = R.StreamRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s,
+                                  conn, stream_head(call.request_id, False, False), False)
+        else:
+            relay = R.BufferRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s)
+        engine.outstanding += 1
+        call.relay = relay
+        req = request_bytes(b"POST", call.path, engine.spec.host_header,
+                            call.request_id + b"-decode", call.decode_body(kv))
+        dispatch(engine.pool, req, relay, self.deadlines, self._spawn,
+                 raw=isinstance(relay, R.PassRelay), fresh=fresh)
+
+    def _decode_done(self, call: Call, engine: Engine, relay: R.DecodeRelay, fresh: bool) -> None:
+        self.deadlines.discard(relay)
+        engine.outstanding -= 1
+        call.relay = None
+        result = relay.result
+        if result == R.FAILED_BEFORE and relay.reused and not fresh and not call.gone:
+            self._decode(call, engine, call.kv, fresh=True)  # engine had closed the idle conn
+            return
+        if result in _RETRYABLE or (result == R.ENGINE_STATUS and relay.status >= 500):
+            if result == R.TIMEOUT_BEFORE:
+                self.health.suspect(engine)
+            elif result == R.FAILED_BEFORE:
+                self.health.failed(engine, relay.reason)
+            nxt = None if (call.gone or self.cutting) else \
+                self.chooser.another_decode(call, call.decode_tries)
+            if nxt is not None and len(call.decode_tries) < _MAX_TRIES:
+                self.metrics.retry("decode")
+                self._decode(call, nxt, call.kv)
+                return
+        self._settle_decode(call, engine, relay)
+
+    def _settle_decode(self, call: Call, engine: Engine, relay: R.DecodeRelay) -> None:
+        result = relay.result
+        if relay.started:
+            call.ttft_s = round(relay.t_first - call.t0, 6)
+            if call.t_prefill_done:
+                call.handoff_s = round(relay.t_first - call.t_prefill_done, 6)
+        if call.stream:
+            call.events = max(0, relay.events - (1 if result == R.OK else 0))
+            if call.events > 1 and relay.t_last > relay.t_first:
+                call.tpot_s = round((relay.t_last - relay.t_first) / (call.events - 1), 6)
+        if result == R.OK:
+            self.health.ok(engine)
+            if call.stream:
+                call.status, call.outcome = 200, "ok"
+                self._finish(call)
+                call.conn.finish(call.keep_alive and relay.reusable())
+            else:
+                self._reply_reassembled(call, relay)
+        elif result == R.ENGINE_STATUS:
+            self._engine_error(call, "decode", engine, relay.status, b"".join(relay.body))
+        elif result == R.CLIENT_GONE:
+            self._gone(call, relay.reason)
+        elif result == R.CUT:
+            self._settle_cut(call, relay)
+        elif result in (R.FAILED_MID, R.TIMEOUT_MID):
+            self._settle_broken(call, engine, relay)
+        else:
+            timeout = result == R.TIMEOUT_BEFORE
+            self._error(call, 504 if timeout else 502,
+                        f"decode engine {engine.id} {'timed out' if timeout else 'failed'}: "
+                        f"{relay.reason}", "engine_timeout" if timeout else "engine_unreachable",
+                        "decode_timeout" if timeout else "decode_failed")
+
+    def _settle_cut(self, call: Call, relay: R.DecodeRelay) -> None:
+        if call.stream and relay.started:
+            call.status, call.outcome, call.reason = 200, "cut_at_shutdown", relay.reason
+            self._finish(call)
+            call.conn.finish(False)  # shutting down: this connection closes after its stream
+        else:
+            self._error(call, 503, relay.reason, "router_shutdown", "cut_at_shutdown")
+
+    def _settle_broken(self, call: Call, engine: Engine, relay: R.DecodeRelay) -> None:
+        failed = relay.result == R.FAILED_MID
+        call.outcome = "decode_failed_midstream" if failed else "decode_timeout"
+        call.reason = f"decode engine {engine.id}: {relay.reason}"
+        if failed:
+            self.health.failed(engine, relay.reason)
+        else:
+            self.health.suspect(engine)
+        if call.stream:
+            call.status = 200
+            self._finish(call)
+            call.conn.finish(call.keep_alive and relay.reusable())
+        else:
+            self._error(call, 502, f"decode engine {engine.id} failed mid-leg: {relay.reason}",
+                        "engine_failed", call.outcome)
+
+    def _reply_reassembled(self, call: Call, relay: R.DecodeRelay) -> None:
+        try:
+            body = reassemble(b"".join(relay.body), call.chat)
+        except StreamError as exc:
+            self._error(call, exc.status, str(exc), "engine_error", "engine_error")
+            return
+        usage = body.get("usage")
+        if call.prompt_tokens is None and isinstance(usage, dict):
+            pt = usage.get("prompt_tokens")
+            call.prompt_tokens = pt if type(pt) is int else None
+        call.status, call.outcome = 200, "ok"
+        self._finish(call)
+        call.conn.respond(200, dumps(body), call.request_id, call.keep_alive)

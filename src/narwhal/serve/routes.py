@@ -1,0 +1,180 @@
+"""Route table of the router: the OpenAI-compatible front and the operational endpoints.
+
+Requests that are refused here (auth, size, shape, model, capacity, shutdown) are answered at
+once with an OpenAI-shaped error and counted by outcome; they are not journaled, because they
+were never accepted. Everything that passes becomes a `Call` handed to the proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from narwhal.serve.call import BadRequest, Call, check_body
+from narwhal.serve.engines import Engine
+from narwhal.serve.front import ClientConnection, Request
+from narwhal.serve.journal import Journal
+from narwhal.serve.jsonio import dumps
+from narwhal.serve.metrics import RouterMetrics
+from narwhal.serve.proxy import Proxy
+from narwhal.serve.responses import error_body
+from narwhal.serve.settings import RouterSettings
+
+_RID_OK = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-"
+_PROM = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+class Routes:
+    """The `front.Handler` of the router."""
+
+    def __init__(self, settings: RouterSettings, proxy: Proxy, engines: Sequence[Engine],
+                 metrics: RouterMetrics, journal: Journal) -> None:
+        self.settings = settings
+        self.proxy = proxy
+        self.engines = tuple(engines)
+        self.metrics = metrics
+        self.journal = journal
+        self.draining = False
+        self.started = time.time()
+        self._seq = 0
+        self._rid_prefix = b"nw-" + os.urandom(5).hex().encode() + b"-"
+        self._max_concurrent = settings.limits.max_concurrent
+        self._model = settings.model
+        self._tenants = settings.tenants
+        self._models_body = dumps({"object": "list", "data": [{
+            "id": settings.model, "object": "model", "created": int(self.started),
+            "owned_by": "narwhal", "root": settings.model, "parent": None}]})
+        self._get: dict[bytes, Callable[[ClientConnection, Request], None]] = {
+            b"/health": self._health, b"/ready": self._ready, b"/metrics": self._metrics,
+            b"/v1/models": self._models, b"/narwhal/state": self._state,
+        }
+
+    # -- front.Handler ----------------------------------------------------------------------
+    def refused(self, status: int) -> None:
+        self.metrics.request("http", f"refused_{status}")
+
+    def handle(self, conn: ClientConnection, req: Request) -> None:
+        path = req.path
+        if path == b"/v1/completions":
+            self._completion(conn, req, False)
+        elif path == b"/v1/chat/completions":
+            self._completion(conn, req, True)
+        elif path in self._get:
+            if req.method != b"GET":
+                self._refuse(conn, req, b"", 405, "use GET on this path", "method_not_allowed",
+                             "other", extra=b"allow: GET\r\n")
+                return
+            self._get[path](conn, req)
+        else:
+            self._refuse(conn, req, b"", 404, f"no route {path.decode('latin-1')[:200]}; "
+                         "this router serves /v1/completions, /v1/chat/completions, /v1/models, "
+                         "/health, /ready, /metrics and /narwhal/state", "not_found", "other")
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _refuse(self, conn: ClientConnection, req: Request, rid: bytes, status: int, message: str,
+                code: str, route: str, *, param: str | None = None, extra: bytes = b"") -> None:
+        self.metrics.request(route, code)
+        conn.respond(status, error_body(status, message, code=code, param=param), rid,
+                     req.keep_alive, extra=extra)
+
+    def _request_id(self, req: Request) -> bytes | None:
+        """The client's x-request-id if it is safe to forward, else a fresh one; None if bad."""
+        rid = req.request_id
+        if rid:
+            if len(rid) > 128 or rid.translate(None, _RID_OK):
+                return None
+            return rid
+        self._seq += 1
+        return self._rid_prefix + b"%x" % self._seq
+
+    def _tenant(self, req: Request) -> tuple[bool, str | None]:
+        if not self._tenants.required:
+            return True, None
+        scheme, _, token = req.auth.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            return False, None
+        tenant = self._tenants.tenant_for(token.strip())
+        return tenant is not None, tenant
+
+    def _unauthorized(self, conn: ClientConnection, req: Request, rid: bytes, route: str) -> None:
+        self._refuse(conn, req, rid, 401, "missing or unknown bearer key; send "
+                     "'Authorization: Bearer <key>' with a key issued for your tenant",
+                     "invalid_api_key", route, extra=b"www-authenticate: Bearer\r\n")
+
+    # -- completion routes ------------------------------------------------------------------
+    def _completion(self, conn: ClientConnection, req: Request, chat: bool) -> None:
+        route = "chat" if chat else "completions"
+        rid = self._request_id(req)
+        if rid is None:
+            self._refuse(conn, req, b"", 400, "x-request-id must be 1-128 characters from "
+                         "A-Z a-z 0-9 . _ : -", "invalid_request_id", route, param="x-request-id")
+            return
+        if req.method != b"POST":
+            self._refuse(conn, req, rid, 405, "use POST on this path", "method_not_allowed",
+                         route, extra=b"allow: POST\r\n")
+            return
+        ok, tenant = self._tenant(req)
+        if not ok:
+            self._unauthorized(conn, req, rid, route)
+            return
+        if self.draining:
+            self._refuse(conn, req, rid, 503, "router is shutting down; retry on another router",
+                         "shutting_down", route)
+            return
+        if self.proxy.inflight >= self._max_concurrent:
+            self._refuse(conn, req, rid, 429, f"router is at its limit of {self._max_concurrent} "
+                         "concurrent requests (serving.max_concurrent); retry shortly",
+                         "too_many_requests", route, extra=b"retry-after: 1\r\n")
+            return
+        try:
+            body = check_body(req.body, chat, self._model)
+        except BadRequest as exc:
+            self._refuse(conn, req, rid, exc.status, str(exc), exc.code, route, param=exc.param)
+            return
+        self.proxy.start(conn, Call(body, chat, rid, tenant, conn, req.keep_alive, req.http11))
+
+    # -- operational routes -----------------------------------------------------------------
+    def _json(self, conn: ClientConnection, req: Request, status: int, value: Any) -> None:
+        conn.respond(status, dumps(value), b"", req.keep_alive)
+
+    def _health(self, conn: ClientConnection, req: Request) -> None:
+        self._json(conn, req, 200, {"status": "draining" if self.draining else "ok"})
+
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        if not any(e.spec.can_prefill and not e.ejected for e in self.engines):
+            return False, "no admitted engine can take a prefill leg"
+        if not any(e.spec.can_decode and not e.ejected for e in self.engines):
+            return False, "no admitted engine can take a decode leg"
+        return True, "ready"
+
+    def _ready(self, conn: ClientConnection, req: Request) -> None:
+        ok, why = self.ready()
+        self._json(conn, req, 200 if ok else 503, {"ready": ok, "reason": why})
+
+    def _metrics(self, conn: ClientConnection, req: Request) -> None:
+        conn.respond(200, self.metrics.render(), b"", req.keep_alive, content_type=_PROM)
+
+    def _models(self, conn: ClientConnection, req: Request) -> None:
+        ok, _ = self._tenant(req)
+        if not ok:
+            self._unauthorized(conn, req, b"", "models")
+            return
+        conn.respond(200, self._models_body, b"", req.keep_alive)
+
+    def _state(self, conn: ClientConnection, req: Request) -> None:
+        ready, why = self.ready()
+        self._json(conn, req, 200, {
+            "model": self._model,
+            "ready": ready,
+            "reason": why,
+            "draining": self.draining,
+            "inflight": self.proxy.inflight,
+            "served": self.proxy.served,
+            "engines": [e.state() for e in self.engines],
+            "journal": {"path": str(self.journal.path), "written": self.journal.written,
+                        "dropped": self.journal.dropped, "queued": self.journal.queued},
+        })

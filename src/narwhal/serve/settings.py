@@ -1,0 +1,163 @@
+"""Settle the fleet document and the environment once, into frozen values the request path reads.
+
+Everything a request needs that does not depend on the request is computed here at startup:
+engine addresses, pre-encoded request-line prefixes, the tenant key table, resolved journal
+path. A missing tenant key variable stops startup with the variable's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from narwhal.core.errors import InputError, Problem
+from narwhal.core.secret import Secret
+from narwhal.serve.fleet import FleetDocument
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One engine as the router addresses it."""
+
+    id: str
+    url: str
+    host: str
+    port: int
+    role: str
+    can_prefill: bool
+    can_decode: bool
+    host_header: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Named limits and timeouts (seconds)."""
+
+    max_request_bytes: int
+    max_concurrent: int
+    connect_timeout_s: float
+    prefill_timeout_s: float
+    first_token_timeout_s: float
+    stream_idle_timeout_s: float
+    drain_timeout_s: float
+    upstream_keepalive_s: float
+    tokenize: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    eject_after_failures: int
+    probe_interval_s: float
+    probe_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tenants:
+    """Bearer-key table: sha256(key) -> tenant name. Empty means no authentication."""
+
+    by_key_digest: Mapping[bytes, str]
+    secrets: tuple[Secret, ...]
+
+    @property
+    def required(self) -> bool:
+        return bool(self.by_key_digest)
+
+    def tenant_for(self, bearer: bytes) -> str | None:
+        """The tenant whose key this is; hashing first keeps lookup time independent of the key."""
+        return self.by_key_digest.get(hashlib.sha256(bearer).digest())
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    model: str
+    engines: tuple[EngineSpec, ...]
+    ttft_s: float
+    tpot_s: float
+    limits: Limits
+    health: HealthPolicy
+    tenants: Tenants
+    journal_path: Path
+    journal_max_rows: int
+
+
+def _engine(entry_id: str, url: str, role: str) -> EngineSpec:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or 80
+    return EngineSpec(
+        id=entry_id,
+        url=url.rstrip("/"),
+        host=host,
+        port=port,
+        role=role,
+        can_prefill=role in ("prefill", "both"),
+        can_decode=role in ("decode", "both"),
+        host_header=f"{host}:{port}".encode("ascii"),
+    )
+
+
+def _tenants(doc: FleetDocument, env: Mapping[str, str], source: str) -> Tenants:
+    table: dict[bytes, str] = {}
+    secrets: list[Secret] = []
+    problems: list[Problem] = []
+    for i, tenant in enumerate(doc.tenants):
+        value = env.get(tenant.key_env, "")
+        if not value:
+            problems.append(Problem(
+                f"tenants[{i}].key_env",
+                f"environment variable {tenant.key_env} is not set or empty",
+                f"export {tenant.key_env}=<the tenant's bearer key> before starting narwhal-serve"))
+            continue
+        if len(value) < 16:
+            problems.append(Problem(
+                f"tenants[{i}].key_env", f"the key in {tenant.key_env} is shorter than 16 characters",
+                "use a long random key, e.g. `openssl rand -hex 24`"))
+            continue
+        digest = hashlib.sha256(value.encode()).digest()
+        if digest in table:
+            problems.append(Problem(
+                f"tenants[{i}].key_env", f"{tenant.key_env} holds the same key as tenant {table[digest]!r}",
+                "give every tenant its own key"))
+            continue
+        table[digest] = tenant.name
+        secrets.append(Secret(value, tenant.key_env))
+    if problems:
+        raise InputError(source, problems)
+    return Tenants(by_key_digest=table, secrets=tuple(secrets))
+
+
+def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> RouterSettings:
+    """Resolve the document against the environment and the document's own folder."""
+    source = str(fleet_path)
+    journal = Path(doc.journal.path)
+    if not journal.is_absolute():
+        journal = fleet_path.resolve().parent / journal
+    s = doc.serving
+    return RouterSettings(
+        model=doc.model,
+        engines=tuple(_engine(e.id, e.url, e.role) for e in doc.engines),
+        ttft_s=doc.slo.ttft_s,
+        tpot_s=doc.slo.tpot_s,
+        limits=Limits(
+            max_request_bytes=s.max_request_bytes,
+            max_concurrent=s.max_concurrent,
+            connect_timeout_s=s.connect_timeout_s,
+            prefill_timeout_s=s.prefill_timeout_s,
+            first_token_timeout_s=s.first_token_timeout_s,
+            stream_idle_timeout_s=s.stream_idle_timeout_s,
+            drain_timeout_s=s.drain_timeout_s,
+            upstream_keepalive_s=s.upstream_keepalive_s,
+            tokenize=s.prompt_length == "tokenize",
+        ),
+        health=HealthPolicy(
+            eject_after_failures=doc.health.eject_after_failures,
+            probe_interval_s=doc.health.probe_interval_s,
+            probe_timeout_s=doc.health.probe_timeout_s,
+        ),
+        tenants=_tenants(doc, env, source),
+        journal_path=journal,
+        journal_max_rows=doc.journal.max_queued_rows,
+    )

@@ -1,0 +1,170 @@
+"""The fleet document is strict and closed, and every mistake names its field and its fix."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from narwhal.core.errors import InputError
+from narwhal.serve.fleet import load_fleet, parse_fleet
+from narwhal.serve.settings import settle
+
+GOOD: dict[str, Any] = {
+    "schema": "narwhal.fleet",
+    "schema_version": 1,
+    "model": "tiny-llama",
+    "engines": [
+        {"id": "p0", "url": "http://10.0.0.5:8000", "role": "prefill"},
+        {"id": "d0", "url": "http://10.0.0.6:8000", "role": "decode"},
+    ],
+    "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
+    "journal": {"path": "runs/journal.jsonl"},
+}
+
+
+def _problems(doc: Any) -> list[str]:
+    with pytest.raises(InputError) as info:
+        parse_fleet(doc, "fleet.json")
+    return [f"{p.field}: {p.problem}; {p.fix}" for p in info.value.problems]
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(GOOD)
+    doc.update(changes)
+    return doc
+
+
+def test_a_minimal_document_is_accepted_with_named_defaults() -> None:
+    doc = parse_fleet(GOOD, "fleet.json")
+    assert doc.serving.max_request_bytes == 1_048_576
+    assert doc.serving.prompt_length == "prefill_usage"
+    assert doc.health.eject_after_failures == 3
+    assert doc.tenants == ()
+
+
+def test_an_unknown_key_is_refused_and_the_allowed_keys_are_listed() -> None:
+    (line,) = _problems(_with(serving={"max_concurent": 5}))
+    assert line.startswith("serving.max_concurent: unknown key")
+    assert "max_concurrent" in line and "max_request_bytes" in line
+    (line,) = _problems(_with(engines=[{**GOOD["engines"][0], "pin": True}, GOOD["engines"][1]]))
+    assert line.startswith("engines[0].pin: unknown key")
+    assert "allowed keys here: id, url, role" in line
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    doc = _with(slo={"ttft_s": -1, "tpot_s": "fast"}, model="", extra_thing=1)
+    fields = {line.split(":")[0] for line in _problems(doc)}
+    assert {"slo.ttft_s", "slo.tpot_s", "model", "extra_thing"} <= fields
+
+
+def test_a_missing_section_says_to_add_it() -> None:
+    doc = copy.deepcopy(GOOD)
+    del doc["journal"]
+    (line,) = _problems(doc)
+    assert line.startswith("journal: field required; add it")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_numbers_are_refused(value: float) -> None:
+    (line,) = _problems(_with(slo={"ttft_s": value, "tpot_s": 0.1}))
+    assert line.startswith("slo.ttft_s") and "finite" in line
+
+
+def test_a_number_in_quotes_is_not_a_number() -> None:
+    (line,) = _problems(_with(serving={"max_concurrent": "64"}))
+    assert line.startswith("serving.max_concurrent") and "whole number" in line
+
+
+def test_another_schema_version_is_refused_by_name() -> None:
+    (line,) = _problems(_with(schema_version=2))
+    assert "version 2 is not readable" in line and "write schema_version 1" in line
+    assert _problems(_with(schema="narwhal.inputs"))[0].startswith("schema")
+
+
+def test_a_role_outside_the_three_is_refused() -> None:
+    doc = _with(engines=[{"id": "x", "url": "http://h:1", "role": "kv_both"}])
+    lines = _problems(doc)
+    assert lines[0].startswith("engines[0].role") and "'prefill'" in lines[0]
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("https://h:8000", "http://"),
+    ("http://h", "explicit port"),
+    ("http://h:8000/v1", "without path"),
+    ("http://user:pw@h:8000", "credentials"),
+])
+def test_engine_urls_must_be_bare_http_base_urls(url: str, why: str) -> None:
+    doc = _with(engines=[{"id": "p0", "url": url, "role": "both"}])
+    (line,) = _problems(doc)
+    assert line.startswith("engines[0].url") and why in line
+
+
+def test_engine_ids_and_urls_are_unique_and_both_legs_have_an_engine() -> None:
+    e = {"id": "p0", "url": "http://h:1", "role": "prefill"}
+    lines = _problems(_with(engines=[e, dict(e)]))
+    assert any(line.startswith("engines[1].id") and "repeats" in line for line in lines)
+    assert any(line.startswith("engines[1].url") for line in lines)
+    assert any(line.startswith("engines: no engine can take a decode leg") for line in lines)
+
+
+def test_a_tenant_names_a_variable_never_a_key() -> None:
+    (line,) = _problems(_with(tenants=[{"name": "a", "key_env": "sk-live-1234567890"}]))
+    assert line.startswith("tenants[0].key_env") and "never the key" in line
+    lines = _problems(_with(tenants=[{"name": "a", "key": "sk-live-1234567890"}]))
+    line = next(line for line in lines if line.startswith("tenants[0].key:"))
+    assert "unknown key" in line and "environment variable" in line
+    assert not any("sk-live" in line for line in lines)  # the value is never echoed
+
+
+def test_a_missing_key_variable_stops_startup_naming_it(tmp_path: Path) -> None:
+    doc = parse_fleet(_with(tenants=[{"name": "a", "key_env": "NW_KEY_A"},
+                                     {"name": "b", "key_env": "NW_KEY_B"}]), "f")
+    with pytest.raises(InputError) as info:
+        settle(doc, {"NW_KEY_A": "k" * 32}, tmp_path / "fleet.json")
+    (problem,) = info.value.problems
+    assert problem.field == "tenants[1].key_env"
+    assert "NW_KEY_B is not set" in problem.problem
+    assert "export NW_KEY_B=" in problem.fix
+
+
+def test_short_or_shared_keys_are_refused(tmp_path: Path) -> None:
+    doc = parse_fleet(_with(tenants=[{"name": "a", "key_env": "NW_KEY_A"},
+                                     {"name": "b", "key_env": "NW_KEY_B"}]), "f")
+    with pytest.raises(InputError) as info:
+        settle(doc, {"NW_KEY_A": "short", "NW_KEY_B": "k" * 32}, tmp_path / "fleet.json")
+    assert "shorter than 16" in info.value.problems[0].problem
+    with pytest.raises(InputError) as info:
+        settle(doc, {"NW_KEY_A": "k" * 32, "NW_KEY_B": "k" * 32}, tmp_path / "fleet.json")
+    assert "same key" in info.value.problems[0].problem
+
+
+def test_settled_tenants_never_print_their_key(tmp_path: Path) -> None:
+    doc = parse_fleet(_with(tenants=[{"name": "a", "key_env": "NW_KEY_A"}]), "f")
+    settings = settle(doc, {"NW_KEY_A": "secret-value-0123456789"}, tmp_path / "fleet.json")
+    assert "secret-value" not in repr(settings)
+    assert settings.tenants.tenant_for(b"secret-value-0123456789") == "a"
+    assert settings.tenants.tenant_for(b"secret-value-0123456780") is None
+
+
+def test_a_relative_journal_path_is_resolved_against_the_documents_folder(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "fleet.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(GOOD))
+    settings = settle(load_fleet(path), {}, path)
+    assert settings.journal_path == tmp_path / "conf" / "runs" / "journal.jsonl"
+
+
+def test_an_unreadable_or_malformed_file_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot be read"):
+        load_fleet(tmp_path / "absent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "narwhal.fleet",\n "model": }')
+    with pytest.raises(InputError, match="line 2 column"):
+        load_fleet(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(InputError, match="not a JSON object"):
+        load_fleet(bad)
