@@ -156,10 +156,12 @@ async def run(requests: int, tokens: int, per_read: int, work: Path) -> dict[str
         "engines": [{"id": "p0", "url": "http://127.0.0.1:1", "role": "prefill"},
                     {"id": "d0", "url": "http://127.0.0.1:2", "role": "decode"}],
         "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
-        "journal": {"path": str(work / "journal.jsonl")}}, "bench")
+        "journal": {"path": str(work / "journal.jsonl")},
+        "controller": {"lease_ttl_s": 60}}, "bench")
     settings = settle(doc, {}, work / "fleet.json")
     router = Router(settings, connector=_connector(_prefill_response(),
                                                   _decode_reads(tokens, per_read)))
+    router.leadership.claim()  # a lease file in the temporary folder: this bench is the primary
     router.journal.open()
     await router.health.probe_all()
     body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": tokens,

@@ -19,8 +19,11 @@ from typing import Any
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine, EngineChooser, LeastOutstanding
 from narwhal.serve.front import ClientConnection
+from narwhal.serve.generation import Binder, ProfileBook
 from narwhal.serve.health import Health
 from narwhal.serve.journal import Journal
+from narwhal.serve.leadership import Leadership
+from narwhal.serve.lease import Claimant, FileLease, Lease
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.proxy import Proxy
 from narwhal.serve.routes import Routes
@@ -34,7 +37,8 @@ class Router:
     """One router process's objects, built once from settled configuration."""
 
     def __init__(self, settings: RouterSettings, *, connector: Connector | None = None,
-                 chooser: EngineChooser | None = None) -> None:
+                 chooser: EngineChooser | None = None, lease: Lease | None = None,
+                 standby_of: str | None = None) -> None:
         self.settings = settings
         limits = settings.limits
         shortest = min(limits.connect_timeout_s, limits.prefill_timeout_s,
@@ -48,13 +52,29 @@ class Router:
         ]
         for engine in self.engines:
             engine.ejected, engine.ejected_reason = True, "not probed yet"
+        self.binder: Binder | None = None
+        if settings.profiles_path is not None:  # InputError here stops startup (exit 2)
+            book = ProfileBook(settings.profiles_path, settings.model,
+                               tuple(e.id for e in self.engines))
+            book.load()
+            for engine in self.engines:
+                engine.held, engine.held_detail = "generation_unknown", "generation not read yet"
+            self.binder = Binder(self.engines, book, self.deadlines,
+                                 settings.health.probe_timeout_s, settings.health.probe_interval_s)
         self.health = Health(self.engines, settings.health, self.deadlines)
         self.metrics = RouterMetrics(settings.ttft_s, settings.tpot_s)
         self.journal = Journal(settings.journal_path, settings.journal_max_rows)
         self.proxy = Proxy(limits, chooser or LeastOutstanding(self.engines), self.health,
                            self.metrics, self.journal, self.deadlines)
-        self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal)
-        self.metrics.attach_state(self.engines, self.journal, lambda: self.proxy.inflight)
+        control = settings.controller
+        self.leadership = Leadership(
+            lease or FileLease(control.lease_path, control.lease_ttl_s),
+            Claimant.this_process(""), control, self.engines, standby_of=standby_of)
+        self.leadership.on_fenced = self.stop
+        self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal,
+                             self.leadership, self.binder.book if self.binder else None)
+        self.metrics.attach_state(self.engines, self.journal, lambda: self.proxy.inflight,
+                                  self.leadership)
         self.connections: set[ClientConnection] = set()
         self._stop = asyncio.Event()
 
@@ -62,9 +82,17 @@ class Router:
         self._stop.set()
 
     async def serve(self, host: str, port: int) -> dict[str, Any]:
+        """Claim the lease (or stand by), serve until stopped, drain; raises LeaseHeld when
+        another router holds this fleet's lease and this one is not a standby."""
         loop = asyncio.get_running_loop()
+        lead = self.leadership
+        lead.claimant = Claimant.this_process(f"http://{host}:{port}")
+        if lead.standby_of is None:
+            await asyncio.to_thread(lead.claim)
         self.journal.open()
         await self.health.probe_all()
+        if self.binder is not None:
+            await self.binder.sweep()
         max_body = self.settings.limits.max_request_bytes
         server = await loop.create_server(
             lambda: ClientConnection(self.routes, max_body, self.connections),
@@ -73,22 +101,36 @@ class Router:
             loop.add_signal_handler(sig, self.stop)
         background = [loop.create_task(c) for c in (
             self.deadlines.run(), self.health.run(), self.metrics.watch_loop_lag())]
+        if self.binder is not None:
+            background.append(loop.create_task(self.binder.run()))
+            loop.add_signal_handler(signal.SIGHUP, self.binder.reload_now)
+        leasing = [loop.create_task(lead.keep())]
+        if lead.standby_of is not None:
+            leasing.append(loop.create_task(lead.follow(self.deadlines)))
         # Everything built so far lives as long as the process: keep it out of the collector's
         # scans. Request objects die by reference counting, so the cycle collector has little
         # to find; running it every 20k allocations instead of 700 cuts its share of request
         # CPU from ~5% to noise without letting garbage pile up.
         gc.freeze()
         gc.set_threshold(20_000, 50, 100)
-        admitted = sum(not e.ejected for e in self.engines)
-        _log.warning("serving %s on http://%s:%d with %d engines (%d answered /health)",
-                     self.settings.model, host, port, len(self.engines), admitted)
+        admitted = sum(e.placeable for e in self.engines)
+        _log.warning("%s for %s on http://%s:%d with %d engines (%d placeable), "
+                     "lease epoch %d", "standing by" if lead.standby_of else "serving",
+                     self.settings.model, host, port, len(self.engines), admitted, lead.epoch)
         try:
             await self._stop.wait()
-            return await self._shutdown(server)
-        finally:
-            for task in background:
+            for task in leasing:
                 task.cancel()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            await lead.release()  # a standby may take over while this one drains
+            summary = await self._shutdown(server)
+            summary["lease"] = {"epoch": lead.last_epoch, "role": lead.role,
+                                "fenced_reason": lead.fenced_reason or None,
+                                "took_over_at": lead.took_over_at}
+            return summary
+        finally:
+            for task in (*background, *leasing):
+                task.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
     async def _shutdown(self, server: asyncio.Server) -> dict[str, Any]:

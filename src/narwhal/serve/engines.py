@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from narwhal.serve.profiles import Generation, ProfileRow
 from narwhal.serve.settings import EngineSpec
 from narwhal.serve.upstream import EnginePool
 
@@ -19,8 +20,8 @@ from narwhal.serve.upstream import EnginePool
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("ejected", "ejected_reason", "ejections", "fail_streak", "last_ok", "outstanding",
-                 "pool", "spec")
+    __slots__ = ("ejected", "ejected_reason", "ejections", "fail_streak", "held", "held_detail",
+                 "last_ok", "live_generation", "outstanding", "pool", "profile", "spec")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
         self.spec = spec
@@ -31,6 +32,17 @@ class Engine:
         self.ejected_reason = ""
         self.ejections = 0
         self.last_ok = 0.0
+        # Generation binding (generation.py): `held` is a reason ("reprofile", "no_profile")
+        # while the engine may not be placed although it is healthy; `profile` is the row
+        # whose generation equals the live one, the only curve this engine may be priced by.
+        self.held = ""
+        self.held_detail = ""
+        self.profile: ProfileRow | None = None
+        self.live_generation: Generation | None = None
+
+    @property
+    def placeable(self) -> bool:
+        return not self.ejected and not self.held
 
     @property
     def id(self) -> str:
@@ -40,8 +52,11 @@ class Engine:
         return {
             "id": self.spec.id,
             "role": self.spec.role,
-            "admitted": not self.ejected,
+            "admitted": not self.ejected and not self.held,
             "ejected_reason": self.ejected_reason or None,
+            "held_reason": self.held or None,
+            "held_detail": self.held_detail or None,
+            "generation": self.live_generation.model_dump() if self.live_generation else None,
             "outstanding": self.outstanding,
             "fail_streak": self.fail_streak,
             "ejections": self.ejections,
@@ -101,7 +116,7 @@ class LeastOutstanding:
         start = self._turn % n if n else 0
         for k in range(n):
             engine = pool[(start + k) % n]
-            if engine.ejected or engine in exclude:
+            if engine.ejected or engine.held or engine in exclude:
                 continue
             key = engine.outstanding * 2 + (0 if engine is prefer else 1)
             if key < best_key:

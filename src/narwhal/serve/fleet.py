@@ -82,6 +82,25 @@ class Journal(_Strict):
     max_queued_rows: int = Field(default=65_536, ge=16, le=10_000_000)
 
 
+class Controller(_Strict):
+    """The controller lease: exactly one router places requests for this fleet.
+
+    `lease_path` defaults to `<fleet document>.lease` beside the document, so two routers
+    started on the same document contend for the same lease. A standby takes over at most
+    `lease_ttl_s` (plus one `handoff_poll_s`) after the primary dies.
+    """
+
+    lease_path: str = ""
+    lease_ttl_s: float = Field(default=1.0, ge=0.2, le=60)
+    handoff_poll_s: float = Field(default=0.1, ge=0.02, le=10)
+
+
+class Profiles(_Strict):
+    """Where the `narwhal.profiles` store is (written by narwhal-profile)."""
+
+    path: str
+
+
 class FleetDocument(_Strict):
     """`narwhal.fleet` v1."""
 
@@ -94,6 +113,8 @@ class FleetDocument(_Strict):
     health: Health = Health()
     tenants: tuple[Tenant, ...] = ()
     journal: Journal
+    controller: Controller = Controller()
+    profiles: Profiles | None = None
 
 
 _FIXES: dict[str, str] = {
@@ -116,9 +137,9 @@ _FIXES: dict[str, str] = {
 }
 
 
-def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+def _model_at(loc: tuple[str | int, ...], root: type[BaseModel]) -> type[BaseModel] | None:
     """The model class that owns the field at loc[:-1], to list the keys allowed there."""
-    model: type[BaseModel] = FleetDocument
+    model: type[BaseModel] = root
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -150,13 +171,14 @@ def _dotted(loc: tuple[str | int, ...]) -> str:
     return out or "(document)"
 
 
-def _problems_from(exc: ValidationError) -> list[Problem]:
+def problems_from(exc: ValidationError, root: type[BaseModel]) -> list[Problem]:
+    """Every pydantic error of a `root` document as a Problem naming the dotted field and a fix."""
     problems = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         kind = err["type"]
         if kind == "extra_forbidden":
-            owner = _model_at(loc)
+            owner = _model_at(loc, root)
             allowed = _allowed_keys(owner) if owner else "see docs/router.md"
             fix = f"remove or rename it; allowed keys here: {allowed}"
             if owner is Tenant and "key" in str(loc[-1]).lower():
@@ -225,6 +247,14 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                 f"tenants[{i}].key_env",
                 "is not an environment variable name (the document holds the variable's name, never the key)",
                 "write the name of the variable that holds the key, e.g. NARWHAL_KEY_TEAM_A"))
+    if doc.profiles is not None and not doc.profiles.path.strip():
+        problems.append(Problem("profiles.path", "is empty",
+                                "name the narwhal.profiles document, e.g. runs/profiles.json"))
+    c = doc.controller
+    if c.handoff_poll_s >= c.lease_ttl_s:
+        problems.append(Problem("controller.handoff_poll_s",
+                                f"{c.handoff_poll_s:g} s is not shorter than lease_ttl_s {c.lease_ttl_s:g} s",
+                                "poll the handoff document several times per lease period"))
     if not doc.journal.path.strip():
         problems.append(Problem("journal.path", "is empty", "name the JSONL file, e.g. runs/journal.jsonl"))
     return problems
@@ -242,7 +272,7 @@ def parse_fleet(raw: Any, source: str) -> FleetDocument:
     try:
         doc = FleetDocument.model_validate_json(json.dumps(raw))
     except ValidationError as exc:
-        raise InputError(source, _problems_from(exc)) from None
+        raise InputError(source, problems_from(exc, FleetDocument)) from None
     problems = _relations(doc)
     if problems:
         raise InputError(source, problems)

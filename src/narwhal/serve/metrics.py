@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from narwhal.serve.engines import Engine
 from narwhal.serve.journal import Journal
+from narwhal.serve.leadership import Leadership
 
 _FRACTIONS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 _LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -81,8 +82,8 @@ class RouterMetrics:
         self.retries: dict[str, int] = {}
 
     def attach_state(self, engines: Sequence[Engine], journal: Journal,
-                     inflight: Callable[[], int]) -> None:
-        self.registry.register(_Families(self, engines, journal, inflight))
+                     inflight: Callable[[], int], leadership: Leadership) -> None:
+        self.registry.register(_Families(self, engines, journal, inflight, leadership))
 
     def request(self, route: str, outcome: str) -> None:
         key = (route, outcome)
@@ -106,7 +107,8 @@ class _Families(Collector):
     """Builds every family at scrape time from the counters and the live objects."""
 
     def __init__(self, metrics: RouterMetrics, engines: Sequence[Engine], journal: Journal,
-                 inflight: Callable[[], int]) -> None:
+                 inflight: Callable[[], int], leadership: Leadership) -> None:
+        self._lead = leadership
         self._m = metrics
         self._engines = engines
         self._journal = journal
@@ -128,6 +130,7 @@ class _Families(Collector):
         for hist in (m.ttft, m.tpot, m.handoff, m.loop_lag):
             yield hist.family()
         yield from self._engine_families()
+        yield from self._lease_families()
         yield GaugeMetricFamily("narwhal_router_inflight_requests", "Requests being served",
                                 value=float(self._inflight()))
         j = self._journal
@@ -139,6 +142,19 @@ class _Families(Collector):
         yield GaugeMetricFamily("narwhal_router_journal_queued_rows",
                                 "Rows waiting for the journal writer", value=float(j.queued))
 
+    def _lease_families(self) -> Iterable[Any]:
+        lead = self._lead
+        yield GaugeMetricFamily("narwhal_router_lease_epoch",
+                                "Fencing epoch of the controller lease this router holds (0: none)",
+                                value=float(lead.epoch))
+        role = GaugeMetricFamily("narwhal_router_controller_role",
+                                 "1 for this router's current role", labels=["role"])
+        for name in ("primary", "standby", "fenced"):
+            role.add_metric([name], 1.0 if lead.role == name else 0.0)
+        yield role
+        yield CounterMetricFamily("narwhal_router_lease_renewals", "Lease renewals that succeeded",
+                                  value=float(lead.renewals))
+
     def _engine_families(self) -> Iterable[Any]:
         admitted = GaugeMetricFamily("narwhal_router_engine_admitted",
                                      "1 while the engine may receive legs, 0 while ejected",
@@ -148,10 +164,17 @@ class _Families(Collector):
         ejections = CounterMetricFamily("narwhal_router_engine_ejections",
                                         "Times the engine was ejected after a failure streak",
                                         labels=["engine"])
+        held = GaugeMetricFamily("narwhal_router_engine_held",
+                                 "1 while a healthy engine is held out of placement, by reason "
+                                 "(reprofile: its live generation differs from its profile)",
+                                 labels=["engine", "reason"])
         for e in self._engines:
-            admitted.add_metric([e.spec.id, e.spec.role], 0.0 if e.ejected else 1.0)
+            admitted.add_metric([e.spec.id, e.spec.role], 1.0 if e.placeable else 0.0)
+            if e.held:
+                held.add_metric([e.spec.id, e.held], 1.0)
             outstanding.add_metric([e.spec.id], float(e.outstanding))
             ejections.add_metric([e.spec.id], float(e.ejections))
         yield admitted
+        yield held
         yield outstanding
         yield ejections

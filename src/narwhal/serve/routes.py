@@ -15,8 +15,10 @@ from typing import Any
 from narwhal.serve.call import BadRequest, Call, check_body
 from narwhal.serve.engines import Engine
 from narwhal.serve.front import ClientConnection, Request
+from narwhal.serve.generation import ProfileBook
 from narwhal.serve.journal import Journal
 from narwhal.serve.jsonio import dumps
+from narwhal.serve.leadership import Leadership
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.proxy import Proxy
 from narwhal.serve.responses import error_body
@@ -30,12 +32,15 @@ class Routes:
     """The `front.Handler` of the router."""
 
     def __init__(self, settings: RouterSettings, proxy: Proxy, engines: Sequence[Engine],
-                 metrics: RouterMetrics, journal: Journal) -> None:
+                 metrics: RouterMetrics, journal: Journal, leadership: Leadership,
+                 profiles: ProfileBook | None = None) -> None:
         self.settings = settings
         self.proxy = proxy
         self.engines = tuple(engines)
         self.metrics = metrics
         self.journal = journal
+        self.lead = leadership
+        self.profiles = profiles
         self.draining = False
         self.started = time.time()
         self._seq = 0
@@ -49,6 +54,7 @@ class Routes:
         self._get: dict[bytes, Callable[[ClientConnection, Request], None]] = {
             b"/health": self._health, b"/ready": self._ready, b"/metrics": self._metrics,
             b"/v1/models": self._models, b"/narwhal/state": self._state,
+            b"/narwhal/handoff": self._handoff,
         }
 
     # -- front.Handler ----------------------------------------------------------------------
@@ -70,7 +76,7 @@ class Routes:
         else:
             self._refuse(conn, req, b"", 404, f"no route {path.decode('latin-1')[:200]}; "
                          "this router serves /v1/completions, /v1/chat/completions, /v1/models, "
-                         "/health, /ready, /metrics and /narwhal/state", "not_found", "other")
+                         "/health, /ready, /metrics, /narwhal/state and /narwhal/handoff", "not_found", "other")
 
     # -- helpers ----------------------------------------------------------------------------
     def _refuse(self, conn: ClientConnection, req: Request, rid: bytes, status: int, message: str,
@@ -123,6 +129,9 @@ class Routes:
             self._refuse(conn, req, rid, 503, "router is shutting down; retry on another router",
                          "shutting_down", route)
             return
+        if time.monotonic() >= self.lead.until:
+            self._not_leader(conn, req, rid, route)
+            return
         if self.proxy.inflight >= self._max_concurrent:
             self._refuse(conn, req, rid, 429, f"router is at its limit of {self._max_concurrent} "
                          "concurrent requests (serving.max_concurrent); retry shortly",
@@ -135,6 +144,18 @@ class Routes:
             return
         self.proxy.start(conn, Call(body, chat, rid, tenant, conn, req.keep_alive, req.http11))
 
+    def _not_leader(self, conn: ClientConnection, req: Request, rid: bytes, route: str) -> None:
+        lead = self.lead
+        if lead.role == "standby":
+            message = (f"this router is a standby for {lead.standby_of} and places no request "
+                       "until it holds the fleet's lease; send requests to the primary")
+        else:
+            message = ("this router no longer holds the fleet's controller lease "
+                       f"({lead.fenced_reason or 'lease not renewed in time'}); retry on the "
+                       "router that holds it")
+        self._refuse(conn, req, rid, 503, message, "not_leader", route,
+                     extra=b"retry-after: 1\r\n")
+
     # -- operational routes -----------------------------------------------------------------
     def _json(self, conn: ClientConnection, req: Request, status: int, value: Any) -> None:
         conn.respond(status, dumps(value), b"", req.keep_alive)
@@ -145,9 +166,11 @@ class Routes:
     def ready(self) -> tuple[bool, str]:
         if self.draining:
             return False, "draining"
-        if not any(e.spec.can_prefill and not e.ejected for e in self.engines):
+        if time.monotonic() >= self.lead.until:
+            return False, f"{self.lead.role}: not holding the controller lease"
+        if not any(e.spec.can_prefill and e.placeable for e in self.engines):
             return False, "no admitted engine can take a prefill leg"
-        if not any(e.spec.can_decode and not e.ejected for e in self.engines):
+        if not any(e.spec.can_decode and e.placeable for e in self.engines):
             return False, "no admitted engine can take a decode leg"
         return True, "ready"
 
@@ -165,6 +188,9 @@ class Routes:
             return
         conn.respond(200, self._models_body, b"", req.keep_alive)
 
+    def _handoff(self, conn: ClientConnection, req: Request) -> None:
+        self._json(conn, req, 200, self.lead.handoff())
+
     def _state(self, conn: ClientConnection, req: Request) -> None:
         ready, why = self.ready()
         self._json(conn, req, 200, {
@@ -172,6 +198,8 @@ class Routes:
             "ready": ready,
             "reason": why,
             "draining": self.draining,
+            "controller": self.lead.state(),
+            "profiles": self.profiles.state() if self.profiles is not None else None,
             "inflight": self.proxy.inflight,
             "served": self.proxy.served,
             "engines": [e.state() for e in self.engines],

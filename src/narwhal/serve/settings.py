@@ -71,6 +71,20 @@ class Tenants:
 
 
 @dataclass(frozen=True, slots=True)
+class ControllerPolicy:
+    """Where the controller lease lives and how fast it turns over (seconds)."""
+
+    lease_path: Path
+    lease_ttl_s: float
+    handoff_poll_s: float
+
+    @property
+    def renew_every_s(self) -> float:
+        """Renew four times per lease period: two renewals may fail before the lease lapses."""
+        return self.lease_ttl_s / 4
+
+
+@dataclass(frozen=True, slots=True)
 class RouterSettings:
     model: str
     engines: tuple[EngineSpec, ...]
@@ -81,6 +95,8 @@ class RouterSettings:
     tenants: Tenants
     journal_path: Path
     journal_max_rows: int
+    controller: ControllerPolicy
+    profiles_path: Path | None
 
 
 def _engine(entry_id: str, url: str, role: str) -> EngineSpec:
@@ -132,9 +148,11 @@ def _tenants(doc: FleetDocument, env: Mapping[str, str], source: str) -> Tenants
 def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> RouterSettings:
     """Resolve the document against the environment and the document's own folder."""
     source = str(fleet_path)
-    journal = Path(doc.journal.path)
-    if not journal.is_absolute():
-        journal = fleet_path.resolve().parent / journal
+    journal = _beside(fleet_path, doc.journal.path)
+    c = doc.controller
+    lease = _beside(fleet_path, c.lease_path) if c.lease_path.strip() \
+        else fleet_path.resolve().with_name(fleet_path.name + ".lease")
+    profiles = _beside(fleet_path, doc.profiles.path) if doc.profiles is not None else None
     s = doc.serving
     return RouterSettings(
         model=doc.model,
@@ -160,4 +178,12 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         tenants=_tenants(doc, env, source),
         journal_path=journal,
         journal_max_rows=doc.journal.max_queued_rows,
+        controller=ControllerPolicy(lease, c.lease_ttl_s, c.handoff_poll_s),
+        profiles_path=profiles,
     )
+
+
+def _beside(fleet_path: Path, text: str) -> Path:
+    """A path from the fleet document, relative ones resolved against the document's folder."""
+    path = Path(text)
+    return path if path.is_absolute() else fleet_path.resolve().parent / path

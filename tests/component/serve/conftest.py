@@ -46,6 +46,12 @@ class Spawner:
         self.routers.append(r)
         return r.start(wait_ready=wait_ready)
 
+    def router_on(self, fleet: Path, *args: str, wait_ready: bool = True) -> Router:
+        """Another router process on an existing fleet document (a rival or a standby)."""
+        r = Router(fleet, free_port(), {}, args)
+        self.routers.append(r)
+        return r.start(wait_ready=wait_ready)
+
     def pd(self, **sections: Any) -> tuple[MiniEngine, MiniEngine, Router]:
         """One prefill engine, one decode engine and a router over them."""
         p = self.engine("p0")

@@ -118,14 +118,19 @@ class Router:
     fleet: Path
     port: int
     env: Mapping[str, str] = field(default_factory=dict)
+    args: Sequence[str] = ()
     proc: subprocess.Popen[bytes] | None = None
     stdout: str = ""
     stderr: str = ""
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self, wait_ready: bool = True) -> Router:
         env = {**os.environ, **self.env}
         self.proc = subprocess.Popen(
-            [str(SERVE), "--fleet", str(self.fleet), "--port", str(self.port)],
+            [str(SERVE), "--fleet", str(self.fleet), "--port", str(self.port), *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
         wait_http(self.port, "/ready" if wait_ready else "/health", proc=self.proc)
         return self

@@ -141,6 +141,19 @@ async def health(_request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+STARTED = time.time()
+
+
+async def version(_request: web.Request) -> web.Response:
+    return web.json_response({"version": ARGS.engine_version})
+
+
+async def metrics(_request: web.Request) -> web.Response:
+    """Just the line generation binding reads, as prometheus_client writes it."""
+    return web.Response(text=f"# TYPE process_start_time_seconds gauge\n"
+                             f"process_start_time_seconds {STARTED!r}\n")
+
+
 def main() -> None:
     global ARGS
     p = argparse.ArgumentParser()
@@ -154,12 +167,15 @@ def main() -> None:
     p.add_argument("--no-kv", action="store_true", help="answer prefill legs without KV params")
     p.add_argument("--first-token-delay-ms", type=float, default=0.0)
     p.add_argument("--stall-after", type=int, help="stop sending (but stay up) after N events")
+    p.add_argument("--engine-version", default="mini-1", help="what GET /version says")
     ARGS = p.parse_args()
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_get("/metrics", metrics)
     web.run_app(app, host="127.0.0.1", port=ARGS.port, print=None, access_log=None)
 
 
