@@ -14,8 +14,8 @@ from tests.component.serve.harness import MiniEngine, Router, fleet_doc, free_po
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "serve_load: the full 256-concurrency x 30 s journal test; "
-        "runs only with NARWHAL_SERVE_LOAD=1")
+        "markers", "serve_load: the full 256-concurrency x 30 s journal test "
+        "(runs in make test; about 35 s)")
 
 
 class Spawner:
