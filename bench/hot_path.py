@@ -2,13 +2,16 @@
 """The router's own CPU per request with the network taken out: a deterministic hot-path bench.
 
     .venv/bin/python bench/hot_path.py [--requests 20000] [--tokens 16] [--chunks-per-read 1]
+                                       [--priced]
 
 Real Router objects (front, routes, proxy, relay, journal, metrics) serve requests from an
 in-memory client; engines are in-memory transports behind the router's `Connector` seam that
 answer a prefill leg with a vLLM-shaped body and a decode leg with `--tokens` SSE events,
 delivered `--chunks-per-read` at a time as separate reads. No syscalls and no other process,
 so the figure is the Python (and C-extension) work per request, stable to a few percent
-between runs: use it to compare changes to the hot path. bench/router_overhead.py measures the
+between runs: use it to compare changes to the hot path. `--priced` places with the
+curve-priced scheduler (as a fleet with a profile store does) instead of least-outstanding;
+the bench binds made-up profile rows directly, since its engines answer no /version. bench/router_overhead.py measures the
 whole cost (kernel, wakeups, real engines) against other routers.
 """
 
@@ -29,6 +32,8 @@ import uvloop
 from narwhal.serve.app import Router
 from narwhal.serve.fleet import parse_fleet
 from narwhal.serve.front import ClientConnection
+from narwhal.serve.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow, now_utc
+from narwhal.serve.scheduler import CurvePriced
 from narwhal.serve.settings import settle
 
 PROMPT = " ".join(f"word{i}" for i in range(64))
@@ -150,7 +155,23 @@ def _connector(prefill: bytes, decode: list[bytes]) -> Callable[..., Any]:
     return connect
 
 
-async def run(requests: int, tokens: int, per_read: int, work: Path) -> dict[str, float]:
+def _bind_curves(router: Router) -> None:
+    """Give every engine a profile row and place by curves, as with a profile store."""
+    fit: dict[str, Any] = {"fit_error": 0.02, "loo_error": 0.03, "samples": 12}
+    for engine in router.engines:
+        engine.profile = ProfileRow(
+            engine_id=engine.id, measured_at=now_utc(),
+            generation=Generation(engine_version="bench", process_start_time_seconds=1.0),
+            prefill=PrefillCurve(a_s=0.002, b_s_per_token=1e-5, c_s_per_token2=1e-9,
+                                 max_prompt_tokens=4096, **fit),
+            decode=DecodeCurve(base_s=0.004, per_token_s=2e-8, per_request_s=1e-4,
+                               max_requests=64, max_resident_tokens=65536, **fit))
+    router.proxy.chooser = CurvePriced(router.engines, router.settings.ttft_s,
+                                       router.settings.tpot_s)
+
+
+async def run(requests: int, tokens: int, per_read: int, work: Path,
+              priced: bool = False) -> dict[str, float]:
     doc = parse_fleet({
         "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
         "engines": [{"id": "p0", "url": "http://127.0.0.1:1", "role": "prefill"},
@@ -161,6 +182,8 @@ async def run(requests: int, tokens: int, per_read: int, work: Path) -> dict[str
     settings = settle(doc, {}, work / "fleet.json")
     router = Router(settings, connector=_connector(_prefill_response(),
                                                   _decode_reads(tokens, per_read)))
+    if priced:
+        _bind_curves(router)
     router.leadership.claim()  # a lease file in the temporary folder: this bench is the primary
     router.journal.open()
     await router.health.probe_all()
@@ -195,14 +218,17 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--chunks-per-read", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--priced", action="store_true",
+                    help="place with the curve-priced scheduler (a fleet with profiles)")
     args = ap.parse_args()
     results = []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             results.append(uvloop.run(run(args.requests, args.tokens, args.chunks_per_read,
-                                          Path(tmp))))
+                                          Path(tmp), args.priced)))
     per = sorted(r["us_per_request"] for r in results)
-    print(json.dumps({"tokens": args.tokens, "chunks_per_read": args.chunks_per_read,
+    print(json.dumps({"policy": "curve_priced" if args.priced else "least_outstanding",
+                      "tokens": args.tokens, "chunks_per_read": args.chunks_per_read,
                       "requests": args.requests, "us_per_request_runs": [round(p, 1) for p in per],
                       "us_per_request_median": round(per[len(per) // 2], 1)}))
     return 0

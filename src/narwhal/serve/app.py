@@ -27,6 +27,7 @@ from narwhal.serve.lease import Claimant, FileLease, Lease
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.proxy import Proxy
 from narwhal.serve.routes import Routes
+from narwhal.serve.scheduler import CurvePriced
 from narwhal.serve.settings import RouterSettings
 from narwhal.serve.upstream import Connector, EnginePool
 
@@ -64,8 +65,12 @@ class Router:
         self.health = Health(self.engines, settings.health, self.deadlines)
         self.metrics = RouterMetrics(settings.ttft_s, settings.tpot_s)
         self.journal = Journal(settings.journal_path, settings.journal_max_rows)
-        self.proxy = Proxy(limits, chooser or LeastOutstanding(self.engines), self.health,
-                           self.metrics, self.journal, self.deadlines)
+        if chooser is None:  # with a profile store, place on measured curves and admit by TTFT
+            chooser = (CurvePriced(self.engines, settings.ttft_s, settings.tpot_s,
+                                   weights=settings.tenants.weights)
+                       if self.binder is not None else LeastOutstanding(self.engines))
+        self.proxy = Proxy(limits, chooser, self.health, self.metrics, self.journal,
+                           self.deadlines)
         control = settings.controller
         self.leadership = Leadership(
             lease or FileLease(control.lease_path, control.lease_ttl_s),
@@ -74,7 +79,8 @@ class Router:
         self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal,
                              self.leadership, self.binder.book if self.binder else None)
         self.metrics.attach_state(self.engines, self.journal, lambda: self.proxy.inflight,
-                                  self.leadership)
+                                  self.leadership,
+                                  chooser if isinstance(chooser, CurvePriced) else None)
         self.connections: set[ClientConnection] = set()
         self._stop = asyncio.Event()
 

@@ -93,9 +93,9 @@ def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
 class Call:
     """Everything the router knows about one accepted request, through to its journal row."""
 
-    __slots__ = ("_base", "body", "chat", "conn", "decode_attempts", "decode_engine",
-                 "decode_tries", "events", "finished", "gone", "handoff_s", "http11",
-                 "keep_alive", "kv", "max_tokens", "mode", "outcome", "path", "placement",
+    __slots__ = ("_base", "body", "chat", "conn", "decode_attempts", "decode_charge",
+                 "decode_engine", "decode_tries", "estimate", "events", "finished", "gone",
+                 "handoff_s", "http11", "keep_alive", "kv", "max_tokens", "mode", "outcome", "path", "placement",
                  "prefill_engine", "prefill_s", "prefill_tries", "prompt_tokens", "reason",
                  "received", "relay", "request_id", "route", "status", "stream", "t0",
                  "t_prefill_done", "t_prefill_start", "tenant", "tpot_s", "ttft_s")
@@ -140,6 +140,15 @@ class Call:
         self.reason = ""
         base = {k: v for k, v in body.items() if k not in _LEG_KEYS}
         self._base = dumps(base)
+        # Prompt length for pricing before the engine tells it (scheduler.py explains /4).
+        prompt = body.get("prompt")
+        self.estimate = len(prompt) if isinstance(prompt, list) else len(self._base) >> 2
+        self.decode_charge = 0  # resident tokens booked on the decode engine (scheduler.py)
+
+    @property
+    def price_tokens(self) -> int:
+        pt = self.prompt_tokens
+        return pt if pt is not None else self.estimate
 
     # -- leg bodies ---------------------------------------------------------------------------
     def _join(self, head: bytes) -> bytes:

@@ -20,8 +20,9 @@ from narwhal.serve.upstream import EnginePool
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("ejected", "ejected_reason", "ejections", "fail_streak", "held", "held_detail",
-                 "last_ok", "live_generation", "outstanding", "pool", "profile", "spec")
+    __slots__ = ("busy_until", "ejected", "ejected_reason", "ejections", "fail_streak", "held",
+                 "held_detail", "last_ok", "live_generation", "outstanding", "pool",
+                 "prefill_pending", "profile", "resident_tokens", "running", "spec")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
         self.spec = spec
@@ -39,6 +40,13 @@ class Engine:
         self.held_detail = ""
         self.profile: ProfileRow | None = None
         self.live_generation: Generation | None = None
+        # The scheduler's view of the work the router itself sent (scheduler.py): when the
+        # prefill already queued here should be done (monotonic clock), how many prefills are
+        # in flight, and the decode legs running with the tokens they keep resident.
+        self.busy_until = 0.0
+        self.prefill_pending = 0
+        self.running = 0
+        self.resident_tokens = 0
 
     @property
     def placeable(self) -> bool:
@@ -60,11 +68,14 @@ class Engine:
             "outstanding": self.outstanding,
             "fail_streak": self.fail_streak,
             "ejections": self.ejections,
+            "prefill_pending": self.prefill_pending,
+            "decode_running": self.running,
+            "decode_resident_tokens": self.resident_tokens,
         }
 
 
 class RequestFacts(Protocol):
-    """What a chooser may read about a request (more fields arrive with the scheduler)."""
+    """What a chooser may read about a request."""
 
     @property
     def prompt_tokens(self) -> int | None: ...
@@ -74,6 +85,11 @@ class RequestFacts(Protocol):
 
     @property
     def tenant(self) -> str | None: ...
+
+    @property
+    def price_tokens(self) -> int:
+        """The prompt length to price placement by (exact if known, else an estimate)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +104,25 @@ class Placement:
         return self.prefill is self.decode
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Admission said no: no placement meets the TTFT budget; retry after this many seconds."""
+
+    retry_after_s: int
+    predicted_ttft_s: float
+    ttft_budget_s: float
+    over_share: bool = False  # refused first because its tenant is over its fair share
+
+
 class EngineChooser(Protocol):
-    def place(self, facts: RequestFacts) -> Placement | None: ...
+    def place(self, facts: RequestFacts) -> Placement | Refusal | None: ...
 
     def another_prefill(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None: ...
 
     def another_decode(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None: ...
+
+    def finished(self, facts: RequestFacts) -> None:
+        """A request that `place` placed has ended (whatever its outcome)."""
 
 
 class LeastOutstanding:
@@ -138,3 +167,6 @@ class LeastOutstanding:
 
     def another_decode(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None:
         return self._least(self._decode, exclude)
+
+    def finished(self, facts: RequestFacts) -> None:
+        pass

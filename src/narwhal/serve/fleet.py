@@ -69,10 +69,14 @@ class Health(_Strict):
 
 
 class Tenant(_Strict):
-    """A tenant and the environment variable that holds its bearer key (never the key)."""
+    """A tenant and the environment variable that holds its bearer key (never the key).
+
+    `weight` is its fair share of the fleet relative to the other tenants with requests in
+    flight; it matters only when the fleet is near capacity (scheduler.py)."""
 
     name: str
     key_env: str
+    weight: float = Field(default=1.0, gt=0, le=1000)
 
 
 class Journal(_Strict):

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from narwhal.serve.engines import Engine
 from narwhal.serve.journal import Journal
 from narwhal.serve.leadership import Leadership
+from narwhal.serve.scheduler import CurvePriced
 
 _FRACTIONS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 _LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -82,8 +83,10 @@ class RouterMetrics:
         self.retries: dict[str, int] = {}
 
     def attach_state(self, engines: Sequence[Engine], journal: Journal,
-                     inflight: Callable[[], int], leadership: Leadership) -> None:
-        self.registry.register(_Families(self, engines, journal, inflight, leadership))
+                     inflight: Callable[[], int], leadership: Leadership,
+                     scheduler: CurvePriced | None = None) -> None:
+        self.registry.register(_Families(self, engines, journal, inflight, leadership,
+                                         scheduler))
 
     def request(self, route: str, outcome: str) -> None:
         key = (route, outcome)
@@ -107,8 +110,10 @@ class _Families(Collector):
     """Builds every family at scrape time from the counters and the live objects."""
 
     def __init__(self, metrics: RouterMetrics, engines: Sequence[Engine], journal: Journal,
-                 inflight: Callable[[], int], leadership: Leadership) -> None:
+                 inflight: Callable[[], int], leadership: Leadership,
+                 scheduler: CurvePriced | None) -> None:
         self._lead = leadership
+        self._scheduler = scheduler
         self._m = metrics
         self._engines = engines
         self._journal = journal
@@ -131,6 +136,7 @@ class _Families(Collector):
             yield hist.family()
         yield from self._engine_families()
         yield from self._lease_families()
+        yield from self._scheduler_families()
         yield GaugeMetricFamily("narwhal_router_inflight_requests", "Requests being served",
                                 value=float(self._inflight()))
         j = self._journal
@@ -154,6 +160,26 @@ class _Families(Collector):
         yield role
         yield CounterMetricFamily("narwhal_router_lease_renewals", "Lease renewals that succeeded",
                                   value=float(lead.renewals))
+
+    def _scheduler_families(self) -> Iterable[Any]:
+        sched = self._scheduler
+        if sched is None:  # least-outstanding placement admits everything it can place
+            return
+        decisions = CounterMetricFamily("narwhal_router_admission_decisions",
+                                        "Predictive admission: requests admitted; refused (429) "
+                                        "because no placement met the TTFT budget; refused "
+                                        "near capacity because the tenant was over its share",
+                                        labels=["decision"])
+        decisions.add_metric(["admitted"], float(sched.admitted))
+        decisions.add_metric(["refused"], float(sched.refused))
+        decisions.add_metric(["refused_over_share"], float(sched.refused_over_share))
+        yield decisions
+        queue = GaugeMetricFamily("narwhal_router_engine_prefill_queue_seconds",
+                                  "Predicted seconds of prefill queued on the engine",
+                                  labels=["engine"])
+        for engine_id, seconds in sched.state()["prefill_queue_s"].items():
+            queue.add_metric([engine_id], float(seconds))
+        yield queue
 
     def _engine_families(self) -> Iterable[Any]:
         admitted = GaugeMetricFamily("narwhal_router_engine_admitted",

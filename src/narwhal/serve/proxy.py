@@ -22,7 +22,7 @@ from typing import Any
 from narwhal.serve import relay as R
 from narwhal.serve.call import Call
 from narwhal.serve.deadlines import Deadlines
-from narwhal.serve.engines import Engine, EngineChooser
+from narwhal.serve.engines import Engine, EngineChooser, Refusal
 from narwhal.serve.front import ClientConnection
 from narwhal.serve.health import Health
 from narwhal.serve.journal import Journal
@@ -40,6 +40,13 @@ from narwhal.serve.legs import (
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.reassemble import StreamError, reassemble
 from narwhal.serve.responses import error_body, stream_head
+from narwhal.serve.scheduler import (
+    decode_ended,
+    decode_started,
+    decode_tokens,
+    prefill_ended,
+    prefill_started,
+)
 from narwhal.serve.settings import Limits
 from narwhal.serve.upstream import EngineUnreachable
 
@@ -117,6 +124,8 @@ class Proxy:
         self.inflight -= 1
         self.served += 1
         self._calls.discard(call)
+        if call.placement is not None:
+            self.chooser.finished(call)
         m = self.metrics
         m.request(call.route, call.outcome)
         if call.ttft_s is not None:
@@ -169,11 +178,29 @@ class Proxy:
             self._error(call, 503, "no healthy engine can serve this request now", "no_engine",
                         "no_engine", extra=b"retry-after: 1\r\n")
             return
+        if isinstance(placement, Refusal):
+            self._refuse(call, placement)
+            return
         call.placement = placement
         if self.limits.tokenize:
             self._spawn(self._tokenize(call, placement.prefill))
         else:
             self._route(call)
+
+    def _refuse(self, call: Call, refusal: Refusal) -> None:
+        """Predictive admission said no: 429 with the priced Retry-After, one journal row."""
+        if refusal.over_share:
+            message = (f"near capacity and tenant {call.tenant!r} is over its fair share: "
+                       f"predicted time to first token {refusal.predicted_ttft_s:.2f} s exceeds "
+                       f"the {refusal.ttft_budget_s:g} s kept for tenants within their share")
+            code, outcome = "over_fair_share", "refused_over_share"
+        else:
+            message = (f"over capacity: predicted time to first token "
+                       f"{refusal.predicted_ttft_s:.2f} s exceeds the {refusal.ttft_budget_s:g} s "
+                       "budget")
+            code, outcome = "over_capacity", "refused_capacity"
+        self._error(call, 429, f"{message}; retry after {refusal.retry_after_s} s", code, outcome,
+                    extra=b"retry-after: %d\r\n" % refusal.retry_after_s)
 
     def _route(self, call: Call) -> None:
         placement = call.placement
@@ -210,8 +237,10 @@ class Proxy:
             call.prefill_tries.append(engine)
         call.prefill_engine = engine.id
         engine.outstanding += 1
+        now = time.monotonic()
+        prefill_started(engine, call.price_tokens, now)
         leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
-                        time.monotonic() + self.limits.prefill_timeout_s)
+                        now + self.limits.prefill_timeout_s)
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
                             call.request_id + b"-prefill", call.prefill_body())
         dispatch(engine.pool, req, leg, self.deadlines, self._spawn, fresh=fresh)
@@ -219,6 +248,7 @@ class Proxy:
     def _prefill_done(self, call: Call, engine: Engine, leg: Collector, fresh: bool) -> None:
         self.deadlines.discard(leg)
         engine.outstanding -= 1
+        prefill_ended(engine, time.monotonic())
         if leg.stale_keepalive and not fresh:
             self._prefill(call, engine, fresh=True)  # the engine had closed the idle connection
             return
@@ -300,6 +330,10 @@ class Proxy:
         else:
             relay = R.BufferRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s)
         engine.outstanding += 1
+        call.decode_charge = decode_tokens(call)
+        decode_started(engine, call.decode_charge)
+        if kv is None:  # a plain request: this engine prefills too
+            prefill_started(engine, call.price_tokens, time.monotonic())
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
                             call.request_id + b"-decode", call.decode_body(kv))
@@ -309,6 +343,9 @@ class Proxy:
     def _decode_done(self, call: Call, engine: Engine, relay: R.DecodeRelay, fresh: bool) -> None:
         self.deadlines.discard(relay)
         engine.outstanding -= 1
+        decode_ended(engine, call.decode_charge)
+        if call.kv is None:
+            prefill_ended(engine, time.monotonic())
         call.relay = None
         result = relay.result
         if result == R.FAILED_BEFORE and relay.reused and not fresh and not call.gone:

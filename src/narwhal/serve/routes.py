@@ -22,6 +22,7 @@ from narwhal.serve.leadership import Leadership
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.proxy import Proxy
 from narwhal.serve.responses import error_body
+from narwhal.serve.scheduler import CurvePriced
 from narwhal.serve.settings import RouterSettings
 
 _RID_OK = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-"
@@ -203,6 +204,8 @@ class Routes:
             "inflight": self.proxy.inflight,
             "served": self.proxy.served,
             "engines": [e.state() for e in self.engines],
+            "scheduler": (chooser.state() if isinstance(chooser := self.proxy.chooser, CurvePriced)
+                          else {"policy": "least_outstanding"}),
             "journal": {"path": str(self.journal.path), "written": self.journal.written,
                         "dropped": self.journal.dropped, "queued": self.journal.queued},
         })

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -60,6 +60,7 @@ class Tenants:
 
     by_key_digest: Mapping[bytes, str]
     secrets: tuple[Secret, ...]
+    weights: Mapping[str, float] = field(default_factory=dict)  # fair-share weight by name
 
     @property
     def required(self) -> bool:
@@ -142,7 +143,8 @@ def _tenants(doc: FleetDocument, env: Mapping[str, str], source: str) -> Tenants
         secrets.append(Secret(value, tenant.key_env))
     if problems:
         raise InputError(source, problems)
-    return Tenants(by_key_digest=table, secrets=tuple(secrets))
+    return Tenants(by_key_digest=table, secrets=tuple(secrets),
+                   weights={t.name: t.weight for t in doc.tenants})
 
 
 def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> RouterSettings:

@@ -1,0 +1,243 @@
+"""With a profile store the router places on measured curves and refuses what would miss TTFT.
+
+Three vLLM-faithful emulators with known timing: `fast` and `slow` prefill engines (a prefill
+costs 0.35 s and 0.6 s whatever the prompt) and one decode engine. The profile store carries
+those same coefficients and each engine's live generation, so the router's predictions are
+the emulators' real costs. TTFT budget 1.0 s: `fast` takes two prefills at once (0.35, 0.7),
+a third goes to `slow` (0.6), a fourth would wait 1.05 s anywhere and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from narwhal.lab.engine.testing import RunningEngine, free_port, start_engine, write_tiny_llama
+from tests.component.serve.harness import Reply, Router, call
+from tests.component.serve.test_generation_binding import live_generation, wait_for, write_profiles
+from tests.component.serve.test_with_emulator import ENGINE_ARGS
+
+pytestmark = pytest.mark.timeout(150)
+TTFT_S = 1.0
+BODY = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 3}
+BASE_ARGS = [a for a in ENGINE_ARGS if a != "--emu-zero-delay"]
+# id, role, prefill a (seconds), decode base (seconds per step)
+ENGINES = (("fast", "prefill", 0.35, 0.005), ("slow", "prefill", 0.6, 0.005),
+           ("d0", "decode", 0.05, 0.005))
+
+
+def profile_row(engine_id: str, port: int, a: float, base: float) -> dict[str, Any]:
+    return {"engine_id": engine_id, "generation": live_generation(port).model_dump(),
+            "prefill": {"a_s": a, "b_s_per_token": 0.0, "c_s_per_token2": 0.0,
+                        "fit_error": 0.01, "loo_error": 0.01, "samples": 12,
+                        "max_prompt_tokens": 4096},
+            "decode": {"base_s": base, "per_token_s": 0.0, "per_request_s": 0.0,
+                       "fit_error": 0.01, "loo_error": 0.01, "samples": 24, "max_requests": 64,
+                       "max_resident_tokens": 65536},
+            "measured_at": "2026-11-30T12:00:00+00:00"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, Path]]:
+    root = tmp_path_factory.mktemp("curves")
+    model = write_tiny_llama(root / "tiny")
+    engines: list[RunningEngine] = []
+    router: Router | None = None
+    try:
+        rows = []
+        for name, _, a, base in ENGINES:
+            engine = start_engine(
+                model, log_path=root / f"{name}.log",
+                extra_args=[*BASE_ARGS, "--emu-prefill-a", str(a), "--emu-prefill-b", "0",
+                            "--emu-prefill-c", "0", "--emu-decode-base", str(base),
+                            "--emu-decode-per-token", "0", "--emu-decode-per-request", "0"],
+                env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+            engines.append(engine)
+            rows.append(profile_row(name, engine.port, a, base))
+        write_profiles(root / "profiles.json", rows)
+        (root / "fleet.json").write_text(json.dumps({
+            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
+            "engines": [{"id": name, "url": e.url, "role": role}
+                        for (name, role, _, _), e in zip(ENGINES, engines, strict=True)],
+            "slo": {"ttft_s": TTFT_S, "tpot_s": 0.1}, "journal": {"path": "journal.jsonl"},
+            "profiles": {"path": "profiles.json"}}))
+        router = Router(root / "fleet.json", free_port()).start()
+        yield router, root / "journal.jsonl"
+    finally:
+        if router is not None and router.proc is not None and router.proc.poll() is None:
+            router.stop()
+        for engine in engines:
+            engine.stop()
+
+
+def journal_rows(path: Path, at_least: int) -> list[dict[str, Any]]:
+    def rows() -> list[dict[str, Any]]:
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line]
+    wait_for(f"{at_least} journal rows", lambda: len(rows()) >= at_least)
+    return rows()
+
+
+def scheduler_state(router: Router) -> dict[str, Any]:
+    return dict(call(router.port, "GET", "/narwhal/state").json()["scheduler"])
+
+
+def test_the_slow_prefill_engine_gets_fewer_prefills_and_nothing_is_refused_within_capacity(
+        fleet: tuple[Router, Path]) -> None:
+    router, journal = fleet
+    replies: list[Reply] = []
+
+    def client() -> None:  # three clients back to back: within what the fleet can meet
+        for _ in range(4):
+            replies.append(call(router.port, "POST", "/v1/completions", BODY))
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [r.status for r in replies] == [200] * 12
+    rows = journal_rows(journal, 12)[:12]
+    by_engine = Counter(r["prefill_engine"] for r in rows)
+    assert by_engine["fast"] > by_engine["slow"], by_engine
+    assert set(by_engine) <= {"fast", "slow"} and {r["decode_engine"] for r in rows} == {"d0"}
+    state = scheduler_state(router)
+    assert state["policy"] == "curve_priced" and state["refused"] == 0
+
+
+def test_a_flood_beyond_capacity_gets_429_with_a_priced_retry_after(
+        fleet: tuple[Router, Path]) -> None:
+    router, journal = fleet
+    before = len(journal_rows(journal, 0))
+    admitted_before = scheduler_state(router)["admitted"]
+    replies: list[Reply] = []
+    gate = threading.Barrier(10)
+
+    def client() -> None:
+        gate.wait(10)
+        replies.append(call(router.port, "POST", "/v1/completions", BODY))
+
+    threads = [threading.Thread(target=client) for _ in range(10)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert time.monotonic() - t0 < 30
+    refused = [r for r in replies if r.status == 429]
+    accepted = [r for r in replies if r.status == 200]
+    assert len(refused) + len(accepted) == 10
+    assert refused and len(accepted) >= 3, [r.status for r in replies]
+    for r in refused:
+        retry = r.headers["retry-after"]
+        assert retry.isdigit() and int(retry) >= 1
+        error = r.json()["error"]
+        assert error["type"] == "rate_limit_exceeded" and error["code"] == "over_capacity"
+        assert "time to first token" in error["message"]
+
+    rows = journal_rows(journal, before + 10)[before:]
+    assert len(rows) == 10  # one row per request, refusals included
+    outcomes = Counter(r["outcome"] for r in rows)
+    assert outcomes == {"ok": len(accepted), "refused_capacity": len(refused)}
+    for row in rows:
+        if row["outcome"] == "ok":
+            assert row["ttft_s"] <= TTFT_S, row
+        else:
+            assert row["status"] == 429 and row["prefill_engine"] is None
+
+    state = scheduler_state(router)
+    assert state["refused"] == len(refused)
+    assert state["admitted"] - admitted_before == len(accepted)
+    assert state["last_refusal"]["retry_after_s"] >= 1
+    metrics = call(router.port, "GET", "/metrics").body.decode()
+    assert f'narwhal_router_admission_decisions_total{{decision="refused"}} {len(refused)}.0' \
+        in metrics
+    assert 'narwhal_router_requests_total{outcome="refused_capacity",route="completions"}' \
+        in metrics
+
+
+KEYS = {"NW_KEY_BIG": "big-" + "b" * 28, "NW_KEY_SMALL": "small-" + "s" * 26}
+
+
+@pytest.fixture
+def tenants_fleet(tmp_path: Path) -> Iterator[Router]:
+    """One `both` engine (0.6 s per prefill), TTFT budget 2.0 s; tenants big (weight 1) and
+    small (weight 3). Near capacity (predicted TTFT over 1.5 s) a tenant over its share is
+    refused; a tenant within it may use the rest of the budget."""
+    model = write_tiny_llama(tmp_path / "tiny")
+    engine: RunningEngine | None = None
+    router: Router | None = None
+    try:
+        engine = start_engine(
+            model, log_path=tmp_path / "b0.log",
+            extra_args=[*BASE_ARGS, "--emu-prefill-a", "0.6", "--emu-prefill-b", "0",
+                        "--emu-prefill-c", "0", "--emu-decode-base", "0.005",
+                        "--emu-decode-per-token", "0", "--emu-decode-per-request", "0"],
+            env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+        write_profiles(tmp_path / "profiles.json", [profile_row("b0", engine.port, 0.6, 0.005)])
+        (tmp_path / "fleet.json").write_text(json.dumps({
+            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
+            "engines": [{"id": "b0", "url": engine.url, "role": "both"}],
+            "slo": {"ttft_s": 2.0, "tpot_s": 0.1}, "journal": {"path": "journal.jsonl"},
+            "profiles": {"path": "profiles.json"},
+            "tenants": [{"name": "big", "key_env": "NW_KEY_BIG", "weight": 1},
+                        {"name": "small", "key_env": "NW_KEY_SMALL", "weight": 3}]}))
+        router = Router(tmp_path / "fleet.json", free_port(), env=KEYS).start()
+        yield router
+    finally:
+        if router is not None and router.proc is not None and router.proc.poll() is None:
+            router.stop()
+        if engine is not None:
+            engine.stop()
+
+
+def test_near_capacity_the_tenant_over_its_fair_share_is_refused_first(
+        tenants_fleet: Router) -> None:
+    router = tenants_fleet
+    # small's first request queues 0.6 s; big's first then predicts 1.2 s (admitted), its next
+    # 1.8 s: near capacity, and big would hold 2 of 3 in flight against a share of 1/4: refused.
+    # small's second also predicts about 1.8 s but 2 of 3 is within its 3/4 share: admitted.
+
+    def ask(key: str) -> Reply:
+        return call(router.port, "POST", "/v1/completions", BODY,
+                    headers={"authorization": f"Bearer {KEYS[key]}"})
+
+    small: list[Reply] = []
+    first = threading.Thread(target=lambda: small.append(ask("NW_KEY_SMALL")))
+    first.start()
+    wait_for("small in flight", lambda: scheduler_state(router)["inflight_by_tenant"]
+             .get("small") == 1, timeout=5.0)
+    big: list[Reply] = []
+    gate = threading.Barrier(4)
+
+    def flood() -> None:
+        gate.wait(10)
+        big.append(ask("NW_KEY_BIG"))
+
+    threads = [threading.Thread(target=flood) for _ in range(4)]
+    for t in threads:
+        t.start()
+    wait_for("big refused", lambda: any(r.status == 429 for r in big), timeout=5.0)
+    small.append(ask("NW_KEY_SMALL"))  # near capacity too, but small is within its share
+    for t in [first, *threads]:
+        t.join(30)
+    assert [r.status for r in small] == [200, 200]
+    refused = [r for r in big if r.status == 429]
+    assert len(refused) >= 2 and len(big) == 4, [r.status for r in big]  # big's 1st: admitted
+    for r in refused:
+        error = r.json()["error"]
+        assert error["code"] == "over_fair_share" and "'big'" in error["message"]
+        assert int(r.headers["retry-after"]) >= 1
+    state = scheduler_state(router)
+    assert state["refused_over_share"] == len(refused) and state["refused"] == 0
+    assert state["tenant_weights"] == {"big": 1.0, "small": 3.0}
+    metrics = call(router.port, "GET", "/metrics").body.decode()
+    assert ('narwhal_router_admission_decisions_total{decision="refused_over_share"} '
+            f'{len(refused)}.0') in metrics

@@ -1,0 +1,269 @@
+"""The curve-priced chooser: TTFT-minimizing prefill, least-slowed decode, predictive admission."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from narwhal.core.errors import InputError
+from narwhal.serve.call import Call
+from narwhal.serve.engines import Engine, Placement, Refusal
+from narwhal.serve.fleet import parse_fleet
+from narwhal.serve.pricing import DecodeSeat, PrefillSeat, best_decode, best_prefill
+from narwhal.serve.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow
+from narwhal.serve.scheduler import (
+    CurvePriced,
+    decode_ended,
+    decode_started,
+    decode_tokens,
+    prefill_ended,
+    prefill_started,
+)
+from narwhal.serve.settings import EngineSpec, settle
+from narwhal.serve.upstream import EnginePool
+
+FIT = {"fit_error": 0.02, "loo_error": 0.03, "samples": 12}
+GEN = Generation(engine_version="0.11.0", process_start_time_seconds=1.0)
+
+
+@dataclass
+class Facts:
+    price_tokens: int = 100
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    tenant: str | None = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def engine(name: str, role: str, a: float = 0.01, b: float = 1e-4, base: float = 0.01,
+           per_token: float = 1e-6, per_request: float = 1e-3) -> Engine:
+    spec = EngineSpec(name, "http://h:1", "h", 1, role, role != "decode", role != "prefill",
+                      b"h:1")
+    e = Engine(spec, EnginePool("h", 1, connect_timeout_s=1, keepalive_s=1))
+    e.profile = ProfileRow(
+        engine_id=name, generation=GEN, measured_at=datetime(2026, 11, 30, tzinfo=UTC),
+        prefill=PrefillCurve(a_s=a, b_s_per_token=b, c_s_per_token2=0.0, max_prompt_tokens=8192,
+                             **FIT),
+        decode=DecodeCurve(base_s=base, per_token_s=per_token, per_request_s=per_request,
+                           max_requests=256, max_resident_tokens=1_000_000, **FIT))
+    return e
+
+
+def placed(result: Placement | Refusal | None) -> Placement:
+    assert isinstance(result, Placement)
+    return result
+
+
+def test_prefill_goes_to_the_lowest_predicted_ttft_counting_the_booked_queue() -> None:
+    clock = Clock()
+    fast, slow, d0 = engine("fast", "prefill"), engine("slow", "prefill", a=0.1, b=1e-3), \
+        engine("d0", "decode")
+    chooser = CurvePriced([fast, slow, d0], ttft_s=5.0, tpot_s=0.1, clock=clock)
+    picks = []
+    for _ in range(6):  # a burst: nothing finishes, each placement books its prefill
+        p = placed(chooser.place(Facts(price_tokens=1000)))
+        picks.append(p.prefill.id)
+        prefill_started(p.prefill, 1000, clock.now)
+    # fast costs 0.11 s per prefill, slow 1.1 s: slow is worth it only behind 10 fast ones
+    assert picks == ["fast"] * 6
+    for _ in range(6):
+        prefill_started(fast, 1000, clock.now)
+    assert placed(chooser.place(Facts(price_tokens=1000))).prefill is slow
+
+
+def test_the_queue_drains_with_time_and_empties_when_the_last_prefill_ends() -> None:
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.5, b=0.0)
+    prefill_started(p0, 10, clock.now)
+    prefill_started(p0, 10, clock.now)
+    assert p0.busy_until == pytest.approx(101.0)
+    clock.now += 0.4
+    prefill_ended(p0, clock.now)
+    assert p0.busy_until == pytest.approx(101.0)  # one still in flight: the queue stands
+    prefill_ended(p0, clock.now)
+    assert p0.busy_until == clock.now and p0.prefill_pending == 0
+    prefill_ended(p0, clock.now)  # never below zero
+    assert p0.prefill_pending == 0
+
+
+def test_a_flood_is_refused_with_a_retry_after_priced_from_the_queue() -> None:
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill", a=0.4, b=0.0), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.9, tpot_s=0.1, clock=clock)
+    outcomes = []
+    for _ in range(7):
+        result = chooser.place(Facts())
+        outcomes.append(result)
+        if isinstance(result, Placement):
+            prefill_started(result.prefill, 100, clock.now)
+    assert [isinstance(r, Placement) for r in outcomes] == [True] * 4 + [False] * 3
+    refusal = outcomes[-1]
+    assert isinstance(refusal, Refusal)
+    assert refusal.predicted_ttft_s == pytest.approx(2.0)  # 1.6 queued + 0.4
+    assert refusal.retry_after_s == 1
+    assert (chooser.admitted, chooser.refused) == (4, 3)
+    clock.now += 0.5  # the queue drains: admitted again
+    assert isinstance(chooser.place(Facts()), Placement)
+    for _ in range(20):
+        prefill_started(p0, 100, clock.now)
+    big = chooser.place(Facts())
+    assert isinstance(big, Refusal) and big.retry_after_s == 8  # ceil(9.6 + 0.4 - 1.9)
+    state = chooser.state()
+    assert state["refused"] == 4 and state["last_refusal"]["retry_after_s"] == 8
+
+
+def test_retries_are_never_refused_and_skip_the_engines_already_tried() -> None:
+    clock = Clock()
+    p0, p1, d0 = engine("p0", "prefill", a=5.0), engine("p1", "prefill", a=6.0), \
+        engine("d0", "decode")
+    chooser = CurvePriced([p0, p1, d0], ttft_s=1.0, tpot_s=0.1, clock=clock)
+    assert isinstance(chooser.place(Facts()), Refusal)
+    assert chooser.another_prefill(Facts(), [p0]) is p1
+    assert chooser.another_prefill(Facts(), [p0, p1]) is None
+    p1.held = "reprofile"
+    assert chooser.another_prefill(Facts(), [p0]) is None
+    p1.held = ""
+    p1.profile = None  # never priced by a curve it does not have
+    assert chooser.another_prefill(Facts(), [p0]) is None
+
+
+def test_decode_goes_where_the_request_slows_steps_least_within_the_tpot_budget() -> None:
+    clock = Clock()
+    p0 = engine("p0", "prefill")
+    cheap_tokens = engine("d_tok", "decode", per_token=1e-7, per_request=2e-3)
+    cheap_reqs = engine("d_req", "decode", per_token=1e-5, per_request=1e-4)
+    chooser = CurvePriced([p0, cheap_tokens, cheap_reqs], ttft_s=5.0, tpot_s=0.1, clock=clock)
+    long = Facts(price_tokens=4000, max_tokens=200)  # 4100 resident tokens
+    assert placed(chooser.place(long)).decode is cheap_tokens
+    short = Facts(price_tokens=10)
+    assert placed(chooser.place(short)).decode is cheap_reqs
+    # the least-slowed engine is over budget: the one still within it wins
+    decode_started(cheap_tokens, 1_000_000)
+    assert placed(chooser.place(long)).decode is cheap_reqs
+    decode_ended(cheap_tokens, 1_000_000)
+    assert (cheap_tokens.running, cheap_tokens.resident_tokens) == (0, 0)
+
+
+def test_the_chooser_agrees_with_the_pricing_functions() -> None:
+    clock = Clock()
+    engines = [engine(f"p{i}", "prefill", a=0.01 * (i + 1), b=1e-4 * (3 - i)) for i in range(3)]
+    decodes = [engine(f"d{i}", "decode", base=0.005 * (i + 1), per_token=1e-6 * (3 - i),
+                      per_request=1e-3 * i) for i in range(3)]
+    chooser = CurvePriced([*engines, *decodes], ttft_s=2.0, tpot_s=0.05, clock=clock)
+    for i, e in enumerate(engines):
+        for _ in range(i):
+            prefill_started(e, 500, clock.now)
+    for i, e in enumerate(decodes):
+        for _ in range(3 - i):
+            decode_started(e, 3000)
+    for tokens in (10, 300, 3000):
+        facts = Facts(price_tokens=tokens, max_tokens=64)
+        p = placed(chooser.place(facts))
+        seats = [PrefillSeat(e.id, e.profile.prefill, max(0.0, e.busy_until - clock.now))
+                 for e in engines if e.profile]
+        want = best_prefill(seats, tokens, 2.0)
+        assert want is not None and p.prefill.id == want.key
+        dseats = [DecodeSeat(e.id, e.profile.decode, e.resident_tokens, e.running)
+                  for e in decodes if e.profile]
+        dwant = best_decode(dseats, decode_tokens(facts), 0.05)
+        assert dwant is not None and p.decode.id == dwant.key
+
+
+def test_a_tie_on_a_both_engine_keeps_the_request_plain() -> None:
+    clock = Clock()
+    b0, b1 = engine("b0", "both"), engine("b1", "both")
+    chooser = CurvePriced([b0, b1], ttft_s=5.0, tpot_s=0.1, clock=clock)
+    for _ in range(4):
+        assert placed(chooser.place(Facts())).single
+
+
+def test_the_prompt_estimate_is_bytes_over_four_until_the_engine_tells_the_count() -> None:
+    text = "x" * 4000
+    call = Call({"prompt": text, "max_tokens": 10}, False, b"r1", None, None)  # type: ignore[arg-type]
+    assert 1000 <= call.price_tokens <= 1010
+    call.prompt_tokens = 7
+    assert call.price_tokens == 7
+    ids = Call({"prompt": list(range(321))}, False, b"r2", None, None)  # type: ignore[arg-type]
+    assert ids.price_tokens == 321
+    chat = Call({"messages": [{"role": "user", "content": "y" * 400}]}, True, b"r3", None,
+                None)  # type: ignore[arg-type]
+    assert 100 <= chat.price_tokens <= 120
+    assert decode_tokens(call) == 7 + 5
+
+
+def test_near_capacity_the_tenant_over_its_share_is_refused_first() -> None:
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill", a=0.1, b=0.0), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.1, clock=clock,
+                          weights={"big": 1.0, "small": 1.0})
+
+    def ask(tenant: str) -> Placement | Refusal | None:
+        result = chooser.place(Facts(tenant=tenant))
+        if isinstance(result, Placement):
+            prefill_started(result.prefill, 100, clock.now)
+        return result
+
+    # alone, "big" may use the whole budget
+    assert all(isinstance(ask("big"), Placement) for _ in range(7))  # queue 0.7 s
+    # "small" arrives: it is within its share, so the last quarter of the budget is its
+    assert isinstance(ask("small"), Placement)  # predicted 0.8
+    refused = ask("big")  # predicted 0.9 > 0.75 and big holds 7 of 8 in flight
+    assert isinstance(refused, Refusal) and refused.over_share
+    assert refused.retry_after_s == 1 and refused.ttft_budget_s == 0.75
+    assert isinstance(ask("small"), Placement)  # predicted 0.9: small has 1 of 8
+    capacity = ask("small")  # predicted 1.0 is still within the budget
+    assert isinstance(capacity, Placement)
+    full = ask("small")
+    assert isinstance(full, Refusal) and not full.over_share  # over the budget: anyone
+    assert (chooser.refused, chooser.refused_over_share) == (1, 1)
+    state = chooser.state()
+    assert state["inflight_by_tenant"] == {"big": 7, "small": 3}
+    for tenant in ["big"] * 7 + ["small"] * 3:
+        chooser.finished(Facts(tenant=tenant))
+    assert chooser.state()["inflight_by_tenant"] == {}
+    chooser.finished(Facts(tenant="big"))  # never below zero
+    assert chooser.state()["inflight_by_tenant"] == {}
+
+
+def test_weights_set_the_shares() -> None:
+    chooser = CurvePriced([], ttft_s=1.0, tpot_s=0.1, weights={"gold": 3.0, "tin": 1.0})
+    chooser._inflight, chooser._total = {"gold": 5, "tin": 1}, 6
+    assert chooser.over_share("gold")  # one more: 6 of 7 > 3/4 of 7 = 5.25
+    assert chooser.over_share("tin")  # one more: 2 > 1/4 of 7 = 1.75
+    chooser._inflight, chooser._total = {"gold": 6}, 6
+    assert not chooser.over_share("tin")  # its first: 1 <= 1.75
+    chooser._inflight, chooser._total = {"gold": 4, "tin": 2}, 6
+    assert not chooser.over_share("gold")  # 5 <= 5.25
+    assert chooser.over_share("tin")  # 3 > 1.75
+    assert not chooser.over_share(None)  # a newcomer (unnamed: weight 1) is within its share
+
+
+@pytest.mark.parametrize("weight", [0, -1, "2", None, float("nan"), 1001])
+def test_a_tenant_weight_must_be_a_positive_number(weight: object) -> None:
+    doc = {"schema": "narwhal.fleet", "schema_version": 1, "model": "m",
+           "engines": [{"id": "b0", "url": "http://10.0.0.5:8000", "role": "both"}],
+           "slo": {"ttft_s": 2.0, "tpot_s": 0.1}, "journal": {"path": "j.jsonl"},
+           "tenants": [{"name": "a", "key_env": "NW_KEY_A", "weight": weight}]}
+    with pytest.raises(InputError) as info:
+        parse_fleet(doc, "fleet.json")
+    assert any(p.field == "tenants[0].weight" for p in info.value.problems)
+
+
+def test_tenant_weights_reach_the_settings(tmp_path: Path) -> None:
+    doc = parse_fleet({"schema": "narwhal.fleet", "schema_version": 1, "model": "m",
+                       "engines": [{"id": "b0", "url": "http://10.0.0.5:8000", "role": "both"}],
+                       "slo": {"ttft_s": 2.0, "tpot_s": 0.1}, "journal": {"path": "j.jsonl"},
+                       "tenants": [{"name": "a", "key_env": "NW_KEY_A", "weight": 3},
+                                   {"name": "b", "key_env": "NW_KEY_B"}]}, "fleet.json")
+    settings = settle(doc, {"NW_KEY_A": "a" * 32, "NW_KEY_B": "b" * 32}, tmp_path / "f.json")
+    assert settings.tenants.weights == {"a": 3.0, "b": 1.0}
