@@ -26,6 +26,7 @@ from narwhal.serve.leadership import Leadership
 from narwhal.serve.lease import Claimant, FileLease, Lease
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.proxy import Proxy
+from narwhal.serve.roles import RoleController
 from narwhal.serve.routes import Routes
 from narwhal.serve.scheduler import CurvePriced
 from narwhal.serve.settings import RouterSettings
@@ -69,6 +70,12 @@ class Router:
             chooser = (CurvePriced(self.engines, settings.ttft_s, settings.tpot_s,
                                    weights=settings.tenants.weights)
                        if self.binder is not None else LeastOutstanding(self.engines))
+        # Role flips need curves to price both pools' load; fleet.py refuses the section
+        # without a profiles store, so `binder` is set whenever role_flips is.
+        self.roles: RoleController | None = None
+        if settings.role_flips is not None and self.binder is not None:
+            self.roles = RoleController(self.engines, settings.ttft_s, settings.tpot_s,
+                                        settings.role_flips)
         self.proxy = Proxy(limits, chooser, self.health, self.metrics, self.journal,
                            self.deadlines)
         control = settings.controller
@@ -77,10 +84,12 @@ class Router:
             Claimant.this_process(""), control, self.engines, standby_of=standby_of)
         self.leadership.on_fenced = self.stop
         self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal,
-                             self.leadership, self.binder.book if self.binder else None)
+                             self.leadership, self.binder.book if self.binder else None,
+                             self.roles)
         self.metrics.attach_state(self.engines, self.journal, lambda: self.proxy.inflight,
                                   self.leadership,
-                                  chooser if isinstance(chooser, CurvePriced) else None)
+                                  chooser if isinstance(chooser, CurvePriced) else None,
+                                  self.roles)
         self.connections: set[ClientConnection] = set()
         self._stop = asyncio.Event()
 
@@ -110,6 +119,8 @@ class Router:
         if self.binder is not None:
             background.append(loop.create_task(self.binder.run()))
             loop.add_signal_handler(signal.SIGHUP, self.binder.reload_now)
+        if self.roles is not None:
+            background.append(loop.create_task(self.roles.run()))
         leasing = [loop.create_task(lead.keep())]
         if lead.standby_of is not None:
             leasing.append(loop.create_task(lead.follow(self.deadlines)))

@@ -20,9 +20,10 @@ from narwhal.serve.upstream import EnginePool
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("busy_until", "ejected", "ejected_reason", "ejections", "fail_streak", "held",
-                 "held_detail", "last_ok", "live_generation", "outstanding", "pool",
-                 "prefill_pending", "profile", "resident_tokens", "running", "spec")
+    __slots__ = ("busy_until", "draining", "ejected", "ejected_reason", "ejections",
+                 "fail_streak", "held", "held_detail", "last_flip", "last_ok", "live_generation",
+                 "outstanding", "pool", "prefill_pending", "profile", "resident_tokens",
+                 "running", "serves_decode", "serves_prefill", "spec")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
         self.spec = spec
@@ -47,6 +48,21 @@ class Engine:
         self.prefill_pending = 0
         self.running = 0
         self.resident_tokens = 0
+        # The legs the choosers may place here now. Fixed by the role for `prefill`/`decode`
+        # engines; for `both` engines under role flips (roles.py) exactly one is set, or none
+        # while the engine drains its decode streams before it takes prefills.
+        self.serves_prefill = spec.can_prefill
+        self.serves_decode = spec.can_decode
+        self.draining = False
+        self.last_flip: dict[str, object] | None = None
+
+    @property
+    def current_role(self) -> str:
+        if self.draining:
+            return "draining"
+        if self.serves_prefill and self.serves_decode:
+            return "both"
+        return "prefill" if self.serves_prefill else "decode"
 
     @property
     def placeable(self) -> bool:
@@ -60,6 +76,8 @@ class Engine:
         return {
             "id": self.spec.id,
             "role": self.spec.role,
+            "current_role": self.current_role,
+            "last_flip": self.last_flip,
             "admitted": not self.ejected and not self.held,
             "ejected_reason": self.ejected_reason or None,
             "held_reason": self.held or None,
@@ -138,7 +156,7 @@ class LeastOutstanding:
         self._turn = 0
 
     def _least(self, pool: tuple[Engine, ...], exclude: Sequence[Engine],
-               prefer: Engine | None = None) -> Engine | None:
+               prefer: Engine | None = None, *, prefill: bool) -> Engine | None:
         best: Engine | None = None
         best_key = 1 << 62
         n = len(pool)
@@ -147,6 +165,8 @@ class LeastOutstanding:
             engine = pool[(start + k) % n]
             if engine.ejected or engine.held or engine in exclude:
                 continue
+            if not (engine.serves_prefill if prefill else engine.serves_decode):
+                continue
             key = engine.outstanding * 2 + (0 if engine is prefer else 1)
             if key < best_key:
                 best, best_key = engine, key
@@ -154,19 +174,19 @@ class LeastOutstanding:
 
     def place(self, facts: RequestFacts) -> Placement | None:
         self._turn += 1
-        prefill = self._least(self._prefill, ())
-        if prefill is None:
+        first = self._least(self._prefill, (), prefill=True)
+        if first is None:
             return None
-        decode = self._least(self._decode, (), prefer=prefill)
+        decode = self._least(self._decode, (), prefer=first, prefill=False)
         if decode is None:
             return None
-        return Placement(prefill, decode)
+        return Placement(first, decode)
 
     def another_prefill(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None:
-        return self._least(self._prefill, exclude)
+        return self._least(self._prefill, exclude, prefill=True)
 
     def another_decode(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None:
-        return self._least(self._decode, exclude)
+        return self._least(self._decode, exclude, prefill=False)
 
     def finished(self, facts: RequestFacts) -> None:
         pass

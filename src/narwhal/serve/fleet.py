@@ -105,6 +105,24 @@ class Profiles(_Strict):
     path: str
 
 
+class RoleFlips(_Strict):
+    """The reactive role controller over the `both` engines (roles.py).
+
+    Every `interval_s` it compares SLO-relative prefill load (predicted queue wait over the
+    TTFT budget) with decode load (predicted step time over the TPOT budget) and moves one
+    engine from the lighter pool to the heavier when the heavier is above `high_water` and the
+    lighter below `low_water`; an engine that flipped waits `cooldown_s` before it may flip
+    again. The gap between the marks and the cooldown are the hysteresis that stops flapping.
+    """
+
+    interval_s: float = Field(default=0.5, ge=0.05, le=60)
+    high_water: float = Field(default=0.8, gt=0, le=100)
+    low_water: float = Field(default=0.4, ge=0, le=100)
+    cooldown_s: float = Field(default=5.0, ge=0, le=3600)
+    min_prefill: int = Field(default=1, ge=0, le=1024)
+    min_decode: int = Field(default=1, ge=0, le=1024)
+
+
 class FleetDocument(_Strict):
     """`narwhal.fleet` v1."""
 
@@ -119,6 +137,7 @@ class FleetDocument(_Strict):
     journal: Journal
     controller: Controller = Controller()
     profiles: Profiles | None = None
+    role_flips: RoleFlips | None = None
 
 
 _FIXES: dict[str, str] = {
@@ -254,6 +273,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
     if doc.profiles is not None and not doc.profiles.path.strip():
         problems.append(Problem("profiles.path", "is empty",
                                 "name the narwhal.profiles document, e.g. runs/profiles.json"))
+    problems += _role_flip_problems(doc)
     c = doc.controller
     if c.handoff_poll_s >= c.lease_ttl_s:
         problems.append(Problem("controller.handoff_poll_s",
@@ -261,6 +281,35 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                                 "poll the handoff document several times per lease period"))
     if not doc.journal.path.strip():
         problems.append(Problem("journal.path", "is empty", "name the JSONL file, e.g. runs/journal.jsonl"))
+    return problems
+
+
+def _role_flip_problems(doc: FleetDocument) -> list[Problem]:
+    flips = doc.role_flips
+    if flips is None:
+        return []
+    problems: list[Problem] = []
+    both = sum(1 for e in doc.engines if e.role == "both")
+    if doc.profiles is None:
+        problems.append(Problem("role_flips", "needs measured curves to price both pools' load",
+                                "add a profiles section (narwhal-profile writes the store)"))
+    if both < 2:
+        problems.append(Problem("role_flips", f"{both} engine(s) have role 'both'; flips need two",
+                                "give at least two engines role 'both' or remove role_flips"))
+    elif flips.min_prefill + flips.min_decode > both:
+        problems.append(Problem(
+            "role_flips.min_prefill",
+            f"min_prefill {flips.min_prefill} + min_decode {flips.min_decode} exceed the {both} "
+            "'both' engines", "lower the floors so both pools can be filled"))
+    for leg, floor in (("prefill", flips.min_prefill), ("decode", flips.min_decode)):
+        if floor == 0 and not any(e.role == leg for e in doc.engines):
+            problems.append(Problem(f"role_flips.min_{leg}",
+                                    f"is 0 and no engine has role '{leg}', so the {leg} pool could empty",
+                                    "raise it to 1 or add an engine with that fixed role"))
+    if flips.low_water >= flips.high_water:
+        problems.append(Problem("role_flips.low_water",
+                                f"{flips.low_water:g} is not below high_water {flips.high_water:g}",
+                                "keep a gap between the marks (e.g. 0.4 and 0.8) so roles do not flap"))
     return problems
 
 

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from narwhal.serve.engines import Engine
 from narwhal.serve.journal import Journal
 from narwhal.serve.leadership import Leadership
+from narwhal.serve.roles import RoleController
 from narwhal.serve.scheduler import CurvePriced
 
 _FRACTIONS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
@@ -84,9 +85,10 @@ class RouterMetrics:
 
     def attach_state(self, engines: Sequence[Engine], journal: Journal,
                      inflight: Callable[[], int], leadership: Leadership,
-                     scheduler: CurvePriced | None = None) -> None:
+                     scheduler: CurvePriced | None = None,
+                     roles: RoleController | None = None) -> None:
         self.registry.register(_Families(self, engines, journal, inflight, leadership,
-                                         scheduler))
+                                         scheduler, roles))
 
     def request(self, route: str, outcome: str) -> None:
         key = (route, outcome)
@@ -111,8 +113,9 @@ class _Families(Collector):
 
     def __init__(self, metrics: RouterMetrics, engines: Sequence[Engine], journal: Journal,
                  inflight: Callable[[], int], leadership: Leadership,
-                 scheduler: CurvePriced | None) -> None:
+                 scheduler: CurvePriced | None, roles: RoleController | None) -> None:
         self._lead = leadership
+        self._roles = roles
         self._scheduler = scheduler
         self._m = metrics
         self._engines = engines
@@ -137,6 +140,7 @@ class _Families(Collector):
         yield from self._engine_families()
         yield from self._lease_families()
         yield from self._scheduler_families()
+        yield from self._role_families()
         yield GaugeMetricFamily("narwhal_router_inflight_requests", "Requests being served",
                                 value=float(self._inflight()))
         j = self._journal
@@ -180,6 +184,23 @@ class _Families(Collector):
         for engine_id, seconds in sched.state()["prefill_queue_s"].items():
             queue.add_metric([engine_id], float(seconds))
         yield queue
+
+    def _role_families(self) -> Iterable[Any]:
+        roles = self._roles
+        if roles is None:  # no role_flips section: every engine keeps its document role
+            return
+        flips = CounterMetricFamily("narwhal_router_role_flips",
+                                    "Role flips of 'both' engines between the prefill and "
+                                    "decode pools", labels=["from", "to"])
+        for pair in (("decode", "prefill"), ("prefill", "decode")):
+            flips.add_metric(list(pair), float(roles.flips.get(pair, 0)))
+        yield flips
+        current = GaugeMetricFamily("narwhal_router_engine_current_role",
+                                    "1 for the role a 'both' engine holds now",
+                                    labels=["engine", "role"])
+        for engine in roles.members:
+            current.add_metric([engine.id, roles.role_of(engine)], 1.0)
+        yield current
 
     def _engine_families(self) -> Iterable[Any]:
         admitted = GaugeMetricFamily("narwhal_router_engine_admitted",

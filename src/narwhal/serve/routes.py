@@ -22,6 +22,7 @@ from narwhal.serve.leadership import Leadership
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.proxy import Proxy
 from narwhal.serve.responses import error_body
+from narwhal.serve.roles import RoleController
 from narwhal.serve.scheduler import CurvePriced
 from narwhal.serve.settings import RouterSettings
 
@@ -34,8 +35,10 @@ class Routes:
 
     def __init__(self, settings: RouterSettings, proxy: Proxy, engines: Sequence[Engine],
                  metrics: RouterMetrics, journal: Journal, leadership: Leadership,
-                 profiles: ProfileBook | None = None) -> None:
+                 profiles: ProfileBook | None = None,
+                 roles: RoleController | None = None) -> None:
         self.settings = settings
+        self.roles = roles
         self.proxy = proxy
         self.engines = tuple(engines)
         self.metrics = metrics
@@ -169,9 +172,9 @@ class Routes:
             return False, "draining"
         if time.monotonic() >= self.lead.until:
             return False, f"{self.lead.role}: not holding the controller lease"
-        if not any(e.spec.can_prefill and e.placeable for e in self.engines):
+        if not any(e.serves_prefill and e.placeable for e in self.engines):
             return False, "no admitted engine can take a prefill leg"
-        if not any(e.spec.can_decode and e.placeable for e in self.engines):
+        if not any(e.serves_decode and e.placeable for e in self.engines):
             return False, "no admitted engine can take a decode leg"
         return True, "ready"
 
@@ -206,6 +209,7 @@ class Routes:
             "engines": [e.state() for e in self.engines],
             "scheduler": (chooser.state() if isinstance(chooser := self.proxy.chooser, CurvePriced)
                           else {"policy": "least_outstanding"}),
+            "role_flips": self.roles.state() if self.roles is not None else None,
             "journal": {"path": str(self.journal.path), "written": self.journal.written,
                         "dropped": self.journal.dropped, "queued": self.journal.queued},
         })

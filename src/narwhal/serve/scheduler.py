@@ -73,6 +73,15 @@ def decode_ended(engine: Engine, resident_tokens: int) -> None:
     engine.resident_tokens -= resident_tokens
 
 
+def decode_step_s(engine: Engine) -> float:
+    """Predicted decode step time with the legs this router runs there (0 without a curve)."""
+    profile = engine.profile
+    if profile is None:
+        return 0.0
+    c = profile.decode
+    return c.base_s + c.per_token_s * engine.resident_tokens + c.per_request_s * engine.running
+
+
 def decode_tokens(facts: RequestFacts) -> int:
     """Tokens the request keeps resident while it decodes, on average over its life."""
     mt = facts.max_tokens
@@ -123,7 +132,8 @@ class CurvePriced:
         for k in range(n):
             engine = pool[(start + k) % n]
             profile = engine.profile
-            if engine.ejected or engine.held or profile is None or engine in exclude:
+            if (engine.ejected or engine.held or profile is None or not engine.serves_prefill
+                    or engine in exclude):
                 continue
             c = profile.prefill
             queued = engine.busy_until - now
@@ -144,7 +154,8 @@ class CurvePriced:
         best_running = 0
         for engine in self._decode:
             profile = engine.profile
-            if engine.ejected or engine.held or profile is None or engine in exclude:
+            if (engine.ejected or engine.held or profile is None or not engine.serves_decode
+                    or engine in exclude):
                 continue
             c = profile.decode
             running = engine.running
@@ -217,4 +228,5 @@ class CurvePriced:
             "tenant_weights": self._weights,
             "prefill_queue_s": {e.id: round(max(0.0, e.busy_until - now), 6)
                                 for e in self._prefill},
+            "decode_step_s": {e.id: round(decode_step_s(e), 6) for e in self._decode},
         }

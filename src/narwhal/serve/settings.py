@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.secret import Secret
-from narwhal.serve.fleet import FleetDocument
+from narwhal.serve.fleet import FleetDocument, RoleFlips
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,7 @@ class RouterSettings:
     journal_max_rows: int
     controller: ControllerPolicy
     profiles_path: Path | None
+    role_flips: RoleFlips | None = None  # the reactive role controller's policy (roles.py)
 
 
 def _engine(entry_id: str, url: str, role: str) -> EngineSpec:
@@ -182,6 +183,7 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         journal_max_rows=doc.journal.max_queued_rows,
         controller=ControllerPolicy(lease, c.lease_ttl_s, c.handoff_poll_s),
         profiles_path=profiles,
+        role_flips=doc.role_flips,
     )
 
 
