@@ -1,0 +1,227 @@
+"""Engines and routers for the goodput bench: four timed emulators, three routers over them.
+
+Every engine runs the same realistic timing model (`Timing`), so each router's cost model can be
+written from the coefficients the emulators really use, not guessed or profiled:
+
+- Narwhal's profile store (narwhal.profiles v1): prefill a + b*n + c*n^2, decode step
+  base + per_token*resident + per_request*running, bound to each engine's live generation.
+- narwhal-inference 0.7.0's profiles (its v1 rows): ttft_c + ttft_b*n + ttft_a*n^2 and
+  tpot_intercept + tpot_slope*resident, bound to its generation digest of the same engine.
+- vllm-router 0.1.17 has no cost model: round_robin over the prefill and decode lists.
+
+All three get the same split: the first half of the engines prefill, the rest decode.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _procs import Owned, free_port, http_status, start, wait_status
+from _targets import KV_BOTH, REPO, venv
+
+sys.path.insert(0, str(REPO / "scripts" / "baselines"))
+from narwhal_inference_fleet import engine_generation
+
+KV_CAPACITY_TOKENS = 200_000  # 256 MiB of KV at 1 KiB per token (tiny llama, float32)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The emulators' timing model, in seconds (see docs/engine-emulator.md)."""
+
+    prefill_a: float = 0.005
+    prefill_b: float = 3.0e-5
+    prefill_c: float = 5.0e-9
+    decode_base: float = 0.010
+    decode_per_token: float = 1.0e-7
+    decode_per_request: float = 4.0e-4
+    max_num_seqs: int = 64
+
+    def flags(self) -> list[str]:
+        return ["--emu-prefill-a", str(self.prefill_a), "--emu-prefill-b", str(self.prefill_b),
+                "--emu-prefill-c", str(self.prefill_c), "--emu-decode-base", str(self.decode_base),
+                "--emu-decode-per-token", str(self.decode_per_token),
+                "--emu-decode-per-request", str(self.decode_per_request),
+                "--max-num-seqs", str(self.max_num_seqs)]
+
+
+@dataclass
+class Fleet:
+    model: str
+    engines: list[Owned]
+    roles: list[str]
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.engines[i].port}"
+
+    def by_role(self, role: str) -> list[str]:
+        return [self.url(i) for i, r in enumerate(self.roles) if r == role]
+
+
+def start_fleet(n: int, timing: Timing, cpu: str, work: Path) -> Fleet:
+    from narwhal.lab.engine.testing import write_tiny_llama
+
+    model_dir = write_tiny_llama(work / "tiny")
+    owned: list[Owned] = []
+    try:
+        for i in range(n):
+            port = free_port()
+            argv = [sys.executable, "-m", "narwhal.lab.engine", "serve", str(model_dir),
+                    "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+                    "--kv-transfer-config", KV_BOTH, "--emu-platform", "cpu",
+                    "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "256M",
+                    "--max-model-len", "2048", "--emu-eos-probability", "0", *timing.flags()]
+            env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                   "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+            owned.append(start(f"engine-e{i}", argv, cpu=cpu, log=work / f"e{i}.log", port=port,
+                               env=env, cwd=REPO))
+        for eng in owned:
+            wait_status(eng.port, "/health", 90, eng.proc)
+    except BaseException:
+        for eng in owned:
+            eng.stop()
+        raise
+    roles = ["prefill" if i < n // 2 else "decode" for i in range(n)]
+    return Fleet("tiny", owned, roles)
+
+
+def _live_generation(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    from narwhal.serve.generation import parse_start_time, parse_version
+    from narwhal.serve.profiles import Generation
+
+    with urllib.request.urlopen(f"{url}/version", timeout=5) as r:  # noqa: S310 - loopback
+        version = r.read()
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:  # noqa: S310 - loopback
+        metrics = r.read()
+    gen = Generation(engine_version=parse_version(version),
+                     process_start_time_seconds=parse_start_time(metrics))
+    return dict(gen.model_dump())
+
+
+def narwhal_profiles(fleet: Fleet, timing: Timing) -> dict[str, Any]:
+    rows = []
+    for i in range(len(fleet.engines)):
+        rows.append({
+            "engine_id": f"e{i}", "generation": _live_generation(fleet.url(i)),
+            "prefill": {"a_s": timing.prefill_a, "b_s_per_token": timing.prefill_b,
+                        "c_s_per_token2": timing.prefill_c, "fit_error": 0.01,
+                        "loo_error": 0.01, "samples": 12, "max_prompt_tokens": 2048},
+            "decode": {"base_s": timing.decode_base, "per_token_s": timing.decode_per_token,
+                       "per_request_s": timing.decode_per_request, "fit_error": 0.01,
+                       "loo_error": 0.01, "samples": 24, "max_requests": timing.max_num_seqs,
+                       "max_resident_tokens": KV_CAPACITY_TOKENS},
+            "measured_at": "2026-11-30T12:00:00+00:00"})
+    return {"schema": "narwhal.profiles", "schema_version": 1, "model": fleet.model,
+            "profiles": rows}
+
+
+# narwhal-flips: every engine kv_both, the reactive controller moves them between the pools.
+ROLE_FLIPS = {"interval_s": 0.5, "high_water": 0.6, "low_water": 0.3, "cooldown_s": 5.0,
+              "min_prefill": 1, "min_decode": 1}
+
+
+def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
+                  work: Path, flips: bool = False) -> Owned:
+    name = "narwhal-flips" if flips else "narwhal"
+    folder = work / name
+    folder.mkdir(exist_ok=True)
+    (folder / "profiles.json").write_text(json.dumps(narwhal_profiles(fleet, timing), indent=1))
+    doc: dict[str, object] = {
+        "schema": "narwhal.fleet", "schema_version": 1, "model": fleet.model,
+        "engines": [{"id": f"e{i}", "url": fleet.url(i), "role": "both" if flips else role}
+                    for i, role in enumerate(fleet.roles)],
+        "slo": slo, "journal": {"path": str(folder / "journal.jsonl")},
+        "profiles": {"path": str(folder / "profiles.json")}}
+    if flips:
+        doc["role_flips"] = ROLE_FLIPS
+    (folder / "fleet.json").write_text(json.dumps(doc, indent=1))
+    port = free_port()
+    serve = Path(sys.executable).parent / "narwhal-serve"
+    r = start(name, [str(serve), "--fleet", str(folder / "fleet.json"), "--port", str(port)],
+              cpu=cpu, log=work / f"{name}.log", port=port)
+    r.extra["ready_s"] = round(wait_status(port, "/ready", 30, r.proc), 3)
+    return r
+
+
+def _nwi_row(iid: str, url: str, timing: Timing) -> dict[str, Any]:
+    # 0.7.0's decode model has no per-request term: fold it in at half the seat limit.
+    intercept = timing.decode_base + timing.decode_per_request * timing.max_num_seqs / 2
+    return {"iid": iid, "generation_digest": engine_generation(url),
+            "ttft_a": timing.prefill_c, "ttft_b": timing.prefill_b, "ttft_c": timing.prefill_a,
+            "tpot_slope": timing.decode_per_token, "tpot_intercept": intercept,
+            "kv_capacity_tokens": KV_CAPACITY_TOKENS, "decode_min_requests": 1,
+            "decode_max_requests": timing.max_num_seqs, "decode_min_kv_tokens": 1,
+            "decode_max_kv_tokens": KV_CAPACITY_TOKENS, "decode_fit_mape": 0.0,
+            "decode_cv_mape": 0.0, "prefill_min_tokens": 1, "prefill_max_tokens": 2048,
+            "decode_min_output_tokens": 1, "decode_max_output_tokens": 2048}
+
+
+def start_narwhal_inference(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
+                            work: Path) -> Owned:
+    root = venv("setup-narwhal-inference.sh")
+    folder = (work / "nwi").resolve()
+    folder.mkdir(exist_ok=True)
+    doc = {"schema": "narwhal.fleet", "schema_version": 2, "model": fleet.model,
+           "engines": [{"iid": f"e{i}", "url": fleet.url(i), "role": role, "pin": True}
+                       for i, role in enumerate(fleet.roles)],
+           "slo": slo, "engine": {"first_token_timeout_s": 30.0},
+           "profiles": {"path": str(folder / "profiles.json")},
+           "recovery": {"state_path": str(folder / "state.json")}}
+    (folder / "fleet.json").write_text(json.dumps(doc, indent=2))
+    rows = [_nwi_row(f"e{i}", fleet.url(i), timing) for i in range(len(fleet.engines))]
+    (folder / "profiles.json").write_text(json.dumps(
+        {"schema": "narwhal.profiles", "schema_version": 1,
+         "meta": {"writer": "narwhal bench/goodput.py", "measured": False},
+         "profiles": rows}, indent=2))
+    port = free_port()
+    r = start("narwhal-inference", [str(root / "bin" / "narwhal-serve"), "--fleet",
+                                    str(folder / "fleet.json"), "--host", "127.0.0.1",
+                                    "--port", str(port), "--log-level", "warning"],
+              cpu=cpu, log=work / "narwhal-inference.log", port=port, cwd=folder)
+    r.extra["ready_s"] = round(wait_status(port, "/ready", 60, r.proc), 3)
+    return r
+
+
+def start_vllm_router(fleet: Fleet, cpu: str, work: Path) -> Owned:
+    root = venv("setup-vllm-router.sh")
+    port = free_port()
+    argv = [str(root / "bin" / "vllm-router"), "--vllm-pd-disaggregation"]
+    for url in fleet.by_role("prefill"):
+        argv += ["--prefill", url, "none"]
+    for url in fleet.by_role("decode"):
+        argv += ["--decode", url]
+    argv += ["--kv-connector", "nixl", "--policy", "round_robin", "--host", "127.0.0.1",
+             "--port", str(port), "--prometheus-host", "127.0.0.1",
+             "--prometheus-port", str(free_port()), "--log-level", "warning"]
+    r = start("vllm-router", argv, cpu=cpu, log=work / "vllm-router.log", port=port)
+    r.extra["ready_s"] = round(wait_status(port, "/health", 60, r.proc), 3)
+    return r
+
+
+def start_router(name: str, fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
+                 work: Path) -> Owned:
+    if name == "narwhal":
+        return start_narwhal(fleet, timing, slo, cpu, work)
+    if name == "narwhal-flips":
+        return start_narwhal(fleet, timing, slo, cpu, work, flips=True)
+    if name == "narwhal-inference":
+        return start_narwhal_inference(fleet, timing, slo, cpu, work)
+    if name == "vllm-router":
+        return start_vllm_router(fleet, cpu, work)
+    raise ValueError(f"unknown router {name!r}")
+
+
+
+def tokenize_count(port: int, model: str, prompt: str) -> int:
+    """Prompt tokens as the engines count them (POST /tokenize)."""
+    status, body = http_status(port, "/tokenize", "POST",
+                               json.dumps({"model": model, "prompt": prompt}).encode())
+    if status != 200:
+        raise RuntimeError(f"/tokenize answered {status}: {body[:200]!r}")
+    return int(json.loads(body)["count"])

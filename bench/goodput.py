@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Goodput on a moving trace: Narwhal vs narwhal-inference 0.7.0 vs vllm-router 0.1.17.
+
+    .venv/bin/python bench/goodput.py [--seconds 90] [--seed 0] [--ttft 0.3] [--tpot 0.025]
+        [--routers narwhal,narwhal-flips,narwhal-inference,vllm-router] [--max-requests 3000]
+
+Four kv_both emulators with the same realistic timing model (prefill tens of ms for 1k tokens,
+a decode step of about 10-20 ms; they sleep, so the 2-core machine is not the bottleneck) serve
+all three routers in turn, each over the same split (2 prefill + 2 decode). One seeded trace,
+replayed open-loop (Poisson arrivals, the arrival times fixed in advance) against each router,
+moves through three equal phases: prefill-heavy (long prompts, few output tokens),
+decode-heavy (short prompts, many output tokens) and mixed. The client streams every request
+and records TTFT and mean TPOT; a request attains the SLO when it answered 200, streamed every
+token, TTFT <= ttft and mean TPOT <= tpot. Goodput is attaining requests per second of the
+phase. Narwhal and narwhal-inference get cost models from the emulators' own coefficients, so
+their curve schedulers are active. Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from _goodput_fleet import Fleet, Timing, start_fleet, start_router, tokenize_count
+from _procs import Owned
+
+HERE = Path(__file__).resolve().parent
+ROUTERS = ("narwhal", "narwhal-flips", "narwhal-inference", "vllm-router")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of the trace: arrival rate and the request mix drawn from."""
+
+    name: str
+    rate: float  # requests per second
+    prompt_tokens: tuple[int, int]  # uniform range
+    output_tokens: tuple[int, int]
+    long_share: float = 1.0  # mixed: share drawn from the prefill-heavy shape
+
+
+PHASES = (
+    Phase("prefill-heavy", 36.0, (900, 1500), (4, 12)),
+    Phase("decode-heavy", 24.0, (32, 128), (64, 128)),
+    Phase("mixed", 28.0, (0, 0), (0, 0), long_share=0.5),
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float  # seconds after the trace starts
+    phase: str
+    prompt_tokens: int
+    max_tokens: int
+
+
+def make_trace(seconds: float, seed: int, max_requests: int) -> list[Request]:
+    """Open-loop Poisson arrivals, each phase a third of `seconds`; seeded, so replayable."""
+    rng = random.Random(seed)
+    span = seconds / len(PHASES)
+    out: list[Request] = []
+    for k, ph in enumerate(PHASES):
+        t = k * span
+        while len(out) < max_requests:
+            t += rng.expovariate(ph.rate)
+            if t >= (k + 1) * span:
+                break
+            shape = ph
+            if ph.long_share < 1.0:
+                shape = PHASES[0] if rng.random() < ph.long_share else PHASES[1]
+            out.append(Request(round(t, 4), ph.name, rng.randint(*shape.prompt_tokens),
+                               rng.randint(*shape.output_tokens)))
+    return out
+
+
+class Prompts:
+    """Prompts of a given engine token count, built from seeded words and calibrated once."""
+
+    def __init__(self, port: int, model: str, seed: int) -> None:
+        rng = random.Random(seed + 1)
+        self.words = [f"{rng.choice('bcdfgklmnprst')}{rng.choice('aeiou')}"
+                      f"{rng.choice('lmnrst')}" for _ in range(4096)]
+        sample = " ".join(self.words[:400])
+        self.per_word = tokenize_count(port, model, sample) / 400
+        self.port, self.model = port, model
+
+    def text(self, tokens: int, salt: int) -> str:
+        # A unique head per request keeps engines from sharing prefixes between requests.
+        n = max(1, int(tokens / self.per_word))
+        start = (salt * 7919) % len(self.words)
+        body = [self.words[(start + i) % len(self.words)] for i in range(n)]
+        return f"req{salt} " + " ".join(body)
+
+
+async def one(session: aiohttp.ClientSession, url: str, model: str, req: Request, prompt: str,
+              t_zero: float, timeout_s: float) -> dict[str, Any]:
+    await asyncio.sleep(max(0.0, t_zero + req.at - time.monotonic()))
+    sent = time.monotonic()
+    row: dict[str, Any] = {"phase": req.phase, "at": req.at, "prompt_tokens": req.prompt_tokens,
+                           "max_tokens": req.max_tokens, "status": 0, "tokens": 0,
+                           "ttft_s": None, "tpot_s": None, "lag_s": round(sent - t_zero - req.at, 4)}
+    body = {"model": model, "prompt": prompt, "max_tokens": req.max_tokens, "stream": True,
+            "temperature": 0}
+    first = last = 0.0
+    try:
+        async with session.post(url, json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            row["status"] = resp.status
+            if resp.status != 200:
+                await resp.read()
+                return row
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if not any(c.get("text") for c in event.get("choices", [])):
+                    continue
+                now = time.monotonic()
+                if row["tokens"] == 0:
+                    first = now
+                last = now
+                row["tokens"] += 1
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+        row["error"] = type(exc).__name__
+        return row
+    if row["tokens"]:
+        row["ttft_s"] = round(first - sent, 4)
+        if row["tokens"] > 1:
+            row["tpot_s"] = round((last - first) / (row["tokens"] - 1), 5)
+    return row
+
+
+async def replay(port: int, model: str, trace: list[Request], prompts: list[str],
+                 timeout_s: float) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        t_zero = time.monotonic() + 0.5
+        tasks = [asyncio.create_task(one(session, url, model, r, p, t_zero, timeout_s))
+                 for r, p in zip(trace, prompts, strict=True)]
+        return list(await asyncio.gather(*tasks))
+
+
+def attains(row: dict[str, Any], ttft: float, tpot: float) -> bool:
+    if row["status"] != 200 or row["tokens"] < row["max_tokens"] or row["ttft_s"] is None:
+        return False
+    return bool(row["ttft_s"] <= ttft and (row["tpot_s"] is None or row["tpot_s"] <= tpot))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))], 4)
+
+
+def score(rows: list[dict[str, Any]], seconds: float, ttft: float, tpot: float) -> dict[str, Any]:
+    span = seconds / len(PHASES)
+    out: dict[str, Any] = {}
+    for name, dur in [*[(p.name, span) for p in PHASES], ("overall", seconds)]:
+        sel = [r for r in rows if name == "overall" or r["phase"] == name]
+        good = [r for r in sel if attains(r, ttft, tpot)]
+        ttfts = [r["ttft_s"] for r in sel if r["ttft_s"] is not None]
+        tpots = [r["tpot_s"] for r in sel if r["tpot_s"] is not None]
+        out[name] = {"requests": len(sel), "ok_200": sum(r["status"] == 200 for r in sel),
+                     "attaining": len(good),
+                     "attainment": round(len(good) / len(sel), 4) if sel else None,
+                     "goodput_rps": round(len(good) / dur, 3),
+                     "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p99_s": _pct(ttfts, 0.99),
+                     "tpot_p50_s": _pct(tpots, 0.5), "tpot_p99_s": _pct(tpots, 0.99),
+                     "max_lag_s": max((r["lag_s"] for r in sel), default=None)}
+    return out
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    cols = [p.name for p in PHASES] + ["overall"]
+    head = f"{'router':<18}" + "".join(f"{c:>30}" for c in cols)
+    lines = [head, f"{'':<18}" + "".join(f"{'goodput/s  attain  p99 TTFT':>30}" for _ in cols)]
+    for name, res in results.items():
+        cells = []
+        for c in cols:
+            s = res[c]
+            p99 = "-" if s["ttft_p99_s"] is None else f"{s['ttft_p99_s']:.3f}"
+            cells.append(f"{s['goodput_rps']:>11.2f}  {100 * (s['attainment'] or 0):5.1f}%  {p99:>8}")
+        lines.append(f"{name:<18}" + "".join(f"{c:>30}" for c in cells))
+    for ours in ("narwhal", "narwhal-flips"):
+        if ours not in results:
+            continue
+        for base in ("narwhal-inference", "vllm-router"):
+            if base not in results:
+                continue
+            cells = []
+            for c in cols:
+                b, n = results[base][c]["goodput_rps"], results[ours][c]["goodput_rps"]
+                cells.append(f"{n / b:.2f}x" if b else ("inf" if n else "-"))
+            label = ("nwf / " if ours == "narwhal-flips" else "nw / ") + base[:12]
+            lines.append(f"{label:<18}" + "".join(f"{c:>30}" for c in cells))
+    return "\n".join(lines)
+
+
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=90.0, help="trace length (three phases)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-requests", type=int, default=3000)
+    ap.add_argument("--ttft", type=float, default=0.3, help="SLO: seconds to first token")
+    ap.add_argument("--tpot", type=float, default=0.025, help="SLO: mean seconds per output token")
+    ap.add_argument("--routers", default=",".join(ROUTERS))
+    ap.add_argument("--router-cpu", default="0")
+    ap.add_argument("--client-cpu", default="1")
+    ap.add_argument("--engine-cpu", default="0-1")
+    ap.add_argument("--timeout", type=float, default=60.0, help="per request, seconds")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder (logs)")
+    args = ap.parse_args()
+    bad = [n for n in args.routers.split(",") if n not in ROUTERS]
+    if bad or not args.routers:
+        ap.error(f"--routers: unknown {bad}; choose from {', '.join(ROUTERS)}")
+    if not 3.0 <= args.seconds <= 3600 or args.max_requests < 1 or args.ttft <= 0 or args.tpot <= 0:
+        ap.error("--seconds must be 3..3600; --max-requests, --ttft, --tpot positive")
+    return args
+
+
+def main() -> int:
+    args = _args()
+    if shutil.which("taskset") is None:
+        print("goodput: taskset is not installed", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="nw-goodput-"))
+    timing = Timing()
+    slo = {"ttft_s": args.ttft, "tpot_s": args.tpot}
+    trace = make_trace(args.seconds, args.seed, args.max_requests)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    owned: list[Owned] = []
+    results: dict[str, dict[str, Any]] = {}
+    raw: dict[str, list[dict[str, Any]]] = {}
+    meta: dict[str, Any] = {}
+    try:
+        fleet: Fleet = start_fleet(4, timing, args.engine_cpu, work)
+        owned += fleet.engines
+        prompter = Prompts(fleet.engines[0].port, fleet.model, args.seed)
+        prompts = [prompter.text(r.prompt_tokens, i) for i, r in enumerate(trace)]
+        meta["tokens_per_word"] = round(prompter.per_word, 3)
+        # The client is this process: pinned to its core like taskset would.
+        os.sched_setaffinity(0, {int(c) for c in args.client_cpu.split(",")})
+        print(f"trace: {len(trace)} requests over {args.seconds:.0f} s, "
+              f"{prompter.per_word:.2f} tokens/word", flush=True)
+        for name in args.routers.split(","):
+            router = start_router(name, fleet, timing, slo, args.router_cpu, work)
+            owned.append(router)
+            print(f"{name}: ready in {router.extra.get('ready_s')} s", flush=True)
+            t0 = time.monotonic()
+            rows = asyncio.run(replay(router.port, fleet.model, trace, prompts, args.timeout))
+            wall = time.monotonic() - t0
+            raw[name] = rows
+            results[name] = score(rows, args.seconds, args.ttft, args.tpot)
+            o = results[name]["overall"]
+            print(f"{name}: {o['attaining']}/{o['requests']} attain, goodput "
+                  f"{o['goodput_rps']} req/s, {o['ok_200']} ok, wall {wall:.1f} s", flush=True)
+            router.stop()
+            owned.remove(router)
+            time.sleep(3.0)  # engines drain whatever a timed-out client left behind
+    finally:
+        for o in reversed(owned):
+            o.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"schema": "narwhal.bench.goodput", "schema_version": 1, "started": started,
+              "seconds": args.seconds, "seed": args.seed, "slo": slo, "timing": asdict(timing),
+              "phases": [asdict(p) for p in PHASES], "split": "2 prefill + 2 decode (narwhal-flips: 4 kv_both, roles moved by the controller)",
+              "requests": len(trace), **meta, "results": results, "runs": raw}
+    path = args.out / f"goodput-{started.replace(':', '')}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print()
+    print(table(results))
+    print(f"\nwrote {path}" + (f"; scratch kept in {work}" if args.keep else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
