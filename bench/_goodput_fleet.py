@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from _procs import Owned, free_port, http_status, start, wait_status
-from _targets import KV_BOTH, REPO, venv
+from _targets import KV_BOTH, REPO, launch_narwhal_inference, venv
 
 sys.path.insert(0, str(REPO / "scripts" / "baselines"))
 from narwhal_inference_fleet import engine_generation
@@ -179,13 +179,7 @@ def start_narwhal_inference(fleet: Fleet, timing: Timing, slo: dict[str, float],
         {"schema": "narwhal.profiles", "schema_version": 1,
          "meta": {"writer": "narwhal bench/goodput.py", "measured": False},
          "profiles": rows}, indent=2))
-    port = free_port()
-    r = start("narwhal-inference", [str(root / "bin" / "narwhal-serve"), "--fleet",
-                                    str(folder / "fleet.json"), "--host", "127.0.0.1",
-                                    "--port", str(port), "--log-level", "warning"],
-              cpu=cpu, log=work / "narwhal-inference.log", port=port, cwd=folder)
-    r.extra["ready_s"] = round(wait_status(port, "/ready", 60, r.proc), 3)
-    return r
+    return launch_narwhal_inference(root, folder, cpu, work)
 
 
 def start_vllm_router(fleet: Fleet, cpu: str, work: Path) -> Owned:

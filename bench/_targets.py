@@ -104,6 +104,11 @@ def _narwhal_inference(engines: Engines, cpu: str, work: Path) -> Owned:
                     "--decode", d, "--dir", str(folder)], check=True, capture_output=True)
     subprocess.run([sys.executable, str(writer), "profiles", "--fleet", str(folder / "fleet.json")],
                    check=True, capture_output=True)
+    return launch_narwhal_inference(root, folder, cpu, work)
+
+
+def launch_narwhal_inference(root: Path, folder: Path, cpu: str, work: Path) -> Owned:
+    """narwhal-inference's router on the fleet and profiles already written in `folder`."""
     port = free_port()
     r = start("narwhal-inference", [str(root / "bin" / "narwhal-serve"), "--fleet",
                                     str(folder / "fleet.json"), "--host", "127.0.0.1",

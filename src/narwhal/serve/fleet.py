@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from narwhal.core.errors import InputError, Problem
+
+M = TypeVar("M", bound=BaseModel)
 
 SCHEMA = "narwhal.fleet"
 VERSION = 1
@@ -313,19 +315,29 @@ def _role_flip_problems(doc: FleetDocument) -> list[Problem]:
     return problems
 
 
-def parse_fleet(raw: Any, source: str) -> FleetDocument:
-    """Validate an already-parsed JSON value; raise InputError listing every problem."""
+def validate_document(raw: Any, source: str, model: type[M], schema: str, version: int,
+                      fix_object: str, fix_version: str) -> M:
+    """A parsed JSON value as `model`: an object of this schema version, every problem named.
+
+    Validated in JSON mode (from its own JSON text) so strict rules apply as to a file read.
+    """
     if not isinstance(raw, dict):
-        raise InputError(source, [Problem("(document)", "is not a JSON object",
-                                          f"write a {SCHEMA} v{VERSION} object")])
-    if raw.get("schema") == SCHEMA and raw.get("schema_version") != VERSION:
+        raise InputError(source, [Problem("(document)", "is not a JSON object", fix_object)])
+    if raw.get("schema") == schema and raw.get("schema_version") != version:
         raise InputError(source, [Problem(
             "schema_version", f"version {raw.get('schema_version')!r} is not readable by this build",
-            f"write schema_version {VERSION}")])
+            fix_version)])
     try:
-        doc = FleetDocument.model_validate_json(json.dumps(raw))
+        return model.model_validate_json(json.dumps(raw))
     except ValidationError as exc:
-        raise InputError(source, problems_from(exc, FleetDocument)) from None
+        raise InputError(source, problems_from(exc, model)) from None
+
+
+def parse_fleet(raw: Any, source: str) -> FleetDocument:
+    """Validate an already-parsed JSON value; raise InputError listing every problem."""
+    doc = validate_document(raw, source, FleetDocument, SCHEMA, VERSION,
+                            f"write a {SCHEMA} v{VERSION} object",
+                            f"write schema_version {VERSION}")
     problems = _relations(doc)
     if problems:
         raise InputError(source, problems)

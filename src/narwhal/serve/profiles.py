@@ -24,11 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from narwhal.core.documents import digest
 from narwhal.core.errors import InputError, Problem
-from narwhal.serve.fleet import problems_from
+from narwhal.serve.fleet import validate_document
 
 SCHEMA = "narwhal.profiles"
 VERSION = 1
@@ -121,17 +121,10 @@ class ProfileStore(_Strict):
 def parse_profiles(raw: Any, source: str, *, model: str | None = None,
                    engine_ids: tuple[str, ...] | None = None) -> ProfileStore:
     """Validate a parsed document; with `model`/`engine_ids`, also check it fits that fleet."""
-    if not isinstance(raw, dict):
-        raise InputError(source, [Problem("(document)", "is not a JSON object",
-                                          f"write a {SCHEMA} v{VERSION} object (run narwhal-profile)")])
-    if raw.get("schema") == SCHEMA and raw.get("schema_version") != VERSION:
-        raise InputError(source, [Problem(
-            "schema_version", f"version {raw.get('schema_version')!r} is not readable by this build",
-            f"re-run narwhal-profile from this revision (it writes version {VERSION})")])
-    try:
-        store = ProfileStore.model_validate_json(json.dumps(raw))
-    except ValidationError as exc:
-        raise InputError(source, problems_from(exc, ProfileStore)) from None
+    store = validate_document(
+        raw, source, ProfileStore, SCHEMA, VERSION,
+        f"write a {SCHEMA} v{VERSION} object (run narwhal-profile)",
+        f"re-run narwhal-profile from this revision (it writes version {VERSION})")
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for i, row in enumerate(store.profiles):

