@@ -1,6 +1,8 @@
 """nvidia-smi double: `--query-gpu ... --format=csv[,noheader][,nounits]`, `-L`, `-q -x`.
 
-Field names, header units and the error text for an unknown field follow nvidia-smi 550.
+Field names, header units, cell formats, XML element paths and the error texts and exit statuses
+of operator mistakes follow nvidia-smi 580 as captured on a real H200 host
+(tests/fixtures/h200-host; tests/unit/test_nvidia_smi_double_fidelity.py holds the double to it).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from xml.sax.saxutils import escape
 
 from narwhal.lab.doubles.common import host_data, injected_failure
 
-DRIVER = "550.54.15"
-CUDA = "12.4"
+DRIVER = "580.159.04"
+CUDA = "13.0"
 UNITS = {"memory.total": "MiB", "memory.used": "MiB", "memory.free": "MiB"}
 
 
@@ -34,9 +36,7 @@ def _query(gpus: list[dict[str, Any]], fields: list[str], fmt: set[str]) -> int:
             print(f'Field "{f}" is not a valid field to query.', file=sys.stdout)
             print("\nSee 'nvidia-smi --help-query-gpu' for more information.")
             return 2
-    if "csv" not in fmt:
-        print('"--format" must contain "csv".')
-        return 2
+    # Real nvidia-smi 580 answers in CSV whatever --format names (noheader/nounits still apply).
     if "noheader" not in fmt:
         print(", ".join(f + (f" [{UNITS[f]}]" if f in UNITS and "nounits" not in fmt else "")
                         for f in fields))
@@ -48,7 +48,7 @@ def _query(gpus: list[dict[str, Any]], fields: list[str], fmt: set[str]) -> int:
 
 
 def _xml(gpus: list[dict[str, Any]]) -> str:
-    out = ['<?xml version="1.0" ?>', '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">',
+    out = ['<?xml version="1.0" ?>', '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">',
            "<nvidia_smi_log>", f"\t<timestamp>{time.strftime('%a %b %d %H:%M:%S %Y')}</timestamp>",
            f"\t<driver_version>{DRIVER}</driver_version>", f"\t<cuda_version>{CUDA}</cuda_version>",
            f"\t<attached_gpus>{len(gpus)}</attached_gpus>"]
@@ -106,12 +106,15 @@ def main(host_dir: str, argv: list[str]) -> int:
         elif a in ("-q", "--query"):
             query_all = True
         elif a in ("-L", "--list-gpus"):
+            if any(x in ("-i", "--id") for x in argv):
+                print("ERROR: Option -i is not valid for this command. Please run 'nvidia-smi -h' for help.\n")
+                return 2
             for g in gpus:
                 print(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})")
             return 0
         else:
-            print(f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n({a})")
-            return 2
+            print(f"ERROR: Option {a} is not recognized. Please run 'nvidia-smi -h'.\n")
+            return 255
         i += 1
     if not gpus:
         print("No devices were found")
