@@ -64,8 +64,10 @@ def drive(plan: LabPlan, *args: str, timeout: float = 120.0) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def emulators(plan: LabPlan, placements: Sequence[tuple[str, int]], log_dir: Path,
-              extra_args: Sequence[str] = ()) -> Iterator[list[LabEngine]]:
-    """Start one emulator per (host, port); all healthy or the test fails with their logs."""
+              extra_args: Sequence[str] = (), zero_delay: bool = True) -> Iterator[list[LabEngine]]:
+    """Start one emulator per (host, port); all healthy or the test fails with their logs.
+
+    `zero_delay=False` runs the emulator's timing model (what profiling and pacing measure)."""
     started: list[LabEngine] = []
     # One model path for every engine, as on a fleet: the --model string is a hash factor, and
     # the hosts' own copies sit under different root-namespace paths.
@@ -77,7 +79,8 @@ def emulators(plan: LabPlan, placements: Sequence[tuple[str, int]], log_dir: Pat
                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(5600 + index)}
             argv = [sys.executable, "-m", "narwhal.lab.engine", "serve", str(model_dir),
                     "--served-model-name", MODEL_NAME, "--host", h.mgmt_ip, "--port", str(port),
-                    "--kv-transfer-config", KV_BOTH, "--emu-zero-delay", *extra_args]
+                    "--kv-transfer-config", KV_BOTH,
+                    *(["--emu-zero-delay"] if zero_delay else []), *extra_args]
             log_path = log_dir / f"{host}-{port}.log"
             with log_path.open("wb") as log:
                 process = subprocess.Popen(in_netns(h.netns, argv), stdout=log,
