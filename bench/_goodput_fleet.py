@@ -124,11 +124,13 @@ def narwhal_profiles(fleet: Fleet, timing: Timing) -> dict[str, Any]:
 # narwhal-flips: every engine kv_both, the reactive controller moves them between the pools.
 ROLE_FLIPS = {"interval_s": 0.5, "high_water": 0.6, "low_water": 0.3, "cooldown_s": 5.0,
               "min_prefill": 1, "min_decode": 1}
+# narwhal-planner: the same engines, pools sized from the demand of the last 3 s.
+PLANNER = {"mode": "planner", "interval_s": 0.5, "window_s": 3.0, "cooldown_s": 2.0,
+           "min_prefill": 1, "min_decode": 1}
 
 
 def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
-                  work: Path, flips: bool = False) -> Owned:
-    name = "narwhal-flips" if flips else "narwhal"
+                  work: Path, name: str = "narwhal", flips: dict[str, object] | None = None) -> Owned:
     folder = work / name
     folder.mkdir(exist_ok=True)
     (folder / "profiles.json").write_text(json.dumps(narwhal_profiles(fleet, timing), indent=1))
@@ -139,7 +141,7 @@ def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
         "slo": slo, "journal": {"path": str(folder / "journal.jsonl")},
         "profiles": {"path": str(folder / "profiles.json")}}
     if flips:
-        doc["role_flips"] = ROLE_FLIPS
+        doc["role_flips"] = flips
     (folder / "fleet.json").write_text(json.dumps(doc, indent=1))
     port = free_port()
     serve = Path(sys.executable).parent / "narwhal-serve"
@@ -203,7 +205,9 @@ def start_router(name: str, fleet: Fleet, timing: Timing, slo: dict[str, float],
     if name == "narwhal":
         return start_narwhal(fleet, timing, slo, cpu, work)
     if name == "narwhal-flips":
-        return start_narwhal(fleet, timing, slo, cpu, work, flips=True)
+        return start_narwhal(fleet, timing, slo, cpu, work, name, flips=ROLE_FLIPS)
+    if name == "narwhal-planner":
+        return start_narwhal(fleet, timing, slo, cpu, work, name, flips=PLANNER)
     if name == "narwhal-inference":
         return start_narwhal_inference(fleet, timing, slo, cpu, work)
     if name == "vllm-router":

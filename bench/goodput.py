@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Goodput on a moving trace: Narwhal vs narwhal-inference 0.7.0 vs vllm-router 0.1.17.
 
-    .venv/bin/python bench/goodput.py [--seconds 90] [--seed 0] [--ttft 0.3] [--tpot 0.025]
-        [--routers narwhal,narwhal-flips,narwhal-inference,vllm-router] [--max-requests 3000]
+    .venv/bin/python bench/goodput.py [--trace shifting|light] [--seconds 90] [--seed 0]
+        [--ttft 0.3] [--tpot 0.025] [--max-requests 4000]
+        [--routers narwhal,narwhal-planner,narwhal-flips,narwhal-inference,vllm-router]
 
 Four kv_both emulators with the same realistic timing model (prefill tens of ms for 1k tokens,
 a decode step of about 10-20 ms; they sleep, so the 2-core machine is not the bottleneck) serve
@@ -14,6 +15,15 @@ and records TTFT and mean TPOT; a request attains the SLO when it answered 200, 
 token, TTFT <= ttft and mean TPOT <= tpot. Goodput is attaining requests per second of the
 phase. Narwhal and narwhal-inference get cost models from the emulators' own coefficients, so
 their curve schedulers are active. Not part of `make test`.
+
+Two traces. `light` keeps every phase inside what the fixed 2 + 2 split can serve (prefill pool
+about 85% busy in the prefill-heavy phase): there, moving roles cannot help much and the
+routers differ only in queueing. `shifting` (the default) sizes each phase so the four engines
+together can serve it but a fixed 2 + 2 split cannot: the prefill-heavy phase offers about
+2.1 s of prefill work per second (two prefill engines: 106% busy; three: 71%), the
+decode-heavy phase about 38 streams' worth of arrivals per second whose decode step on two
+engines exceeds the TPOT budget but fits on three. That is the case the pools that move
+(`narwhal-planner`, `narwhal-flips`) exist for; the `narwhal` row keeps the fixed split.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from _goodput_fleet import Fleet, Timing, start_fleet, start_router, tokenize_co
 from _procs import Owned
 
 HERE = Path(__file__).resolve().parent
-ROUTERS = ("narwhal", "narwhal-flips", "narwhal-inference", "vllm-router")
+ROUTERS = ("narwhal", "narwhal-planner", "narwhal-flips", "narwhal-inference", "vllm-router")
 
 
 @dataclass(frozen=True)
@@ -51,11 +61,19 @@ class Phase:
     long_share: float = 1.0  # mixed: share drawn from the prefill-heavy shape
 
 
-PHASES = (
-    Phase("prefill-heavy", 36.0, (900, 1500), (4, 12)),
-    Phase("decode-heavy", 24.0, (32, 128), (64, 128)),
-    Phase("mixed", 28.0, (0, 0), (0, 0), long_share=0.5),
-)
+TRACES = {
+    "light": (
+        Phase("prefill-heavy", 36.0, (900, 1500), (4, 12)),
+        Phase("decode-heavy", 24.0, (32, 128), (64, 128)),
+        Phase("mixed", 28.0, (0, 0), (0, 0), long_share=0.5),
+    ),
+    "shifting": (
+        Phase("prefill-heavy", 44.0, (900, 1500), (4, 12)),
+        Phase("decode-heavy", 38.0, (32, 128), (64, 128)),
+        Phase("mixed", 30.0, (0, 0), (0, 0), long_share=0.5),
+    ),
+}
+PHASES = TRACES["shifting"]
 
 
 @dataclass(frozen=True)
@@ -66,12 +84,13 @@ class Request:
     max_tokens: int
 
 
-def make_trace(seconds: float, seed: int, max_requests: int) -> list[Request]:
+def make_trace(seconds: float, seed: int, max_requests: int,
+               phases: tuple[Phase, ...] = PHASES) -> list[Request]:
     """Open-loop Poisson arrivals, each phase a third of `seconds`; seeded, so replayable."""
     rng = random.Random(seed)
-    span = seconds / len(PHASES)
+    span = seconds / len(phases)
     out: list[Request] = []
-    for k, ph in enumerate(PHASES):
+    for k, ph in enumerate(phases):
         t = k * span
         while len(out) < max_requests:
             t += rng.expovariate(ph.rate)
@@ -79,7 +98,7 @@ def make_trace(seconds: float, seed: int, max_requests: int) -> list[Request]:
                 break
             shape = ph
             if ph.long_share < 1.0:
-                shape = PHASES[0] if rng.random() < ph.long_share else PHASES[1]
+                shape = phases[0] if rng.random() < ph.long_share else phases[1]
             out.append(Request(round(t, 4), ph.name, rng.randint(*shape.prompt_tokens),
                                rng.randint(*shape.output_tokens)))
     return out
@@ -196,7 +215,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             p99 = "-" if s["ttft_p99_s"] is None else f"{s['ttft_p99_s']:.3f}"
             cells.append(f"{s['goodput_rps']:>11.2f}  {100 * (s['attainment'] or 0):5.1f}%  {p99:>8}")
         lines.append(f"{name:<18}" + "".join(f"{c:>30}" for c in cells))
-    for ours in ("narwhal", "narwhal-flips"):
+    for ours in ("narwhal", "narwhal-planner", "narwhal-flips"):
         if ours not in results:
             continue
         for base in ("narwhal-inference", "vllm-router"):
@@ -206,7 +225,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             for c in cols:
                 b, n = results[base][c]["goodput_rps"], results[ours][c]["goodput_rps"]
                 cells.append(f"{n / b:.2f}x" if b else ("inf" if n else "-"))
-            label = ("nwf / " if ours == "narwhal-flips" else "nw / ") + base[:12]
+            label = {"narwhal-flips": "nwf / ", "narwhal-planner": "nwp / "}.get(ours, "nw / ") \
+                + base[:12]
             lines.append(f"{label:<18}" + "".join(f"{c:>30}" for c in cells))
     return "\n".join(lines)
 
@@ -215,7 +235,8 @@ def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=90.0, help="trace length (three phases)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-requests", type=int, default=3000)
+    ap.add_argument("--trace", choices=sorted(TRACES), default="shifting")
+    ap.add_argument("--max-requests", type=int, default=4000)
     ap.add_argument("--ttft", type=float, default=0.3, help="SLO: seconds to first token")
     ap.add_argument("--tpot", type=float, default=0.025, help="SLO: mean seconds per output token")
     ap.add_argument("--routers", default=",".join(ROUTERS))
@@ -242,7 +263,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="nw-goodput-"))
     timing = Timing()
     slo = {"ttft_s": args.ttft, "tpot_s": args.tpot}
-    trace = make_trace(args.seconds, args.seed, args.max_requests)
+    global PHASES
+    PHASES = TRACES[args.trace]
+    trace = make_trace(args.seconds, args.seed, args.max_requests, PHASES)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     owned: list[Owned] = []
     results: dict[str, dict[str, Any]] = {}
@@ -280,8 +303,10 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"schema": "narwhal.bench.goodput", "schema_version": 1, "started": started,
+              "trace": args.trace,
               "seconds": args.seconds, "seed": args.seed, "slo": slo, "timing": asdict(timing),
-              "phases": [asdict(p) for p in PHASES], "split": "2 prefill + 2 decode (narwhal-flips: 4 kv_both, roles moved by the controller)",
+              "phases": [asdict(p) for p in PHASES], "split": "2 prefill + 2 decode (narwhal-planner / narwhal-flips: 4 kv_both, "
+                       "roles moved by the planner / the reactive controller)",
               "requests": len(trace), **meta, "results": results, "runs": raw}
     path = args.out / f"goodput-{started.replace(':', '')}.json"
     path.write_text(json.dumps(report, indent=1))

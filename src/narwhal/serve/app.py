@@ -74,8 +74,10 @@ class Router:
         # without a profiles store, so `binder` is set whenever role_flips is.
         self.roles: RoleController | None = None
         if settings.role_flips is not None and self.binder is not None:
+            offered = (lambda c=chooser: c.offered_prefill_s) \
+                if isinstance(chooser, CurvePriced) else None
             self.roles = RoleController(self.engines, settings.ttft_s, settings.tpot_s,
-                                        settings.role_flips)
+                                        settings.role_flips, offered_prefill_s=offered)
         self.proxy = Proxy(limits, chooser, self.health, self.metrics, self.journal,
                            self.deadlines)
         control = settings.controller

@@ -66,6 +66,31 @@ class MetricsPage:
         """Prompt tokens this engine took from a remote producer's KV instead of computing."""
         return self.total("vllm:prompt_tokens_by_source_total", source=EXTERNAL_KV_SOURCE)
 
+    def nixl_transfers(self) -> NixlCounters | None:
+        """The NIXL connector's transfer counters, or None when the engine exposes none.
+
+        In vLLM the engine that *reads* (the consumer, in pull mode) records a transfer; the
+        producer's `vllm:nixl_*` families exist but stay at zero (tests/fixtures/vllm-0.32.0).
+        """
+        if not self.has("vllm:nixl_xfer_time_seconds_count"):
+            return None
+        return NixlCounters(transfers=self.total("vllm:nixl_xfer_time_seconds_count"),
+                            bytes=self.total("vllm:nixl_bytes_transferred_sum"),
+                            failed=self.total("vllm:nixl_num_failed_transfers_total"))
+
+
+@dataclass(frozen=True)
+class NixlCounters:
+    """Cumulative NIXL transfer counters of one engine (a consumer's reads)."""
+
+    transfers: float
+    bytes: float
+    failed: float
+
+    def since(self, before: NixlCounters) -> NixlCounters:
+        return NixlCounters(self.transfers - before.transfers, self.bytes - before.bytes,
+                            self.failed - before.failed)
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -105,6 +130,10 @@ class EngineClient:
                 return body
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise EngineCallFailed(self.id, f"GET {path}", _describe(exc)) from None
+
+    async def health(self) -> None:
+        """GET /health answered 200 (raises EngineCallFailed otherwise)."""
+        await self._get("/health")
 
     async def version(self) -> str:
         try:

@@ -107,6 +107,16 @@ class Profiles(_Strict):
     path: str
 
 
+class CalibrationRef(_Strict):
+    """Where the `narwhal.first-token-calibration` document is (narwhal-check writes it).
+
+    With it, the router refuses to start when serving.first_token_timeout_s is below the
+    calibrated candidate deadline (calibration.py).
+    """
+
+    path: str
+
+
 class RoleFlips(_Strict):
     """The reactive role controller over the `both` engines (roles.py).
 
@@ -123,6 +133,12 @@ class RoleFlips(_Strict):
     cooldown_s: float = Field(default=5.0, ge=0, le=3600)
     min_prefill: int = Field(default=1, ge=0, le=1024)
     min_decode: int = Field(default=1, ge=0, le=1024)
+    # `planner` (planner.py) sizes both pools from the demand of the last `window_s` seconds
+    # instead of reacting to the marks; the two utilizations are the targets it sizes for.
+    mode: Literal["reactive", "planner"] = "reactive"
+    window_s: float = Field(default=4.0, ge=0.2, le=3600)
+    prefill_utilization: float = Field(default=0.7, gt=0, le=1)
+    decode_utilization: float = Field(default=0.8, gt=0, le=1)
 
 
 class FleetDocument(_Strict):
@@ -140,6 +156,7 @@ class FleetDocument(_Strict):
     controller: Controller = Controller()
     profiles: Profiles | None = None
     role_flips: RoleFlips | None = None
+    calibration: CalibrationRef | None = None
 
 
 _FIXES: dict[str, str] = {
@@ -275,6 +292,10 @@ def _relations(doc: FleetDocument) -> list[Problem]:
     if doc.profiles is not None and not doc.profiles.path.strip():
         problems.append(Problem("profiles.path", "is empty",
                                 "name the narwhal.profiles document, e.g. runs/profiles.json"))
+    if doc.calibration is not None and not doc.calibration.path.strip():
+        problems.append(Problem("calibration.path", "is empty",
+                                "name the narwhal.first-token-calibration document written by "
+                                "narwhal-check --calibrate-first-token, or remove the section"))
     problems += _role_flip_problems(doc)
     c = doc.controller
     if c.handoff_poll_s >= c.lease_ttl_s:
@@ -312,6 +333,10 @@ def _role_flip_problems(doc: FleetDocument) -> list[Problem]:
         problems.append(Problem("role_flips.low_water",
                                 f"{flips.low_water:g} is not below high_water {flips.high_water:g}",
                                 "keep a gap between the marks (e.g. 0.4 and 0.8) so roles do not flap"))
+    if flips.window_s < 2 * flips.interval_s:
+        problems.append(Problem("role_flips.window_s",
+                                f"{flips.window_s:g} s holds fewer than two ticks of interval_s "
+                                f"{flips.interval_s:g} s", "make the window at least two intervals long"))
     return problems
 
 

@@ -1,15 +1,247 @@
-"""`narwhal-profile`: Measures prefill and decode cost curves of each live engine for the router (gate F)."""
+"""`narwhal-profile`: measures prefill and decode cost curves of each live engine for the router (gate F).
+
+Order of work, cheapest refusal first: flags and the fleet document (exit 2), the output files
+(an existing store without --overwrite: exit 2, before anything is measured), then every engine
+at once: facts (generation, limits, idle), the sweep, the generation again, the fit. The store
+is written only when every profiled engine produced a row (all or nothing: exit 1 otherwise,
+with nothing written), because a store missing an engine would leave the router unable to price
+it, which is worse than keeping the last complete store.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from narwhal.core.cli_common import not_built
+import aiohttp
+from rich.console import Console
+
+from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from narwhal.core.errors import InputError, Problem
+from narwhal.serve.engine_client import EngineCallFailed, EngineClient
+from narwhal.serve.fleet import FleetDocument, load_fleet
+from narwhal.serve.profiler import plan as sweep_plan
+from narwhal.serve.profiler.plan import SweepPlan, SweepSettings, plan_for
+from narwhal.serve.profiler.progress import Reporter, reporter
+from narwhal.serve.profiler.report import EngineOutcome, print_table, result_document
+from narwhal.serve.profiler.rows import RowRefused, build_row, sample_records
+from narwhal.serve.profiler.store_io import (
+    Target,
+    check_target,
+    samples_lines,
+    store_document,
+    write_all,
+)
+from narwhal.serve.profiler.sweep import EngineBusy, EngineFacts, measure, read_facts
+from narwhal.serve.profiles import now_utc
 
 DESCRIPTION = "Measures prefill and decode cost curves of each live engine for the router (gate F)."
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return value
+
+
+def _increasing(text: str) -> tuple[int, ...]:
+    """`64,128,256`: positive whole numbers, strictly increasing."""
+    values = tuple(_positive(part.strip()) for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one number, comma-separated")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be strictly increasing, e.g. 64,256,1024")
+    return values
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{value} must be above 0 and at most 3600")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="narwhal-profile", description=DESCRIPTION)
+    p.add_argument("--fleet", required=True, type=Path, help="the narwhal.fleet document")
+    p.add_argument("--out", type=Path, help="the profile store to write (default: the fleet's profiles.path)")
+    p.add_argument("--samples", type=Path, help="the raw samples file (default: <out>.samples.jsonl)")
+    p.add_argument("--only", action="append", default=[], metavar="IID",
+                   help="re-profile only this engine (repeatable); other rows stay as they are")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing store (with --only: replace those engines' rows)")
+    p.add_argument("--repeats", type=_positive, default=sweep_plan.DEFAULT_REPEATS,
+                   help="samples per prompt length; the fit uses their median (default 3)")
+    p.add_argument("--prefill-lengths", type=_increasing, metavar="N,N,...",
+                   help="prompt lengths in tokens (default: 8 from 32 up to the engine's limit, at most 4096)")
+    p.add_argument("--decode-concurrency", type=_increasing, metavar="C,C,...",
+                   default=sweep_plan.DEFAULT_CONCURRENCY, help="concurrent streams (default 1,2,4,8)")
+    p.add_argument("--decode-contexts", type=_increasing, metavar="N,N,...",
+                   help="prompt tokens of each decode stream (default 64 and up to 1024 as the KV cache allows)")
+    p.add_argument("--decode-tokens", type=_positive, default=sweep_plan.DEFAULT_DECODE_TOKENS,
+                   help="tokens generated per decode stream (default 32; at least 8)")
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S,
+                   help="seconds one engine call may take (default 120)")
+    p.add_argument("--json", action="store_true", help="print one JSON result object instead of a table")
+    return p
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything settled before the first engine call."""
+
+    fleet: FleetDocument
+    engines: tuple[tuple[str, str], ...]  # (id, url) of the engines to profile, fleet order
+    settings: SweepSettings
+    target: Target
+    timeout_s: float
+
+
+def settle(args: argparse.Namespace) -> Job:
+    """Flags + fleet + output files, or InputError naming every problem (exit 2)."""
+    fleet = load_fleet(args.fleet)
+    ids = tuple(e.id for e in fleet.engines)
+    problems: list[Problem] = []
+    for iid in args.only:
+        if iid not in ids:
+            problems.append(Problem("--only", f"{iid!r} is not an engine of this fleet",
+                                    f"use one of: {', '.join(ids)}"))
+    if args.decode_tokens < 8:
+        problems.append(Problem("--decode-tokens", f"{args.decode_tokens} leaves too few steps to "
+                                "time", "use 8 or more"))
+    if args.out is not None:
+        store = args.out
+    elif fleet.profiles is not None:
+        path = Path(fleet.profiles.path)  # relative to the fleet document, as the router reads it
+        store = path if path.is_absolute() else args.fleet.resolve().parent / path
+    else:
+        store = None
+        problems.append(Problem("--out", "the fleet document has no profiles.path",
+                                "add profiles.path to the fleet document or pass --out"))
+    if problems or store is None:
+        raise InputError("narwhal-profile", problems)
+    samples = args.samples or store.with_name(store.name + ".samples.jsonl")
+    only = tuple(dict.fromkeys(args.only))
+    target = check_target(store, samples, model=fleet.model, only=only, overwrite=args.overwrite)
+    settings = SweepSettings(args.repeats, args.prefill_lengths, args.decode_concurrency,
+                             args.decode_contexts, args.decode_tokens)
+    engines = tuple((e.id, e.url) for e in fleet.engines if not only or e.id in only)
+    return Job(fleet, engines, settings, target, args.timeout)
+
+
+async def _facts(clients: dict[str, EngineClient], model: str
+                 ) -> dict[str, EngineFacts | BaseException]:
+    got = await asyncio.gather(*(read_facts(c, model) for c in clients.values()),
+                               return_exceptions=True)
+    return dict(zip(clients, got, strict=True))
+
+
+async def _profile_one(client: EngineClient, model: str, plan: SweepPlan, facts: EngineFacts,
+                       report: Callable[[str, int, int], None]) -> tuple[EngineOutcome, list[dict[str, Any]]]:
+    started = time.monotonic()
+    try:
+        m = await measure(client, model, plan, facts.generation, report)
+        report("fit", 0, 1)
+        row = build_row(client.id, m, now_utc())
+    except (EngineCallFailed, RowRefused) as exc:
+        report("failed", 1, 1)
+        return EngineOutcome(client.id, None, str(exc), time.monotonic() - started), []
+    report("done", 1, 1)
+    return EngineOutcome(client.id, row, None, time.monotonic() - started), sample_records(client.id, m)
+
+
+def _for_engine(progress: Reporter, engine_id: str) -> Callable[[str, int, int], None]:
+    def report(phase: str, done: int, total: int) -> None:
+        progress.update(engine_id, phase, done, total)
+    return report
+
+
+async def run(job: Job, progress: Reporter) -> tuple[list[EngineOutcome], list[dict[str, Any]]]:
+    """Facts of every engine, then (all idle and planned) every sweep at once."""
+    model = job.fleet.model
+    async with aiohttp.ClientSession() as session:
+        clients = {eid: EngineClient(eid, url, session, job.timeout_s) for eid, url in job.engines}
+        facts = await _facts(clients, model)
+        outcomes: list[EngineOutcome] = []
+        plans: dict[str, tuple[SweepPlan, EngineFacts]] = {}
+        problems: list[Problem] = []
+        for eid, got in facts.items():
+            if isinstance(got, EngineBusy | EngineCallFailed):
+                outcomes.append(EngineOutcome(eid, None, str(got), 0.0))
+            elif isinstance(got, BaseException):
+                raise got
+            else:
+                plan, trouble = plan_for(eid, job.settings, got.limits)
+                problems += trouble
+                if plan is not None:
+                    plans[eid] = (plan, got)
+        if problems:
+            raise InputError("narwhal-profile", problems)
+        if outcomes:  # a busy or unreachable engine: measure nothing rather than a partial store
+            failed = {o.engine_id for o in outcomes}
+            return [*outcomes, *(EngineOutcome(eid, None, f"{eid}: not measured: another engine failed "
+                                               "its checks (all or nothing)", 0.0)
+                                 for eid in clients if eid not in failed)], []
+        with progress:
+            done = await asyncio.gather(*(
+                _profile_one(clients[eid], model, plan, facts_ok, _for_engine(progress, eid))
+                for eid, (plan, facts_ok) in plans.items()))
+    return [o for o, _ in done], [line for _, lines in done for line in lines]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="narwhal-profile", description=DESCRIPTION)
-    parser.parse_args(argv)
-    return not_built("narwhal-profile", DESCRIPTION)
+    args = parser().parse_args(argv)
+    started = time.monotonic()
+    try:
+        job = settle(args)
+        outcomes, lines = asyncio.run(run(job, reporter(tuple(eid for eid, _ in job.engines))))
+    except InputError as exc:
+        print(f"narwhal-profile: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    ok = all(o.row is not None for o in outcomes)
+    if ok:
+        rows = [o.row for o in outcomes if o.row is not None]
+        fleet_ids = tuple(e.id for e in job.fleet.engines)
+        document = store_document(job.target, job.fleet.model, rows, fleet_ids)
+        try:
+            write_all(job.target, document,
+                      samples_lines(job.target, job.fleet.model, tuple(r.engine_id for r in rows), lines))
+        except OSError as exc:
+            print(f"narwhal-profile: cannot write {exc.filename or job.target.store}: {exc.strerror}; "
+                  "choose a writable --out", file=sys.stderr)
+            return EXIT_FAILED
+    elapsed = time.monotonic() - started
+    if args.json:
+        print(json.dumps(result_document(outcomes, written=ok, store=str(job.target.store),
+                                         samples=str(job.target.samples), elapsed_s=elapsed)))
+    else:
+        print_table(outcomes, Console(width=None if sys.stdout.isatty() else 160))
+    for o in outcomes:
+        if o.error:
+            print(f"narwhal-profile: {o.error}", file=sys.stderr)
+    if not ok:
+        print(f"narwhal-profile: nothing written ({job.target.store} is as it was)", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"narwhal-profile: wrote {job.target.store} and {job.target.samples} "
+          f"({len(outcomes)} engine(s), {elapsed:.1f} s)", file=sys.stderr)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

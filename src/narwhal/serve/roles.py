@@ -8,11 +8,20 @@ current role; a controller task, off the request path, looks at both pools every
 - prefill load: the predicted TTFT of the next request at its best prefill engine, taken from
   the scheduler's queue model (queued seconds + the curve's fixed cost), over `slo.ttft_s`;
 - decode load: the worst predicted decode step time among the decode engines (the curve at
-  the streams this router runs there), over `slo.tpot_s`.
+  the streams this router runs there) as a share of the headroom its curve leaves under
+  `slo.tpot_s`: `(step - base) / (tpot - base)`, 0 when idle, 1 at the budget. (A raw
+  `step / tpot` never falls below `base / tpot`, which can sit above `low_water`, and then
+  no decode engine could ever be released.)
 
-When one load is above `high_water` and the other below `low_water`, the engine that is
-cheapest to move leaves the lighter pool for the heavier one, provided the lighter pool keeps
-its floor (`min_prefill`, `min_decode`) and the engine's last flip is older than `cooldown_s`.
+When one load is above `high_water` and the lighter pool, having given up one engine, would
+still be below `low_water` (its load with its work spread over one engine fewer), the engine
+that is cheapest to move leaves the lighter pool for the heavier one, provided the lighter
+pool keeps its floor (`min_prefill`, `min_decode`) and the engine's last flip is older than
+`cooldown_s`.
+
+Mode `planner` (planner.py) replaces the two marks with a target split sized from the demand
+of the last `window_s` seconds; the controller then moves one engine per tick towards it,
+under the same floors, cooldown and drain rules.
 The gap between the marks and the cooldown are the hysteresis: a load hovering near one mark
 cannot flip an engine back and forth.
 
@@ -24,8 +33,6 @@ An engine leaving the prefill pool takes decode legs at once; its queued prefill
 
 Flips are counted (`narwhal_router_role_flips_total{from,to}`) and each engine's current
 role and last flip (when, why, both loads) are in /narwhal/state; nothing else records them.
-This is the reactive half of issue 6 item 3; a planner sizing both pools over a demand
-window would set the split ahead of load instead.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from typing import Any
 
 from narwhal.serve.engines import Engine
 from narwhal.serve.fleet import RoleFlips
+from narwhal.serve.planner import DemandWindow, PoolShape, plan_prefill
 from narwhal.serve.scheduler import decode_step_s
 
 _log = logging.getLogger("narwhal.serve.roles")
@@ -70,21 +78,27 @@ class Flip:
 
 
 def decide(members: Sequence[Member], prefill_load: float, decode_load: float,
-           policy: RoleFlips) -> Flip | None:
-    """The one flip this tick calls for, or None. Pure, so every rule is unit-tested."""
+           policy: RoleFlips, *, spare_prefill: float | None = None,
+           spare_decode: float | None = None) -> Flip | None:
+    """The one flip this tick calls for, or None. Pure, so every rule is unit-tested.
+
+    `spare_prefill`/`spare_decode` are each pool's load with one engine fewer (None: the
+    current load); the lighter pool must stay below the low mark after giving one up."""
     if any(m.role == DRAINING for m in members):
         return None  # one engine at a time: wait until the drain completes
     high, low = policy.high_water, policy.low_water
+    after_prefill = prefill_load if spare_prefill is None else spare_prefill
+    after_decode = decode_load if spare_decode is None else spare_decode
     n_prefill = sum(1 for m in members if m.role == PREFILL)
     n_decode = sum(1 for m in members if m.role == DECODE)
     loads = f"prefill load {prefill_load:.2f}, decode load {decode_load:.2f}"
-    if prefill_load > high and decode_load < low and n_decode > policy.min_decode:
+    if prefill_load > high and after_decode < low and n_decode > policy.min_decode:
         ready = [m for m in members if m.role == DECODE and m.cooled]
         if ready:
             pick = min(ready, key=lambda m: (m.running, m.id))  # shortest drain
             return Flip(pick.id, DECODE, PREFILL,
                         f"{loads}: prefill above high water {high:g}, decode below low water {low:g}")
-    if decode_load > high and prefill_load < low and n_prefill > policy.min_prefill:
+    if decode_load > high and after_prefill < low and n_prefill > policy.min_prefill:
         ready = [m for m in members if m.role == PREFILL and m.cooled]
         if ready:
             pick = min(ready, key=lambda m: (m.queue_s, m.id))  # strands the least prefill
@@ -102,7 +116,8 @@ class RoleController:
     """Holds the current role of every `both` engine and flips them as `decide` says."""
 
     def __init__(self, engines: Sequence[Engine], ttft_s: float, tpot_s: float,
-                 policy: RoleFlips, clock: Callable[[], float] = time.monotonic) -> None:
+                 policy: RoleFlips, clock: Callable[[], float] = time.monotonic,
+                 offered_prefill_s: Callable[[], float] | None = None) -> None:
         self.engines = tuple(engines)
         self.members = tuple(e for e in engines if e.spec.role == "both")
         self.policy = policy
@@ -113,6 +128,13 @@ class RoleController:
         self.flips: dict[tuple[str, str], int] = {}
         self.prefill_load = 0.0
         self.decode_load = 0.0
+        self.spare_prefill = 0.0
+        self.spare_decode = 0.0
+        # Planner mode: cumulative prefill seconds offered to the fleet (the scheduler counts
+        # them, refused requests included) sampled over a sliding window.
+        self._offered = offered_prefill_s or (lambda: 0.0)
+        self.window = DemandWindow(policy.window_s)
+        self.target_prefill: int | None = None
         first = initial_prefill(len(self.members), policy)
         for i, engine in enumerate(self.members):
             engine.serves_prefill = i < first
@@ -121,21 +143,80 @@ class RoleController:
     def role_of(self, engine: Engine) -> str:
         return DRAINING if engine.draining else (PREFILL if engine.serves_prefill else DECODE)
 
-    def loads(self, now: float) -> tuple[float, float]:
-        """(prefill load, decode load), each relative to its SLO budget; see the module doc."""
+    def loads(self, now: float) -> tuple[float, float, float, float]:
+        """(prefill load, decode load, each with one engine fewer); see the module doc."""
         best = math.inf
         worst = 0.0
+        queued_total = 0.0
+        a_s = 0.0
+        n_prefill = n_decode = streams = resident = 0
+        spare_curve = None
         for engine in self.engines:
             profile = engine.profile
             if profile is None or not engine.placeable:
                 continue
             if engine.serves_prefill:
                 queued = engine.busy_until - now
-                best = min(best, (queued if queued > 0.0 else 0.0) + profile.prefill.a_s)
+                queued = queued if queued > 0.0 else 0.0
+                best = min(best, queued + profile.prefill.a_s)
+                queued_total += queued
+                a_s = max(a_s, profile.prefill.a_s)
+                n_prefill += 1
             if engine.serves_decode:
-                worst = max(worst, decode_step_s(engine))
+                worst = max(worst, _headroom_used(decode_step_s(engine), profile.decode.base_s,
+                                                  self.tpot_s))
+                streams += engine.running
+                resident += engine.resident_tokens
+                n_decode += 1
+                spare_curve = profile.decode
         prefill = best / self.ttft_s if best != math.inf else 0.0
-        return prefill, worst / self.tpot_s
+        spare_prefill = (queued_total / (n_prefill - 1) + a_s) / self.ttft_s \
+            if n_prefill > 1 else math.inf
+        spare_decode = math.inf
+        if n_decode > 1 and spare_curve is not None:
+            step = spare_curve.step_s(resident // (n_decode - 1), 0) \
+                + spare_curve.per_request_s * streams / (n_decode - 1)
+            spare_decode = _headroom_used(step, spare_curve.base_s, self.tpot_s)
+        return prefill, worst, spare_prefill, spare_decode
+
+    def _plan(self, now: float) -> int | None:
+        """Planner mode: sample the window; the number of `both` engines that should prefill."""
+        streams = sum(e.running for e in self.engines)
+        resident = sum(e.resident_tokens for e in self.engines)
+        self.window.add(now, self._offered(), streams, resident)
+        demand = self.window.demand()
+        curve = next((e.profile.decode for e in self.members if e.profile is not None), None)
+        if demand is None or curve is None:
+            return None
+        fixed_prefill = sum(1 for e in self.engines if e.spec.role == "prefill" and e.placeable)
+        fixed_decode = sum(1 for e in self.engines if e.spec.role == "decode" and e.placeable)
+        movable = sum(1 for e in self.members if e.placeable)
+        policy = self.policy
+        shape = PoolShape(movable, fixed_prefill, fixed_decode,
+                          min(policy.min_prefill, movable), min(policy.min_decode, movable))
+        if shape.min_prefill + shape.min_decode > movable:
+            return None
+        return plan_prefill(demand, shape, curve, self.tpot_s, policy.prefill_utilization,
+                            policy.decode_utilization)
+
+    def _toward(self, target: int, members: Sequence[Member]) -> Flip | None:
+        """One flip towards `target` prefill engines (draining ones count as prefill)."""
+        if any(m.role == DRAINING for m in members):
+            return None
+        n_prefill = sum(1 for m in members if m.role == PREFILL)
+        why = (f"planner: {target} of {len(members)} engines should prefill "
+               f"(prefill load {self.prefill_load:.2f}, decode load {self.decode_load:.2f})")
+        if target > n_prefill:
+            ready = [m for m in members if m.role == DECODE and m.cooled]
+            if ready:
+                pick = min(ready, key=lambda m: (m.running, m.id))
+                return Flip(pick.id, DECODE, PREFILL, why)
+        elif target < n_prefill:
+            ready = [m for m in members if m.role == PREFILL and m.cooled]
+            if ready:
+                pick = min(ready, key=lambda m: (m.queue_s, m.id))
+                return Flip(pick.id, PREFILL, DECODE, why)
+        return None
 
     def tick(self) -> Flip | None:
         """Finish drains, then decide and apply at most one flip."""
@@ -144,12 +225,20 @@ class RoleController:
             if engine.draining and engine.running <= 0:
                 engine.draining = False
                 engine.serves_prefill = True
-        self.prefill_load, self.decode_load = self.loads(now)
+        (self.prefill_load, self.decode_load,
+         self.spare_prefill, self.spare_decode) = self.loads(now)
         cooldown = self.policy.cooldown_s
         members = [Member(e.id, self.role_of(e),
                           now - self._flipped_at.get(e.id, -math.inf) >= cooldown,
-                          e.running, max(0.0, e.busy_until - now)) for e in self.members]
-        flip = decide(members, self.prefill_load, self.decode_load, self.policy)
+                          e.running, max(0.0, e.busy_until - now))
+                   for e in self.members if e.placeable]
+        if self.policy.mode == "planner":
+            self.target_prefill = self._plan(now)
+            flip = None if self.target_prefill is None else self._toward(self.target_prefill,
+                                                                         members)
+        else:
+            flip = decide(members, self.prefill_load, self.decode_load, self.policy,
+                          spare_prefill=self.spare_prefill, spare_decode=self.spare_decode)
         if flip is not None:
             self._apply(flip, now)
         return flip
@@ -190,6 +279,18 @@ class RoleController:
             "policy": self.policy.model_dump(),
             "prefill_load": round(self.prefill_load, 4),
             "decode_load": round(self.decode_load, 4),
+            "target_prefill": self.target_prefill,
+            "demand": None if (d := self.window.demand()) is None else {
+                "prefill_s_per_s": round(d.prefill_rate, 4), "streams": round(d.streams, 2),
+                "resident_tokens": round(d.resident_tokens)},
             "roles": {e.id: self.role_of(e) for e in self.members},
             "flips": [{"from": f, "to": t, "count": n} for (f, t), n in sorted(self.flips.items())],
         }
+
+
+def _headroom_used(step_s: float, base_s: float, tpot_s: float) -> float:
+    """Share of the TPOT headroom above the curve's idle step that `step_s` uses."""
+    room = tpot_s - base_s
+    if room <= 0.0:
+        return math.inf  # this engine cannot meet the budget even idle
+    return (step_s - base_s) / room

@@ -104,6 +104,9 @@ class CurvePriced:
         self.refused = 0
         self.refused_over_share = 0
         self.last_refusal: Refusal | None = None
+        # Prefill seconds offered to the fleet, admitted or refused, priced at the best
+        # engine's curve: the planner's measure of prefill demand (roles.py, planner.py).
+        self.offered_prefill_s = 0.0
         self.fair_ttft_s = ttft_s * FAIR_BUDGET
         self._weights = dict(weights or {})
         self._inflight: dict[str | None, int] = {}  # admitted, unfinished, by tenant (>0 only)
@@ -173,6 +176,8 @@ class CurvePriced:
         prefill, predicted = self._best_prefill(facts.price_tokens, (), now)
         if prefill is None:
             return None
+        queued = prefill.busy_until - now
+        self.offered_prefill_s += predicted - (queued if queued > 0.0 else 0.0)
         tenant = facts.tenant
         if predicted > self.fair_ttft_s:
             if predicted > self.ttft_s:

@@ -26,6 +26,7 @@ from narwhal.core import result_line
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError
 from narwhal.serve.app import Router
+from narwhal.serve.calibration import check_fleet_deadline
 from narwhal.serve.fleet import load_fleet
 from narwhal.serve.lease import LeaseHeld
 from narwhal.serve.settings import settle
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"{COMMAND}: %(levelname)s %(name)s: %(message)s")
     try:
-        settings = settle(load_fleet(args.fleet), os.environ, args.fleet)
+        fleet = load_fleet(args.fleet)
+        check_fleet_deadline(fleet, args.fleet)  # a deadline below the calibrated one: exit 2
+        settings = settle(fleet, os.environ, args.fleet)
         router = Router(settings, standby_of=args.standby_of)  # reads the profile store
     except InputError as exc:
         print(f"{COMMAND}: {exc}", file=sys.stderr)

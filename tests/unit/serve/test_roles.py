@@ -176,6 +176,10 @@ def test_the_role_flips_section_is_optional_and_read_with_defaults() -> None:
     ({"role_flips": {"interval_s": 0}}, "role_flips.interval_s", "greater than or equal"),
     ({"role_flips": {"high_water": "high"}}, "role_flips.high_water", "number"),
     ({"role_flips": {"min_decode": -1}}, "role_flips.min_decode", "greater than or equal"),
+    ({"role_flips": {"mode": "predictive"}}, "role_flips.mode", "reactive"),
+    ({"role_flips": {"mode": "planner", "window_s": 0.4}}, "role_flips.window_s", "two intervals"),
+    ({"role_flips": {"prefill_utilization": 1.5}}, "role_flips.prefill_utilization", "less than"),
+    ({"role_flips": {"decode_utilization": 0}}, "role_flips.decode_utilization", "greater than"),
 ])
 def test_a_bad_role_flips_section_is_refused_naming_the_field(changes: dict[str, Any],
                                                               field: str, words: str) -> None:

@@ -1,0 +1,143 @@
+"""The first-token calibration (`narwhal.first-token-calibration` v1) and the router's use of it.
+
+`narwhal-check --calibrate-first-token` measures, pair by pair and at several prompt lengths,
+how long a client waits for the first token of a P/D handoff (producer leg plus the consumer's
+first token) and derives a candidate deadline by a rule it writes into the document in words.
+A fleet that names the document (`calibration: {"path": ...}`) is refused by the router when
+its `serving.first_token_timeout_s` is below the candidate: such a deadline would cut off
+handoffs the fleet was measured to need, and every cut-off request is a user-visible error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from narwhal.core.errors import InputError, Problem
+from narwhal.serve.fleet import FleetDocument, validate_document
+from narwhal.serve.profiles import Generation
+
+SCHEMA = "narwhal.first-token-calibration"
+VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class LengthSamples(_Strict):
+    """The first-token times of one pair at one prompt length, in measurement order."""
+
+    prompt_tokens: int = Field(ge=1, le=10_000_000)
+    samples_s: tuple[float, ...] = Field(min_length=1, max_length=10_000)
+    p95_s: float = Field(ge=0)
+
+
+class PairSamples(_Strict):
+    """One ordered producer -> consumer pair's samples at every calibrated length."""
+
+    producer: str = Field(min_length=1, max_length=64)
+    consumer: str = Field(min_length=1, max_length=64)
+    lengths: tuple[LengthSamples, ...] = Field(min_length=1, max_length=64)
+
+
+class EngineGeneration(_Strict):
+    engine_id: str = Field(min_length=1, max_length=64)
+    generation: Generation
+
+
+class Calibration(_Strict):
+    """`narwhal.first-token-calibration` v1."""
+
+    schema_: Literal["narwhal.first-token-calibration"] = Field(alias="schema")
+    schema_version: Literal[1]
+    model: str = Field(min_length=1, max_length=256)
+    candidate_s: float = Field(gt=0, le=3600)
+    rule: str = Field(min_length=1, max_length=1000)
+    safety_factor: float = Field(ge=1, le=100)
+    pairs: tuple[PairSamples, ...] = Field(min_length=1, max_length=1_048_576)
+    generations: tuple[EngineGeneration, ...] = Field(min_length=1, max_length=1024)
+    measured_at: AwareDatetime
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def parse_calibration(raw: Any, source: str) -> Calibration:
+    return validate_document(raw, source, Calibration, SCHEMA, VERSION,
+                             f"write a {SCHEMA} v{VERSION} object (run narwhal-check "
+                             "--calibrate-first-token)",
+                             f"re-run narwhal-check --calibrate-first-token (it writes v{VERSION})")
+
+
+def load_calibration(path: Path) -> Calibration:
+    """Read and validate a calibration document; InputError names the file and the fix."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(source, [Problem(
+            "(file)", f"cannot be read ({exc.strerror})",
+            "run narwhal-check --fleet FLEET.json --calibrate-first-token to write it, or remove "
+            "the fleet's calibration section")]) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
+                                          f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
+    return parse_calibration(raw, source)
+
+
+def deadline_problem(deadline_s: float, calibration: Calibration, path: Path,
+                     model: str) -> Problem | None:
+    """Why a fleet's first-token deadline may not be served under this calibration, if it may not."""
+    if calibration.model != model:
+        return Problem("calibration.path",
+                       f"{path} calibrated model {calibration.model!r}, the fleet serves {model!r}",
+                       "re-run narwhal-check --calibrate-first-token on this fleet")
+    if deadline_s < calibration.candidate_s:
+        return Problem(
+            "serving.first_token_timeout_s",
+            f"{deadline_s:g} s is below the calibrated candidate {calibration.candidate_s:g} s "
+            f"in {path} (rule: {calibration.rule})",
+            f"raise serving.first_token_timeout_s to at least {calibration.candidate_s:g}, or "
+            "re-calibrate if the fleet got faster")
+    return None
+
+
+def beside(fleet_path: Path, text: str) -> Path:
+    """A path named in the fleet document; a relative one is beside the document."""
+    path = Path(text)
+    return path if path.is_absolute() else fleet_path.resolve().parent / path
+
+
+def check_fleet_deadline(doc: FleetDocument, fleet_path: Path) -> Calibration | None:
+    """The router's startup check: InputError when the deadline is below the calibration's."""
+    if doc.calibration is None:
+        return None
+    path = beside(fleet_path, doc.calibration.path)
+    calibration = load_calibration(path)
+    problem = deadline_problem(doc.serving.first_token_timeout_s, calibration, path, doc.model)
+    if problem is not None:
+        raise InputError(str(fleet_path), [problem])
+    return calibration
+
+
+def write_private_json(path: Path, document: dict[str, Any]) -> None:
+    """Write `document` atomically (temp file + rename) with mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=1, sort_keys=False)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

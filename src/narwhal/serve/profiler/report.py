@@ -1,0 +1,51 @@
+"""The run's result: a summary table for people, one JSON object (`--json`) for programs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from narwhal.serve.profiles import ProfileRow
+
+RESULT_SCHEMA = "narwhal.profile-result"
+RESULT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EngineOutcome:
+    engine_id: str
+    row: ProfileRow | None
+    error: str | None
+    seconds: float
+
+
+def result_document(outcomes: list[EngineOutcome], *, written: bool, store: str, samples: str,
+                    elapsed_s: float) -> dict[str, Any]:
+    return {
+        "schema": RESULT_SCHEMA, "schema_version": RESULT_VERSION, "written": written,
+        "store": store if written else None, "samples": samples if written else None,
+        "elapsed_s": round(elapsed_s, 3),
+        "engines": [{"engine_id": o.engine_id, "ok": o.row is not None, "error": o.error,
+                     "seconds": round(o.seconds, 3),
+                     "row": o.row.model_dump(mode="json") if o.row else None} for o in outcomes],
+    }
+
+
+def print_table(outcomes: list[EngineOutcome], console: Console) -> None:
+    table = Table(title="narwhal-profile")
+    for name in ("engine", "prefill a s", "b s/tok", "c s/tok²", "fit/LOO", "decode base s",
+                 "per-token s", "per-request s", "fit/LOO", "samples", "time s"):
+        table.add_column(name, justify="left" if name == "engine" else "right")
+    for o in outcomes:
+        if o.row is None:
+            table.add_row(o.engine_id, f"[red]failed[/red]: {o.error}", *[""] * 8, f"{o.seconds:.1f}")
+            continue
+        p, d = o.row.prefill, o.row.decode
+        table.add_row(o.engine_id, f"{p.a_s:.4g}", f"{p.b_s_per_token:.3g}", f"{p.c_s_per_token2:.3g}",
+                      f"{p.fit_error:.1%}/{p.loo_error:.1%}", f"{d.base_s:.4g}", f"{d.per_token_s:.3g}",
+                      f"{d.per_request_s:.3g}", f"{d.fit_error:.1%}/{d.loo_error:.1%}",
+                      f"{p.samples}+{d.samples}", f"{o.seconds:.1f}")
+    console.print(table)

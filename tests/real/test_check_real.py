@@ -1,0 +1,95 @@
+"""narwhal-check against real vLLM CPU engines: after narwhal-profile it passes on the real pair,
+and the kv gate fails when the consumer was launched without the NIXL connector (its tokens
+come back, but it computed the prompt itself)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fidelity.requests import SERVED_NAME
+from tests.real.engines import Engine, EngineSpec, free_port, start, wait_healthy
+from tests.real.session import Pair
+
+NOISY_CPU_LIMITS = ("--max-fit-error", "0.6", "--max-loo-error", "1.0")
+
+
+@dataclass(frozen=True)
+class NoConnectorSpec(EngineSpec):
+    """The real tier's launch without --kv-transfer-config: an engine with no NIXL connector."""
+
+    def argv(self, python: Path) -> list[str]:
+        argv = super().argv(python)
+        at = argv.index("--kv-transfer-config")
+        return argv[:at] + argv[at + 2:]
+
+
+@pytest.fixture
+def no_connector(pair: Pair, tmp_path: Path) -> Iterator[Engine]:
+    """A third real engine on the decode engine's core (small KV cache), stopped afterwards."""
+    spec = NoConnectorSpec("plain", core=1, http_port=free_port(), side_channel_port=free_port(),
+                           model=pair.model, log=tmp_path / "plain.log")
+    engine = start(spec, pair.python)
+    try:
+        wait_healthy([engine])
+        yield engine
+    finally:
+        engine.stop()
+
+
+def fleet_doc(path: Path, engines: list[tuple[str, str, str]]) -> Path:
+    path.write_text(json.dumps({
+        "schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
+        "engines": [{"id": i, "url": u, "role": r} for i, u, r in engines],
+        "slo": {"ttft_s": 10.0, "tpot_s": 1.0}, "journal": {"path": "journal.jsonl"},
+        "profiles": {"path": "profiles.json"}}, indent=1))
+    return path
+
+
+def run(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def kv_rows(stdout: str) -> dict[str, dict[str, Any]]:
+    doc = json.loads(stdout)
+    return {v["subject"]: v for v in doc["verdicts"] if v["gate"] == "kv"}
+
+
+def test_profile_then_check_passes_on_the_real_pair(pair: Pair, tmp_path: Path) -> None:
+    fleet = fleet_doc(tmp_path / "fleet.json", [("p", pair.prefill.url, "both"),
+                                                ("d", pair.decode.url, "both")])
+    profiled = run("narwhal.serve.profile_cli", "--fleet", str(fleet))
+    assert profiled.returncode == 0, profiled.stderr[-3000:]
+    # Two CPU engines on a shared 2-core machine decode with noisy step times, so their decode
+    # fits are looser than a GPU fleet's; the limits are widened here, by their flags, for that.
+    done = run("narwhal.serve.check_cli", "--fleet", str(fleet), "--json", *NOISY_CPU_LIMITS)
+    doc = json.loads(done.stdout)
+    for v in doc["verdicts"]:
+        print(v["gate"], v["subject"], v["status"], v["measured"], v["detail"][:200])
+    assert done.returncode == 0, [v for v in doc["verdicts"] if v["status"] == "fail"]
+    rows = kv_rows(done.stdout)
+    assert set(rows) == {"p->d", "d->p"}
+    for v in rows.values():
+        assert v["values"]["external_kv_tokens"] == v["values"]["prompt_tokens"] > 32
+        # real vLLM records the NIXL read on the consumer
+        assert v["values"]["nixl_transfers"] >= 1 and v["values"]["nixl_bytes"] > 0
+
+
+def test_the_kv_gate_fails_a_consumer_launched_without_the_nixl_connector(
+        pair: Pair, no_connector: Engine, tmp_path: Path) -> None:
+    fleet = fleet_doc(tmp_path / "fleet.json", [("p", pair.prefill.url, "prefill"),
+                                                ("plain", no_connector.url, "decode")])
+    done = run("narwhal.serve.check_cli", "--fleet", str(fleet), "--json")
+    assert done.returncode == 1, done.stderr[-3000:]
+    rows = kv_rows(done.stdout)
+    print(rows)
+    assert rows["p->plain"]["status"] == "fail"
+    assert "recomputed the prompt instead of pulling its KV" in rows["p->plain"]["detail"]
