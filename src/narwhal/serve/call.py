@@ -16,6 +16,7 @@ from narwhal.serve.engines import Engine, Placement
 from narwhal.serve.front import ClientConnection
 from narwhal.serve.jsonio import dumps, loads
 from narwhal.serve.relay import DecodeRelay
+from narwhal.serve.token_estimate import BytesPerToken
 
 # Keys the router sets per leg; the client's values travel only in the decode prefix.
 _LEG_KEYS = frozenset({"stream", "stream_options", "max_tokens", "max_completion_tokens",
@@ -94,14 +95,16 @@ class Call:
     """Everything the router knows about one accepted request, through to its journal row."""
 
     __slots__ = ("_base", "body", "chat", "conn", "decode_attempts", "decode_charge",
-                 "decode_engine", "decode_tries", "estimate", "events", "finished", "gone",
-                 "handoff_s", "http11", "keep_alive", "kv", "max_tokens", "mode", "outcome", "path", "placement",
+                 "decode_engine", "decode_tries", "estimate", "estimator", "events", "finished",
+                 "gone", "handoff_s", "http11", "keep_alive", "kv", "max_tokens", "mode",
+                 "outcome", "path", "placement",
                  "prefill_engine", "prefill_s", "prefill_tries", "prompt_tokens", "reason",
                  "received", "relay", "request_id", "route", "status", "stream", "t0",
                  "t_prefill_done", "t_prefill_start", "tenant", "tpot_s", "ttft_s")
 
     def __init__(self, body: dict[str, Any], chat: bool, request_id: bytes, tenant: str | None,
-                 conn: ClientConnection, keep_alive: bool = True, http11: bool = True) -> None:
+                 conn: ClientConnection, keep_alive: bool = True, http11: bool = True,
+                 estimator: BytesPerToken | None = None) -> None:
         self.t0 = time.monotonic()
         self.received = time.time()
         self.body = body
@@ -140,10 +143,20 @@ class Call:
         self.reason = ""
         base = {k: v for k, v in body.items() if k not in _LEG_KEYS}
         self._base = dumps(base)
-        # Prompt length for pricing before the engine tells it (scheduler.py explains /4).
+        # Prompt length for pricing before the engine tells it: a token-id prompt counts its
+        # ids; text is priced by body bytes over the learned bytes per token (token_estimate.py).
         prompt = body.get("prompt")
-        self.estimate = len(prompt) if isinstance(prompt, list) else len(self._base) >> 2
+        self.estimator = None if isinstance(prompt, list) else estimator
+        self.estimate = len(prompt) if isinstance(prompt, list) else (
+            estimator.tokens(self.route, len(self._base)) if estimator is not None
+            else len(self._base) >> 2)
         self.decode_charge = 0  # resident tokens booked on the decode engine (scheduler.py)
+
+    def learned(self, prompt_tokens: int) -> None:
+        """An engine counted the prompt: price by that from now on, and teach the estimator."""
+        self.prompt_tokens = prompt_tokens
+        if self.estimator is not None:
+            self.estimator.observe(self.route, len(self._base), prompt_tokens)
 
     @property
     def price_tokens(self) -> int:

@@ -8,7 +8,7 @@ A crashed holder needs no cleanup: its lease simply expires and the next `acquir
 
 `FileLease` keeps the record in one JSON file. Every read-modify-write happens under an
 exclusive `flock` on a sibling `.lock` file, and the record is replaced by an atomic rename of
-a fsynced temporary file, so a reader never sees half a record and a crash mid-write leaves
+a temporary file (fsynced, except on renewal: see `_write`), so a reader never sees half a record and a crash mid-write leaves
 the old one. Expiry is wall-clock time, because the processes that share the file may sit on
 different hosts of a shared file system; the holder also keeps a monotonic deadline of its own
 (`Grant.valid_until`) taken *before* each write, so a clock step cannot stretch its lease.
@@ -139,13 +139,18 @@ class FileLease:
         except (KeyError, TypeError) as exc:
             raise OSError(f"lease file {self.path} lacks a field ({exc})") from None
 
-    def _write(self, record: LeaseRecord) -> None:
+    def _write(self, record: LeaseRecord, durable: bool = True) -> None:
+        """Replace the record atomically. `durable=False` (renewals) skips the fsync: a renewal
+        lost to a power cut leaves the previous, fsynced record, whose expiry is only earlier,
+        so nothing unsafe can follow; and a renewal runs several times a second, where the
+        fsync was most of an idle router's CPU."""
         body: dict[str, Any] = {"schema": SCHEMA, "schema_version": VERSION, **asdict(record)}
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, json.dumps(body, sort_keys=True).encode())
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
@@ -177,7 +182,7 @@ class FileLease:
                 raise LeaseLost(f"the lease of epoch {grant.epoch} expired before it was renewed")
             record = LeaseRecord(current.holder_id, current.url, current.pid, current.host,
                                  current.epoch, current.acquired_at, now + self.ttl_s)
-            self._write(record)
+            self._write(record, durable=False)
             return Grant(grant.epoch, started + self.ttl_s, record)
 
     def release(self, grant: Grant) -> None:

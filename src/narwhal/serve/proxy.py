@@ -48,6 +48,7 @@ from narwhal.serve.scheduler import (
     prefill_started,
 )
 from narwhal.serve.settings import Limits
+from narwhal.serve.token_estimate import BytesPerToken
 from narwhal.serve.upstream import EngineUnreachable
 
 _log = logging.getLogger("narwhal.serve.proxy")
@@ -68,6 +69,7 @@ class Proxy:
         self.deadlines = deadlines
         self.inflight = 0
         self.served = 0
+        self.estimator = BytesPerToken()  # prompt tokens per body byte, learned (token_estimate.py)
         self.cutting = False  # set when shutdown cuts requests that outlived the drain
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls: set[Call] = set()
@@ -223,7 +225,7 @@ class Proxy:
             if status == 200:
                 count = loads(payload).get("count")
                 if type(count) is int:
-                    call.prompt_tokens = count
+                    call.learned(count)
         except (EngineUnreachable, LegFailed, LegTimedOut, ValueError, AttributeError):
             pass  # the prefill leg that follows meets the same engine and reports properly
         if call.gone:
@@ -303,7 +305,7 @@ class Proxy:
         if call.prompt_tokens is None:
             usage = doc.get("usage")
             if isinstance(usage, dict) and type(usage.get("prompt_tokens")) is int:
-                call.prompt_tokens = usage["prompt_tokens"]
+                call.learned(usage["prompt_tokens"])
         return dumps(kv)
 
     # -- decode leg -------------------------------------------------------------------------
@@ -430,7 +432,8 @@ class Proxy:
         usage = body.get("usage")
         if call.prompt_tokens is None and isinstance(usage, dict):
             pt = usage.get("prompt_tokens")
-            call.prompt_tokens = pt if type(pt) is int else None
+            if type(pt) is int:
+                call.learned(pt)
         call.status, call.outcome = 200, "ok"
         self._finish(call)
         call.conn.respond(200, dumps(body), call.request_id, call.keep_alive)

@@ -14,6 +14,7 @@ with itself; `result` says how it ended.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -33,6 +34,11 @@ CUT = "cut"  # the router is shutting down and the drain bound ran out
 
 
 class ClientSide(Protocol):
+    """The client connection a streaming relay writes to (front.ClientConnection)."""
+
+    closed: bool
+    transport: asyncio.Transport | None
+
     def write(self, data: bytes) -> None: ...
 
 
@@ -215,6 +221,11 @@ def dechunk(raw: bytes) -> bytes:
         pos = eol + 2 + size + 2
 
 
+# The last SSE event of an OpenAI stream, as one HTTP chunk. The engine sends its chunked
+# body's terminator right behind it (often in a separate segment).
+_DONE_CHUNK = b"data: [DONE]\n\n\r\n"
+
+
 class PassRelay(DecodeRelay):
     """Streams the engine's chunked SSE body to an HTTP/1.1 client byte for byte.
 
@@ -224,9 +235,14 @@ class PassRelay(DecodeRelay):
     when the forwarded bytes end on a chunk boundary (an SSE event ends in a blank line, the
     chunk in CRLF: `\\n\\r\\n`); otherwise the client connection is closed mid-body, which an
     HTTP client reports as a truncated response.
+
+    A read that ends with the `[DONE]` chunk is held until the terminator behind it arrives,
+    so the stream's end costs the client one write (and one wakeup) instead of two; nothing a
+    client can act on waits, since `[DONE]` carries no token and the response is not complete
+    without the terminator. A leg that breaks first flushes what it held before its error event.
     """
 
-    __slots__ = ("client", "framed", "head", "pending_head", "tail", "torn")
+    __slots__ = ("client", "edge", "framed", "head", "held", "pending_head", "tail", "torn")
 
     def __init__(self, then: Callable[[DecodeRelay], None], first_byte_timeout_s: float,
                  idle_s: float, client: ClientSide, head: bytes) -> None:
@@ -237,6 +253,8 @@ class PassRelay(DecodeRelay):
         self.framed = True  # the engine's body is chunked (else it is re-framed here)
         self.tail = b""
         self.torn = False
+        self.held = b""  # client bytes waiting for the engine's terminator (see above)
+        self.edge = b""  # the engine's last 4 bytes, to count an event marker split by a read
 
     def reusable(self) -> bool:
         return not self.torn
@@ -260,30 +278,56 @@ class PassRelay(DecodeRelay):
             return
         now = time.monotonic()
         if data:
-            self.events += data.count(b"data:")
+            # `edge` (4 bytes before the read, 4 into it) holds no whole "data:" of either
+            # side, only one that a read boundary split: each event is counted exactly once
+            edge = self.edge + data[:4]
+            self.edge = data[-4:] if len(data) > 3 else edge[-4:]
+            self.events += data.count(b"data:") + edge.count(b"data:")
             if not self.framed:
                 data = b"%x\r\n%b\r\n" % (len(data), data)
             if not self.started:
                 self.started = True
                 self.t_first = now
-                self.client.write(self.head + data)
-            else:
-                self.client.write(data)
-            self.tail = (self.tail + data)[-3:]
+                data = self.head + data
+            if self.held:
+                data = self.held + data
+                self.held = b""
+            self.tail = data[-3:] if len(data) > 2 else (self.tail + data)[-3:]
             self.t_last = now
             self.deadline = now + self.idle_s  # the head alone does not count as a first byte
+            if not complete:
+                if self.framed and data.endswith(_DONE_CHUNK):
+                    self.held = data
+                else:  # self._send(data), inlined: this is the per-read path
+                    client = self.client
+                    if not client.closed and client.transport is not None:
+                        client.transport.write(data)
+        elif complete and self.held:
+            data, self.held = self.held, b""
         if complete:
             if not self.started:
                 self.started = True
                 self.t_first = now
-                self.client.write(self.head + (b"" if self.framed else b"0\r\n\r\n"))
+                data = self.head + (b"" if self.framed else b"0\r\n\r\n")
             elif not self.framed:
-                self.client.write(b"0\r\n\r\n")
+                data += b"0\r\n\r\n"
+            if data:
+                self._send(data)
             self._end(OK)
 
+    def _send(self, data: bytes) -> None:
+        client = self.client
+        if not client.closed and client.transport is not None:
+            client.transport.write(data)
+
+    def client_gone(self) -> None:
+        self.held = b""
+        super().client_gone()
+
     def _break_stream(self, message: str, code: str) -> None:
+        held, self.held = self.held, b""
         if self.tail != b"\n\r\n":
             self.torn = True  # mid-chunk: no clean way to add an event
             return
         event = responses.sse_error_event(message, code)
-        self.client.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
+        self._send(held + b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))

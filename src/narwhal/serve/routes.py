@@ -146,7 +146,8 @@ class Routes:
         except BadRequest as exc:
             self._refuse(conn, req, rid, exc.status, str(exc), exc.code, route, param=exc.param)
             return
-        self.proxy.start(conn, Call(body, chat, rid, tenant, conn, req.keep_alive, req.http11))
+        self.proxy.start(conn, Call(body, chat, rid, tenant, conn, req.keep_alive, req.http11,
+                                          self.proxy.estimator))
 
     def _not_leader(self, conn: ClientConnection, req: Request, rid: bytes, route: str) -> None:
         lead = self.lead
@@ -224,6 +225,7 @@ class Routes:
             "profiles": self.profiles.state() if self.profiles is not None else None,
             "inflight": self.proxy.inflight,
             "served": self.proxy.served,
+            "prompt_estimate": self.proxy.estimator.state(),
             "pools": self._pools(),
             "engines": [e.state() for e in self.engines],
             "scheduler": (chooser.state() if isinstance(chooser := self.proxy.chooser, CurvePriced)

@@ -28,9 +28,9 @@ to a prefill queue); the budget check is therefore slightly optimistic by that m
 
 Prompt length: the exact count arrives only with the prefill reply (or /tokenize, which needs
 an engine first), so placement prices `Call.price_tokens`: the exact count when known, else
-the request body's JSON size / 4 bytes per token (a token-id prompt counts its ids). English
-BPE averages about 4 bytes per token; JSON punctuation makes the estimate err long, i.e.
-towards refusing and spreading sooner, never towards overloading.
+the request body's JSON size over the bytes per token learned from earlier replies
+(token_estimate.py; 4 until the first reply, a token-id prompt counts its ids). A fixed 4 is
+English BPE's average and underprices other tokenizers several times over.
 """
 
 from __future__ import annotations

@@ -28,9 +28,8 @@ from tests.component.serve.test_with_emulator import ENGINE_ARGS
 
 pytestmark = pytest.mark.timeout(120)
 NAMES = ("b0", "b1", "b2")
-# The tiny tokenizer spends a token per character while the router prices an unknown prompt at
-# 4 bytes per token, so the profile carries 4x the emulator's per-token prefill cost: router
-# and emulator then price the same prompt alike.
+# The tiny tokenizer spends a token per character; the router learns that ratio from the first
+# replies (token_estimate.py), so the profile carries the emulator's own per-token cost.
 A_S, B_S = 0.01, 2.2e-4
 BASE_S, PER_REQUEST_S = 0.005, 0.008
 LONG = {"model": "tiny", "prompt": "sea " * 400, "max_tokens": 1}
@@ -39,7 +38,7 @@ SHORT = {"model": "tiny", "prompt": "the sea", "max_tokens": 60}
 
 def profile_row(engine_id: str, port: int) -> dict[str, Any]:
     return {"engine_id": engine_id, "generation": live_generation(port).model_dump(),
-            "prefill": {"a_s": A_S, "b_s_per_token": 4 * B_S, "c_s_per_token2": 0.0,
+            "prefill": {"a_s": A_S, "b_s_per_token": B_S, "c_s_per_token2": 0.0,
                         "fit_error": 0.01, "loo_error": 0.01, "samples": 12,
                         "max_prompt_tokens": 4096},
             "decode": {"base_s": BASE_S, "per_token_s": 0.0, "per_request_s": PER_REQUEST_S,
@@ -48,8 +47,15 @@ def profile_row(engine_id: str, port: int) -> dict[str, Any]:
             "measured_at": "2026-11-30T12:00:00+00:00"}
 
 
+REACTIVE = {"interval_s": 0.2, "high_water": 0.6, "low_water": 0.3, "cooldown_s": 1.0,
+            "min_prefill": 1, "min_decode": 1}
+PLANNER = {"mode": "planner", "interval_s": 0.2, "window_s": 1.0, "cooldown_s": 1.0,
+           "min_prefill": 1, "min_decode": 1}
+
+
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Router]:
+def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Router]:
+    flips = getattr(request, "param", REACTIVE)
     model = write_tiny_llama(tmp_path / "tiny")
     engines: list[RunningEngine] = []
     router: Router | None = None
@@ -71,8 +77,7 @@ def fleet(tmp_path: Path) -> Iterator[Router]:
                         for n, e in zip(NAMES, engines, strict=True)],
             "slo": {"ttft_s": 1.0, "tpot_s": 0.05}, "journal": {"path": "journal.jsonl"},
             "profiles": {"path": "profiles.json"},
-            "role_flips": {"interval_s": 0.2, "high_water": 0.6, "low_water": 0.3,
-                           "cooldown_s": 1.0, "min_prefill": 1, "min_decode": 1}}))
+            "role_flips": flips}))
         router = Router(tmp_path / "fleet.json", free_port()).start()
         yield router
     finally:
@@ -157,3 +162,32 @@ def test_a_prefill_burst_flips_a_decode_engine_and_a_decode_phase_flips_one_back
     metrics = call(router.port, "GET", "/metrics").body.decode()
     assert 'narwhal_router_role_flips_total{from="decode",to="prefill"} 1.0' in metrics
     assert 'narwhal_router_role_flips_total{from="prefill",to="decode"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("fleet", [PLANNER], indirect=True)
+def test_the_planner_sizes_the_pools_from_the_demand_window(fleet: Router) -> None:
+    router = fleet
+    wait_for("every engine bound to its profile", lambda: all(
+        e["held_reason"] is None for e in call(router.port, "GET", "/narwhal/state").json()["engines"]))
+
+    def count(role: str) -> Callable[[], bool]:
+        return lambda: sorted(roles(router).values()).count(role) == 2
+
+    # Four clients of 1600-token prompts offer ~1 s of prefill a second: two prefill engines.
+    statuses, took = drive(router, LONG, clients=4, until=count("prefill"), limit_s=10.0)
+    state = call(router.port, "GET", "/narwhal/state").json()
+    assert sorted(roles(router).values()) == ["decode", "prefill", "prefill"], (took, statuses)
+    assert state["role_flips"]["target_prefill"] == 2
+    assert state["role_flips"]["demand"]["prefill_s_per_s"] > 0.5
+    assert sorted(state["pools"]["prefill"]) == sorted(
+        e["id"] for e in state["engines"] if e["current_role"] == "prefill")
+    assert state["prompt_estimate"]["bytes_per_token"]["completions"] < 1.5  # a token a character
+    why = [e["last_flip"]["why"] for e in state["engines"] if e["last_flip"] is not None]
+    assert len(why) == 1 and why[0].startswith("planner: 2 of 3 engines should prefill")
+
+    # Five streams of 60 tokens and almost no prefill: the window moves an engine back.
+    statuses, took = drive(router, SHORT, clients=5, until=count("decode"), limit_s=10.0)
+    assert sorted(roles(router).values()) == ["decode", "decode", "prefill"], (took, statuses)
+    assert statuses.count(200) == len(statuses)
+    state = call(router.port, "GET", "/narwhal/state").json()
+    assert state["role_flips"]["target_prefill"] == 1
