@@ -138,6 +138,7 @@ class _Families(Collector):
         for hist in (m.ttft, m.tpot, m.handoff, m.loop_lag):
             yield hist.family()
         yield from self._engine_families()
+        yield from self._pool_families()
         yield from self._lease_families()
         yield from self._scheduler_families()
         yield from self._role_families()
@@ -201,6 +202,37 @@ class _Families(Collector):
         for engine in roles.members:
             current.add_metric([engine.id, roles.role_of(engine)], 1.0)
         yield current
+
+    def _pool_families(self) -> Iterable[Any]:
+        """Pool sizes always; SLO-relative loads once the role controller has computed them."""
+        pools = GaugeMetricFamily("narwhal_router_pool_engines",
+                                  "Placeable engines taking each leg now (draining: leaving the "
+                                  "decode pool, taking neither)", labels=["pool"])
+        counts = {"prefill": 0, "decode": 0, "draining": 0}
+        for e in self._engines:
+            if not e.placeable:
+                continue
+            if e.draining:
+                counts["draining"] += 1
+            else:
+                counts["prefill"] += e.serves_prefill
+                counts["decode"] += e.serves_decode
+        for pool, n in counts.items():
+            pools.add_metric([pool], float(n))
+        yield pools
+        roles = self._roles
+        if roles is None:
+            return
+        loads = GaugeMetricFamily("narwhal_router_pool_load",
+                                  "Pool load relative to its SLO budget (1 = at the budget)",
+                                  labels=["pool"])
+        loads.add_metric(["prefill"], float(roles.prefill_load))
+        loads.add_metric(["decode"], float(roles.decode_load))
+        yield loads
+        if roles.target_prefill is not None:
+            yield GaugeMetricFamily("narwhal_router_planner_target_prefill_engines",
+                                    "The planner's target size of the prefill pool",
+                                    value=float(roles.target_prefill))
 
     def _engine_families(self) -> Iterable[Any]:
         admitted = GaugeMetricFamily("narwhal_router_engine_admitted",

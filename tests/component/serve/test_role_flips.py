@@ -191,3 +191,8 @@ def test_the_planner_sizes_the_pools_from_the_demand_window(fleet: Router) -> No
     assert statuses.count(200) == len(statuses)
     state = call(router.port, "GET", "/narwhal/state").json()
     assert state["role_flips"]["target_prefill"] == 1
+    metrics = call(router.port, "GET", "/metrics").body.decode()
+    assert 'narwhal_router_pool_engines{pool="decode"} 2.0' in metrics
+    assert 'narwhal_router_pool_engines{pool="prefill"} 1.0' in metrics
+    assert "narwhal_router_planner_target_prefill_engines 1.0" in metrics
+    assert 'narwhal_router_pool_load{pool="decode"}' in metrics
