@@ -18,6 +18,7 @@ from narwhal.core.gates import GATES
 from narwhal.lab import lifecycle
 from narwhal.lab.faults import Faults
 from narwhal.lab.hosted_engines import MODEL_NAME, drive, emulators
+from narwhal.lab.lab_fleet import lab_fleet
 from narwhal.lab.state import LabState
 
 SHAPED_MBIT = 20
@@ -86,6 +87,20 @@ def _handoffs(work: Path) -> None:
               f"{slow['decode_s']:>19.3f}s", flush=True)
 
 
+def _gate_f_tools(work: Path) -> None:
+    """The default lab fleet (4 emulated engines, timing model on): narwhal-profile, then
+    narwhal-check with the live KV contract on all 12 ordered pairs, run in the router's
+    namespace where Gate F runs."""
+    plan = lifecycle.plan_from_state(LabState.read(lifecycle.default_state_path("nwl")))
+    with lab_fleet(plan, (work / "gate-f").resolve()) as fleet:
+        for module in ("narwhal.serve.profile_cli", "narwhal.serve.check_cli"):
+            done = fleet.run(module, "--fleet", str(fleet.fleet_path))
+            print(done.stdout, end="", flush=True)
+            if done.returncode != 0:
+                print(done.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"demo: {module} exited {done.returncode}")
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("demo: the lab builds network namespaces and needs root; run `sudo make demo`")
@@ -110,6 +125,8 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "check", *common])
         _say("engines: emulated vLLM engines hand KV to each other across the lab fabric")
         _handoffs(work)
+        _say("gate F tools: profile the lab fleet, then preflight it (every ordered pair's KV proven moved)")
+        _gate_f_tools(work)
         _say("export: the record with addresses, users, homes and secrets aliased")
         _run([narwhal, "record", "export", "--out", str(work / "export"), *common])
     finally:
