@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.serve.fleet import FleetDocument, validate_document
+from narwhal.serve.fleet import FleetDocument, read_json_document, validate_document
 from narwhal.serve.profiles import Generation
 
 SCHEMA = "narwhal.first-token-calibration"
@@ -77,18 +77,8 @@ def parse_calibration(raw: Any, source: str) -> Calibration:
 def load_calibration(path: Path) -> Calibration:
     """Read and validate a calibration document; InputError names the file and the fix."""
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(source, [Problem(
-            "(file)", f"cannot be read ({exc.strerror})",
-            "run narwhal-check --fleet FLEET.json --calibrate-first-token to write it, or remove "
-            "the fleet's calibration section")]) from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
-                                          f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
+    raw = read_json_document(path, "run narwhal-check --fleet FLEET.json --calibrate-first-token "
+                                   "to write it, or remove the fleet's calibration section")
     return parse_calibration(raw, source)
 
 

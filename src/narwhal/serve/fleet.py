@@ -369,17 +369,23 @@ def parse_fleet(raw: Any, source: str) -> FleetDocument:
     return doc
 
 
-def load_fleet(path: Path) -> FleetDocument:
-    """Read and validate a fleet document from disk."""
+def read_json_document(path: Path, unreadable_fix: str) -> Any:
+    """The parsed JSON of a document a user or a tool wrote; InputError naming the file and,
+    for bad syntax, the line and column. Schema checks are the caller's (validate_document)."""
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(source, [Problem("(file)", f"cannot be read ({exc.strerror})",
-                                          "pass the path of an existing, readable fleet document")]) from None
+                                          unreadable_fix)]) from None
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
                                           f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
-    return parse_fleet(raw, source)
+
+
+def load_fleet(path: Path) -> FleetDocument:
+    """Read and validate a fleet document from disk."""
+    raw = read_json_document(path, "pass the path of an existing, readable fleet document")
+    return parse_fleet(raw, str(path))

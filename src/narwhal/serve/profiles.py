@@ -18,7 +18,6 @@ NaN/Infinity and negative coefficients are refused, every problem at once.
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +27,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 
 from narwhal.core.documents import digest
 from narwhal.core.errors import InputError, Problem
-from narwhal.serve.fleet import validate_document
+from narwhal.serve.fleet import read_json_document, validate_document
 
 SCHEMA = "narwhal.profiles"
 VERSION = 1
@@ -147,18 +146,8 @@ def parse_profiles(raw: Any, source: str, *, model: str | None = None,
 
 def load_profiles(path: Path, *, model: str | None = None,
                   engine_ids: tuple[str, ...] | None = None) -> ProfileStore:
-    source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(source, [Problem("(file)", f"cannot be read ({exc.strerror})",
-                                          "run narwhal-profile --fleet FLEET.json to write it")]) from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
-                                          f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
-    return parse_profiles(raw, source, model=model, engine_ids=engine_ids)
+    raw = read_json_document(path, "run narwhal-profile --fleet FLEET.json to write it")
+    return parse_profiles(raw, str(path), model=model, engine_ids=engine_ids)
 
 
 def now_utc() -> datetime:
