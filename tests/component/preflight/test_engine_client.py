@@ -10,11 +10,10 @@ import pytest
 
 from narwhal.lab.engine.testing import RunningEngine, start_engine, write_tiny_llama
 from narwhal.serve.engine_client import EngineCallFailed, EngineClient, handoff
+from tests.component.serve.test_with_emulator import ENGINE_ARGS
 
 pytestmark = pytest.mark.timeout(120)
-KV_BOTH = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'
-ARGS = ["--served-model-name", "tiny", "--kv-transfer-config", KV_BOTH, "--emu-platform", "cpu",
-        "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "64M", "--emu-zero-delay"]
+ARGS = ENGINE_ARGS  # the loopback kv_both emulator pair the router tests use
 
 
 @pytest.fixture(scope="module")
