@@ -18,10 +18,6 @@ from tests.fidelity.requests import SERVED_NAME
 from tests.real.engines import Engine, EngineSpec, free_port, start, wait_healthy
 from tests.real.session import Pair
 
-# The real producer's decode fit on this shared 2-core box came in at fit 0.47-0.55 and
-# leave-one-out 1.4-1.7 in CI (the API server shares its engine's core); issue 7 keeps this open.
-NOISY_CPU_LIMITS = ("--max-fit-error", "1.0", "--max-loo-error", "5.0")
-
 
 @dataclass(frozen=True)
 class NoConnectorSpec(EngineSpec):
@@ -70,9 +66,9 @@ def test_profile_then_check_passes_on_the_real_pair(pair: Pair, tmp_path: Path) 
                                                 ("d", pair.decode.url, "both")])
     profiled = run("narwhal.serve.profile_cli", "--fleet", str(fleet))
     assert profiled.returncode == 0, profiled.stderr[-3000:]
-    # Two CPU engines on a shared 2-core machine decode with noisy step times, so their decode
-    # fits are looser than a GPU fleet's; the limits are widened here, by their flags, for that.
-    done = run("narwhal.serve.check_cli", "--fleet", str(fleet), "--json", *NOISY_CPU_LIMITS)
+    # The default fit limits (0.25 / 0.5): both engines share 127.0.0.1, so the profiler
+    # measures them one after the other and neither records the other's load.
+    done = run("narwhal.serve.check_cli", "--fleet", str(fleet), "--json")
     doc = json.loads(done.stdout)
     for v in doc["verdicts"]:
         print(v["gate"], v["subject"], v["status"], v["measured"], v["detail"][:200])

@@ -25,7 +25,7 @@ def register() -> None:
     if delay_us <= 0:
         return
     try:
-        import nixl._api as nixl_api  # noqa: PLC0415 - only present in the vLLM venv
+        import nixl._api as nixl_api
     except Exception:  # nixl absent or broken: leave vLLM to report it
         return
     bindings = nixl_api.nixlBind

@@ -20,10 +20,18 @@ from narwhal.serve.token_estimate import BytesPerToken
 
 # Keys the router sets per leg; the client's values travel only in the decode prefix.
 _LEG_KEYS = frozenset({"stream", "stream_options", "max_tokens", "max_completion_tokens",
-                       "min_tokens", "kv_transfer_params"})
+                       "min_tokens", "kv_transfer_params", "ignore_eos", "stop", "stop_token_ids"})
+# The client's keys among those that the decode leg carries as the client sent them.
+_DECODE_KEYS = ("max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stop",
+                "stop_token_ids")
 # The prefill leg's own keys never change: one token, no stream, ask the producer to keep the KV.
-_PREFILL_COMPLETION = b'{"max_tokens":1,"stream":false,"kv_transfer_params":{"do_remote_decode":true}'
-_PREFILL_CHAT = (b'{"max_tokens":1,"max_completion_tokens":1,"stream":false,'
+# EOS and stop sequences are ignored there: the producer's token is discarded (the consumer
+# samples its own first token from the pulled KV), and a producer that stops on EOS or a stop
+# string finishes as "stop" and, like vLLM's connector, keeps no KV: the request would fail
+# with no handoff although the decode engine would have answered it.
+_PREFILL_COMPLETION = (b'{"max_tokens":1,"stream":false,"ignore_eos":true,'
+                       b'"kv_transfer_params":{"do_remote_decode":true}')
+_PREFILL_CHAT = (b'{"max_tokens":1,"max_completion_tokens":1,"stream":false,"ignore_eos":true,'
                  b'"kv_transfer_params":{"do_remote_decode":true}')
 
 
@@ -182,7 +190,7 @@ class Call:
                 prefix["stream_options"] = body["stream_options"]
         else:
             prefix["stream_options"] = {"include_usage": True}
-        for key in ("max_tokens", "max_completion_tokens", "min_tokens"):
+        for key in _DECODE_KEYS:
             if key in body:
                 prefix[key] = body[key]
         head = dumps(prefix)[:-1]

@@ -269,7 +269,10 @@ class Handoff:
 async def handoff(producer: EngineClient, consumer: EngineClient, model: str, prompt: str,
                   max_tokens: int) -> Handoff:
     """Prefill on `producer` (one token, KV kept), then decode on `consumer` with its params."""
-    first = await producer.complete(model, prompt, 1, kv_transfer_params=PRODUCER_PARAMS)
+    # ignore_eos: a producer whose one token is EOS finishes as "stop" and, like vLLM, keeps no
+    # KV for anyone (no params): a probe of the KV path must not hang on the model's choice.
+    first = await producer.complete(model, prompt, 1, kv_transfer_params=PRODUCER_PARAMS,
+                                    extra={"ignore_eos": True})
     params = first.kv_transfer_params
     if first.status != 200 or params is None:
         return Handoff(producer.id, consumer.id, first, None)

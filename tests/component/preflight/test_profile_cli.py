@@ -358,3 +358,16 @@ def test_an_engine_whose_process_changed_mid_profile_is_not_written(rig: Rig, tm
     assert "e0: the engine restarted during profiling" in done.stderr
     assert not (tmp_path / "profiles.json").exists()
     assert os.listdir(tmp_path) == ["fleet.json"]  # no temp files left behind either
+
+
+def test_engines_sharing_a_host_are_measured_one_after_another(rig: Rig, tmp_path: Path) -> None:
+    """Both emulators listen on 127.0.0.1: measured side by side, each would record the other's
+    CPU load as its own step time, so the second waits for the first to finish."""
+    done = profile("--fleet", str(rig.fleet), "--out", str(tmp_path / "p.json"), *SMALL_SWEEP)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    first = [i for i, line in enumerate(lines) if re.match(r"narwhal-profile: e0 ", line)]
+    second = [i for i, line in enumerate(lines)
+              if re.match(r"narwhal-profile: e1 ", line) and "queued" not in line]
+    assert any("e1 queued (host busy)" in line for line in lines)
+    assert "e0 done" in lines[max(first)] and max(first) < min(second), "\n".join(lines)

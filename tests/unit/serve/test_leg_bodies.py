@@ -34,8 +34,22 @@ def test_the_prefill_leg_asks_for_one_unstreamed_token_and_a_kept_kv() -> None:
                   "temperature": 0.3, "logit_bias": {"5": 1}})
     body = json.loads(call.prefill_body())
     assert body == {"model": "m", "prompt": "hi", "max_tokens": 1, "stream": False,
-                    "kv_transfer_params": {"do_remote_decode": True}, "temperature": 0.3,
-                    "logit_bias": {"5": 1}}
+                    "ignore_eos": True, "kv_transfer_params": {"do_remote_decode": True},
+                    "temperature": 0.3, "logit_bias": {"5": 1}}
+
+
+def test_eos_and_stop_sequences_apply_to_the_decode_leg_only() -> None:
+    """A producer that stops on EOS or a stop string keeps no KV (no handoff, a 502), while its
+    one token is discarded anyway: the consumer samples its own first token."""
+    client = {"model": "m", "prompt": "hi", "max_tokens": 8, "ignore_eos": False,
+              "stop": ["\n", "END"], "stop_token_ids": [2]}
+    call = _call(client)
+    prefill = json.loads(call.prefill_body())
+    assert prefill["ignore_eos"] is True
+    assert "stop" not in prefill and "stop_token_ids" not in prefill
+    decode = json.loads(call.decode_body(None))
+    assert decode["ignore_eos"] is False and decode["stop"] == ["\n", "END"]
+    assert decode["stop_token_ids"] == [2]
 
 
 def test_a_chat_prefill_caps_max_completion_tokens_too() -> None:

@@ -8,6 +8,7 @@ generation after the sweep equals the one before: a restarted engine measured ha
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from datetime import datetime
@@ -79,7 +80,7 @@ def build_row(engine_id: str, m: Measurement, measured_at: datetime) -> ProfileR
             decode=DecodeCurve(base_s=dec.coefficients[0], per_token_s=dec.coefficients[1],
                                per_request_s=dec.coefficients[2], fit_error=dec.fit_error,
                                loo_error=dec.loo_error, samples=len(m.decode),
-                               max_requests=max(p.running for p in m.decode),
+                               max_requests=max(math.ceil(p.running) for p in m.decode),
                                max_resident_tokens=max(p.resident_tokens for p in m.decode)))
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
@@ -96,7 +97,7 @@ def sample_records(engine_id: str, m: Measurement) -> list[dict[str, Any]]:
                     "repeat": s.repeat}, "seconds": s.seconds} for s in m.prefill]
     out += [{"engine_id": engine_id, "generation": gen, "kind": "decode",
              "inputs": {"concurrency": p.concurrency, "context_tokens": p.context_tokens,
-                        "running": p.running, "resident_tokens": p.resident_tokens,
+                        "running": round(p.running, 3), "resident_tokens": p.resident_tokens,
                         "prompt_tokens": list(p.prompt_tokens), "steps": p.steps},
              "seconds": p.step_s} for p in m.decode]
     return out
