@@ -92,6 +92,29 @@ class Engine:
         }
 
 
+POOLS = ("prefill", "decode", "draining", "ejected", "held")
+
+
+def pools(engines: Sequence[Engine]) -> dict[str, list[str]]:
+    """Engine ids by what they take now: placeable ones by leg (a `both` engine in both), the
+    rest by why not (ejected before held before draining). /narwhal/state shows it and
+    /metrics counts it, so both always agree."""
+    out: dict[str, list[str]] = {name: [] for name in POOLS}
+    for e in engines:
+        if e.ejected:
+            out["ejected"].append(e.id)
+        elif e.held:
+            out["held"].append(e.id)
+        elif e.draining:
+            out["draining"].append(e.id)
+        else:
+            if e.serves_prefill:
+                out["prefill"].append(e.id)
+            if e.serves_decode:
+                out["decode"].append(e.id)
+    return out
+
+
 class RequestFacts(Protocol):
     """What a chooser may read about a request."""
 

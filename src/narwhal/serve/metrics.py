@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from narwhal.serve.engines import Engine
+from narwhal.serve.engines import Engine, pools
 from narwhal.serve.journal import Journal
 from narwhal.serve.leadership import Leadership
 from narwhal.serve.roles import RoleController
@@ -205,21 +205,13 @@ class _Families(Collector):
 
     def _pool_families(self) -> Iterable[Any]:
         """Pool sizes always; SLO-relative loads once the role controller has computed them."""
-        pools = GaugeMetricFamily("narwhal_router_pool_engines",
-                                  "Placeable engines taking each leg now (draining: leaving the "
-                                  "decode pool, taking neither)", labels=["pool"])
-        counts = {"prefill": 0, "decode": 0, "draining": 0}
-        for e in self._engines:
-            if not e.placeable:
-                continue
-            if e.draining:
-                counts["draining"] += 1
-            else:
-                counts["prefill"] += e.serves_prefill
-                counts["decode"] += e.serves_decode
-        for pool, n in counts.items():
-            pools.add_metric([pool], float(n))
-        yield pools
+        family = GaugeMetricFamily("narwhal_router_pool_engines",
+                                   "Engines by what they take now: prefill and decode (placeable, "
+                                   "a both engine in each), draining (leaving the decode pool), "
+                                   "ejected, held", labels=["pool"])
+        for pool, ids in pools(self._engines).items():
+            family.add_metric([pool], float(len(ids)))
+        yield family
         roles = self._roles
         if roles is None:
             return

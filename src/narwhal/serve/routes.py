@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from narwhal.serve.call import BadRequest, Call, check_body
-from narwhal.serve.engines import Engine
+from narwhal.serve.engines import Engine, pools
 from narwhal.serve.front import ClientConnection, Request
 from narwhal.serve.generation import ProfileBook
 from narwhal.serve.journal import Journal
@@ -196,24 +196,6 @@ class Routes:
     def _handoff(self, conn: ClientConnection, req: Request) -> None:
         self._json(conn, req, 200, self.lead.handoff())
 
-    def _pools(self) -> dict[str, list[str]]:
-        """Which engines take which legs now: placeable ones by leg, the rest by reason."""
-        pools: dict[str, list[str]] = {"prefill": [], "decode": [], "draining": [],
-                                       "ejected": [], "held": []}
-        for e in self.engines:
-            if e.ejected:
-                pools["ejected"].append(e.id)
-            elif e.held:
-                pools["held"].append(e.id)
-            elif e.draining:
-                pools["draining"].append(e.id)
-            else:
-                if e.serves_prefill:
-                    pools["prefill"].append(e.id)
-                if e.serves_decode:
-                    pools["decode"].append(e.id)
-        return pools
-
     def _state(self, conn: ClientConnection, req: Request) -> None:
         ready, why = self.ready()
         self._json(conn, req, 200, {
@@ -226,7 +208,7 @@ class Routes:
             "inflight": self.proxy.inflight,
             "served": self.proxy.served,
             "prompt_estimate": self.proxy.estimator.state(),
-            "pools": self._pools(),
+            "pools": pools(self.engines),
             "engines": [e.state() for e in self.engines],
             "scheduler": (chooser.state() if isinstance(chooser := self.proxy.chooser, CurvePriced)
                           else {"policy": "least_outstanding"}),

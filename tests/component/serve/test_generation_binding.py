@@ -114,6 +114,10 @@ def test_a_restarted_engine_is_held_for_reprofile_until_its_row_matches_again(
     metrics = call(router.port, "GET", "/metrics").body.decode()
     assert 'narwhal_router_engine_held{engine="e0",reason="reprofile"} 1.0' in metrics
     assert 'narwhal_router_engine_admitted{engine="e0",role="both"} 0.0' in metrics
+    pools = call(router.port, "GET", "/narwhal/state").json()["pools"]
+    assert pools["held"] == ["e0"] and pools["prefill"] == pools["decode"] == []
+    assert 'narwhal_router_pool_engines{pool="held"} 1.0' in metrics
+    assert 'narwhal_router_pool_engines{pool="decode"} 0.0' in metrics
 
     write_profiles(profiles, [profile_row("e0", live_generation(port))])  # re-profiled
     wait_for("bound again", lambda: engine_state(router)["admitted"])
