@@ -3,7 +3,7 @@
 Order of work, cheapest refusal first: flags and the fleet document (exit 2), the output files
 (an existing store without --overwrite: exit 2, before anything is measured), then every engine's
 facts at once (generation, limits, idle), then the sweeps (hosts in parallel, the engines of one
-host one after another), the generation again, the fit. The store
+host `--per-host` at a time, default one), the generation again, the fit. The store
 is written only when every profiled engine produced a row (all or nothing: exit 1 otherwise,
 with nothing written), because a store missing an engine would leave the router unable to price
 it, which is worse than keeping the last complete store.
@@ -100,6 +100,10 @@ def parser() -> argparse.ArgumentParser:
                    help="tokens generated per decode stream (default 32; at least 8)")
     p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S,
                    help="seconds one engine call may take (default 120)")
+    p.add_argument("--per-host", type=_positive, default=1, metavar="N",
+                   help="engines of one host measured at the same time (default 1: engines "
+                        "sharing a host's CPUs would record each other's load); hosts always "
+                        "run in parallel")
     p.add_argument("--json", action="store_true", help="print one JSON result object instead of a table")
     return p
 
@@ -113,6 +117,7 @@ class Job:
     settings: SweepSettings
     target: Target
     timeout_s: float
+    per_host: int = 1
 
 
 def settle(args: argparse.Namespace) -> Job:
@@ -144,7 +149,7 @@ def settle(args: argparse.Namespace) -> Job:
     settings = SweepSettings(args.repeats, args.prefill_lengths, args.decode_concurrency,
                              args.decode_contexts, args.decode_tokens)
     engines = tuple((e.id, e.url) for e in fleet.engines if not only or e.id in only)
-    return Job(fleet, engines, settings, target, args.timeout)
+    return Job(fleet, engines, settings, target, args.timeout, args.per_host)
 
 
 async def _facts(clients: dict[str, EngineClient], model: str
@@ -203,10 +208,15 @@ async def run(job: Job, progress: Reporter) -> tuple[list[EngineOutcome], list[d
         urls = dict(job.engines)
 
         async def one_host(ids: list[str]) -> list[tuple[EngineOutcome, list[dict[str, Any]]]]:
-            for eid in ids[1:]:
+            slots = asyncio.Semaphore(job.per_host)
+            for eid in ids[job.per_host:]:
                 progress.update(eid, "queued (host busy)", 0, 1)
-            return [await _profile_one(clients[eid], model, plans[eid][0], plans[eid][1],
-                                       _for_engine(progress, eid)) for eid in ids]
+
+            async def one(eid: str) -> tuple[EngineOutcome, list[dict[str, Any]]]:
+                async with slots:
+                    return await _profile_one(clients[eid], model, plans[eid][0], plans[eid][1],
+                                              _for_engine(progress, eid))
+            return list(await asyncio.gather(*(one(eid) for eid in ids)))
 
         with progress:
             per_host = await asyncio.gather(*(one_host(ids) for ids in by_host(list(plans), urls)))
@@ -220,7 +230,7 @@ def by_host(engine_ids: list[str], urls: dict[str, str]) -> list[list[str]]:
     its CPUs (each API server and engine core needs a core) and memory bandwidth, so measured
     together each would record the other's load as its own step time: on two real CPU engines
     sharing a 2-core box, the decode fit error rose from about 6% alone to 56% side by side.
-    Hosts are measured in parallel, the engines of one host one after another."""
+    Hosts are measured in parallel, the engines of one host `--per-host` at a time."""
     groups: dict[str, list[str]] = {}
     for eid in engine_ids:
         host = (urlsplit(urls[eid]).hostname or urls[eid]).lower()

@@ -196,6 +196,8 @@ def test_unknown_only_engine_is_bad_input_listing_the_fleet_ids(rig: Rig, tmp_pa
     (["--decode-concurrency", "0,2"], "--decode-concurrency"),
     (["--decode-contexts", ""], "--decode-contexts"),
     (["--timeout", "0"], "--timeout"),
+    (["--per-host", "0"], "--per-host"),
+    (["--per-host", "two"], "--per-host"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(rig: Rig, tmp_path: Path, flags: list[str], named: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -371,3 +373,16 @@ def test_engines_sharing_a_host_are_measured_one_after_another(rig: Rig, tmp_pat
               if re.match(r"narwhal-profile: e1 ", line) and "queued" not in line]
     assert any("e1 queued (host busy)" in line for line in lines)
     assert "e0 done" in lines[max(first)] and max(first) < min(second), "\n".join(lines)
+
+
+def test_per_host_lets_engines_of_one_host_be_measured_together(rig: Rig, tmp_path: Path) -> None:
+    """A GPU host's engines each have their own device and many cores: an operator may trade
+    that isolation for time."""
+    done = profile("--fleet", str(rig.fleet), "--out", str(tmp_path / "p.json"), "--per-host", "2",
+                   *SMALL_SWEEP)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert not any("queued" in line for line in lines)
+    first_done = next(i for i, line in enumerate(lines) if " done " in line)
+    assert any(line.startswith("narwhal-profile: e1 decode") for line in lines[:first_done]) and \
+        any(line.startswith("narwhal-profile: e0 decode") for line in lines[:first_done])
