@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import aiohttp
 from narwhal.core import result_line
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
+from narwhal.core.flag_types import number
 from narwhal.serve.calibration import beside, load_calibration, write_private_json
 from narwhal.serve.engine_client import clients
 from narwhal.serve.fleet import load_fleet
@@ -44,18 +44,6 @@ CALIBRATION_GATES = ("reach", "model", "profile", "tokenize")
 DEFAULT_CALIBRATION = "first-token-calibration.json"
 
 
-def _number(kind: type, low: float, high: float) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not low <= value <= high:  # also refuses NaN, which passes no comparison
-            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g}")
-        return value
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
     d, c = CheckOptions(), CalibrateOptions()
     p = argparse.ArgumentParser(prog=COMMAND, description=DESCRIPTION,
@@ -70,36 +58,36 @@ def _parser() -> argparse.ArgumentParser:
                    help="kv gate on a subset: each engine produces for the next and consumes from "
                         "the previous (n pairs instead of n(n-1))")
     f = float
-    p.add_argument("--reach-timeout", type=_number(f, 0.1, 600), default=d.reach_timeout_s,
+    p.add_argument("--reach-timeout", type=number(f, 0.1, 600), default=d.reach_timeout_s,
                    help=f"seconds for /health and /version (default {d.reach_timeout_s:g})")
-    p.add_argument("--call-timeout", type=_number(f, 1, 3600), default=d.call_timeout_s,
+    p.add_argument("--call-timeout", type=number(f, 1, 3600), default=d.call_timeout_s,
                    help=f"seconds for any other engine call (default {d.call_timeout_s:g})")
-    p.add_argument("--max-fit-error", type=_number(f, 0, 10), default=d.max_fit_error,
+    p.add_argument("--max-fit-error", type=number(f, 0, 10), default=d.max_fit_error,
                    help=f"largest profile fit_error accepted (default {d.max_fit_error:g})")
-    p.add_argument("--max-loo-error", type=_number(f, 0, 10), default=d.max_loo_error,
+    p.add_argument("--max-loo-error", type=number(f, 0, 10), default=d.max_loo_error,
                    help=f"largest profile loo_error accepted (default {d.max_loo_error:g})")
-    p.add_argument("--pace-tokens", type=_number(int, 8, 100_000), default=d.pace_tokens,
+    p.add_argument("--pace-tokens", type=number(int, 8, 100_000), default=d.pace_tokens,
                    help=f"prompt tokens of a pace probe (default {d.pace_tokens})")
-    p.add_argument("--pace-repeats", type=_number(int, 1, 50), default=d.pace_repeats,
+    p.add_argument("--pace-repeats", type=number(int, 1, 50), default=d.pace_repeats,
                    help=f"pace probes per engine (default {d.pace_repeats})")
-    p.add_argument("--pace-factor", type=_number(f, 1, 1000), default=d.pace_factor,
+    p.add_argument("--pace-factor", type=number(f, 1, 1000), default=d.pace_factor,
                    help=f"allowed multiple of prediction and fleet median (default {d.pace_factor:g})")
-    p.add_argument("--pace-slack", type=_number(f, 0, 60), default=d.pace_slack_s,
+    p.add_argument("--pace-slack", type=number(f, 0, 60), default=d.pace_slack_s,
                    help=f"seconds added to both pace budgets (default {d.pace_slack_s:g})")
-    p.add_argument("--kv-tokens", type=_number(int, 16, 100_000), default=d.kv_tokens,
+    p.add_argument("--kv-tokens", type=number(int, 16, 100_000), default=d.kv_tokens,
                    help=f"prompt tokens of a kv handoff probe (default {d.kv_tokens})")
-    p.add_argument("--slo-context", type=_number(int, 1, 10_000_000), default=d.slo_context_tokens,
+    p.add_argument("--slo-context", type=number(int, 1, 10_000_000), default=d.slo_context_tokens,
                    help=f"context tokens the SLO floors assume (default {d.slo_context_tokens})")
     p.add_argument("--calibrate-first-token", action="store_true",
                    help="sample first-token times per pair and length; write a calibration")
     p.add_argument("--calibration-out", type=Path, metavar="PATH",
                    help="where the calibration goes (default: the fleet's calibration.path, "
                         f"else {DEFAULT_CALIBRATION} beside the fleet)")
-    p.add_argument("--calibrate-repeats", type=_number(int, 1, 100), default=c.repeats,
+    p.add_argument("--calibrate-repeats", type=number(int, 1, 100), default=c.repeats,
                    help=f"samples per pair and length (default {c.repeats})")
-    p.add_argument("--calibrate-safety", type=_number(f, 1, 100), default=c.safety_factor,
+    p.add_argument("--calibrate-safety", type=number(f, 1, 100), default=c.safety_factor,
                    help=f"safety factor on the worst p95 (default {c.safety_factor:g})")
-    p.add_argument("--calibrate-max-tokens", type=_number(int, 16, 1_000_000), default=c.max_tokens,
+    p.add_argument("--calibrate-max-tokens", type=number(int, 16, 1_000_000), default=c.max_tokens,
                    help=f"longest calibration prompt (default {c.max_tokens})")
     return p
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import sys
 import time
@@ -28,6 +27,7 @@ from rich.console import Console
 
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
+from narwhal.core.flag_types import increasing_ints, number
 from narwhal.serve.engine_client import EngineCallFailed, EngineClient
 from narwhal.serve.fleet import FleetDocument, load_fleet
 from narwhal.serve.profiler import plan as sweep_plan
@@ -49,34 +49,9 @@ DESCRIPTION = "Measures prefill and decode cost curves of each live engine for t
 DEFAULT_TIMEOUT_S = 120.0
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
-    return value
-
-
-def _increasing(text: str) -> tuple[int, ...]:
-    """`64,128,256`: positive whole numbers, strictly increasing."""
-    values = tuple(_positive(part.strip()) for part in text.split(",") if part.strip())
-    if not values:
-        raise argparse.ArgumentTypeError("give at least one number, comma-separated")
-    if any(b <= a for a, b in itertools.pairwise(values)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be strictly increasing, e.g. 64,256,1024")
-    return values
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"{value} must be above 0 and at most 3600")
-    return value
+_positive = number(int, 1, 1_000_000)
+_increasing = increasing_ints()
+_seconds = number(float, 0, 3600, above_low=True)
 
 
 def parser() -> argparse.ArgumentParser:
