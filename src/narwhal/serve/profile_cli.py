@@ -33,7 +33,7 @@ from narwhal.serve.fleet import FleetDocument, load_fleet
 from narwhal.serve.profiler import plan as sweep_plan
 from narwhal.serve.profiler.plan import SweepPlan, SweepSettings, plan_for
 from narwhal.serve.profiler.progress import Reporter, reporter
-from narwhal.serve.profiler.report import EngineOutcome, print_table, result_document
+from narwhal.serve.profiler.report import EngineOutcome, overlap_notes, print_table, result_document
 from narwhal.serve.profiler.rows import RowRefused, build_row, sample_records
 from narwhal.serve.profiler.store_io import (
     Target,
@@ -137,15 +137,18 @@ async def _facts(clients: dict[str, EngineClient], model: str
 async def _profile_one(client: EngineClient, model: str, plan: SweepPlan, facts: EngineFacts,
                        report: Callable[[str, int, int], None]) -> tuple[EngineOutcome, list[dict[str, Any]]]:
     started = time.monotonic()
+    notes: tuple[str, ...] = ()
     try:
         m = await measure(client, model, plan, facts.generation, report)
+        notes = overlap_notes(client.id, m)
         report("fit", 0, 1)
         row = build_row(client.id, m, now_utc())
     except (EngineCallFailed, RowRefused) as exc:
         report("failed", 1, 1)
-        return EngineOutcome(client.id, None, str(exc), time.monotonic() - started), []
+        return EngineOutcome(client.id, None, str(exc), time.monotonic() - started, notes), []
     report("done", 1, 1)
-    return EngineOutcome(client.id, row, None, time.monotonic() - started), sample_records(client.id, m)
+    return (EngineOutcome(client.id, row, None, time.monotonic() - started, notes),
+            sample_records(client.id, m))
 
 
 def _for_engine(progress: Reporter, engine_id: str) -> Callable[[str, int, int], None]:
@@ -241,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(outcomes, Console(width=None if sys.stdout.isatty() else 160))
     for o in outcomes:
+        for note in o.notes:
+            print(f"narwhal-profile: note: {note}", file=sys.stderr)
         if o.error:
             print(f"narwhal-profile: {o.error}", file=sys.stderr)
     if not ok:

@@ -386,3 +386,27 @@ def test_per_host_lets_engines_of_one_host_be_measured_together(rig: Rig, tmp_pa
     first_done = next(i for i, line in enumerate(lines) if " done " in line)
     assert any(line.startswith("narwhal-profile: e1 decode") for line in lines[:first_done]) and \
         any(line.startswith("narwhal-profile: e0 decode") for line in lines[:first_done])
+
+
+def test_an_engine_that_runs_one_request_at_a_time_is_named_not_fitted_as_a_batch(
+        tmp_path: Path) -> None:
+    """Started together, streams the engine runs one by one are a batch of 1. Every point then
+    collapses to one request per context, too few distinct points to fit: the run fails, and
+    the note says which points ran as what and where to look."""
+    model = write_tiny_llama(tmp_path / "tiny")
+    engine = start_engine(model, log_path=tmp_path / "one.log",
+                          extra_args=[*ARGS, "--max-num-seqs", "1"],
+                          env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+    try:
+        fleet = write_fleet(tmp_path / "fleet.json", [engine.url])
+        done = profile("--fleet", str(fleet), "--json", *SMALL_SWEEP, "--decode-concurrency", "1,2,4")
+    finally:
+        engine.stop()
+    assert done.returncode == 1, done.stderr[-2000:]
+    (outcome,) = json.loads(done.stdout)["engines"]
+    assert "decode fit refused: 2 distinct point(s)" in outcome["error"]
+    (note,) = outcome["notes"]
+    assert note.startswith("e0: 4 of 6 decode points ran as a smaller batch")
+    assert "2x64 as 1.0" in note and "4x256 as 1.0" in note and "--max-num-seqs" in note
+    assert f"narwhal-profile: note: {note}" in done.stderr
+    assert not (tmp_path / "profiles.json").exists()

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from narwhal.serve.profiler.sweep import MIN_OVERLAP, Measurement
 from narwhal.serve.profiles import ProfileRow
 
 RESULT_SCHEMA = "narwhal.profile-result"
@@ -20,6 +21,22 @@ class EngineOutcome:
     row: ProfileRow | None
     error: str | None
     seconds: float
+    notes: tuple[str, ...] = ()  # what the operator should know even when the row is fine
+
+
+def overlap_notes(engine_id: str, m: Measurement) -> tuple[str, ...]:
+    """Decode points whose streams the engine did not run together (batch below MIN_OVERLAP of
+    the streams started, in every try): the row is honest about it (the measured batch is
+    what it fits), but an engine that serializes requests is worth a look: a starved API
+    server, or a `--max-num-seqs` below the concurrency asked for."""
+    low = [p for p in m.decode if p.concurrency > 1 and p.running < MIN_OVERLAP * p.concurrency]
+    if not low:
+        return ()
+    worst = ", ".join(f"{p.concurrency}x{p.context_tokens} as {p.running:.1f}" for p in low[:4])
+    more = f" and {len(low) - 4} more" if len(low) > 4 else ""
+    return (f"{engine_id}: {len(low)} of {len(m.decode)} decode points ran as a smaller batch "
+            f"than the streams started ({worst}{more}); the fit uses the batch the engine ran. "
+            "Is its API server short of CPU, or --max-num-seqs below --decode-concurrency?",)
 
 
 def result_document(outcomes: list[EngineOutcome], *, written: bool, store: str, samples: str,
@@ -29,7 +46,7 @@ def result_document(outcomes: list[EngineOutcome], *, written: bool, store: str,
         "store": store if written else None, "samples": samples if written else None,
         "elapsed_s": round(elapsed_s, 3),
         "engines": [{"engine_id": o.engine_id, "ok": o.row is not None, "error": o.error,
-                     "seconds": round(o.seconds, 3),
+                     "seconds": round(o.seconds, 3), "notes": list(o.notes),
                      "row": o.row.model_dump(mode="json") if o.row else None} for o in outcomes],
     }
 
