@@ -10,26 +10,26 @@ handoffs the fleet was measured to need, and every cut-off request is a user-vis
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, Field
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.serve.fleet import FleetDocument, read_json_document, validate_document
+from narwhal.serve.fleet import (
+    FleetDocument,
+    StrictModel,
+    beside,
+    read_json_document,
+    validate_document,
+)
 from narwhal.serve.profiles import Generation
 
 SCHEMA = "narwhal.first-token-calibration"
 VERSION = 1
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class LengthSamples(_Strict):
+class LengthSamples(StrictModel):
     """The first-token times of one pair at one prompt length, in measurement order."""
 
     prompt_tokens: int = Field(ge=1, le=10_000_000)
@@ -37,7 +37,7 @@ class LengthSamples(_Strict):
     p95_s: float = Field(ge=0)
 
 
-class PairSamples(_Strict):
+class PairSamples(StrictModel):
     """One ordered producer -> consumer pair's samples at every calibrated length."""
 
     producer: str = Field(min_length=1, max_length=64)
@@ -45,12 +45,12 @@ class PairSamples(_Strict):
     lengths: tuple[LengthSamples, ...] = Field(min_length=1, max_length=64)
 
 
-class EngineGeneration(_Strict):
+class EngineGeneration(StrictModel):
     engine_id: str = Field(min_length=1, max_length=64)
     generation: Generation
 
 
-class Calibration(_Strict):
+class Calibration(StrictModel):
     """`narwhal.first-token-calibration` v1."""
 
     schema_: Literal["narwhal.first-token-calibration"] = Field(alias="schema")
@@ -99,12 +99,6 @@ def deadline_problem(deadline_s: float, calibration: Calibration, path: Path,
     return None
 
 
-def beside(fleet_path: Path, text: str) -> Path:
-    """A path named in the fleet document; a relative one is beside the document."""
-    path = Path(text)
-    return path if path.is_absolute() else fleet_path.resolve().parent / path
-
-
 def check_fleet_deadline(doc: FleetDocument, fleet_path: Path) -> Calibration | None:
     """The router's startup check: InputError when the deadline is below the calibration's."""
     if doc.calibration is None:
@@ -115,19 +109,3 @@ def check_fleet_deadline(doc: FleetDocument, fleet_path: Path) -> Calibration | 
     if problem is not None:
         raise InputError(str(fleet_path), [problem])
     return calibration
-
-
-def write_private_json(path: Path, document: dict[str, Any]) -> None:
-    """Write `document` atomically (temp file + rename) with mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(document, out, indent=1, sort_keys=False)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

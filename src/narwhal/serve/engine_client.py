@@ -148,21 +148,29 @@ class EngineClient:
         except ValueError as exc:
             raise EngineCallFailed(self.id, "GET /metrics", f"not Prometheus text ({exc})") from None
 
-    async def generation(self) -> Generation:
-        """The live generation, as the router reads it (version + process start time)."""
+    async def generation(self, page: MetricsPage | None = None) -> Generation:
+        """The live generation, as the router reads it (version + process start time); the
+        start time from `page` when the caller has just scraped /metrics anyway."""
         version = await self.version()
         try:
-            started = parse_start_time(await self._get("/metrics"))
+            started = parse_start_time(page.text if page is not None else await self._get("/metrics"))
         except GenerationUnreadable as exc:
             raise EngineCallFailed(self.id, "GET /metrics", str(exc)) from None
         return Generation(engine_version=version, process_start_time_seconds=started)
 
-    async def models(self) -> list[str]:
+    async def model_cards(self) -> list[dict[str, Any]]:
+        """The `data` cards of GET /v1/models (vLLM's carry `max_model_len`)."""
         try:
-            data = json.loads(await self._get("/v1/models"))
-            return [str(m["id"]) for m in data["data"]]
+            cards = json.loads(await self._get("/v1/models"))["data"]
+            if not isinstance(cards, list) or not all(isinstance(c, dict) and "id" in c
+                                                      for c in cards):
+                raise TypeError("data is not a list of model cards")
+            return cards
         except (ValueError, KeyError, TypeError) as exc:
             raise EngineCallFailed(self.id, "GET /v1/models", f"unexpected body ({exc})") from None
+
+    async def models(self) -> list[str]:
+        return [str(card["id"]) for card in await self.model_cards()]
 
     async def _post(self, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
         try:

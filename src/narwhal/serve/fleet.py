@@ -29,11 +29,13 @@ _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """Every document Narwhal reads: unknown keys, wrong types, NaN and Infinity refused."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
-class EngineEntry(_Strict):
+class EngineEntry(StrictModel):
     """One engine: a stable id, its OpenAI-compatible base URL and the legs it may serve."""
 
     id: str
@@ -41,14 +43,14 @@ class EngineEntry(_Strict):
     role: Literal["prefill", "decode", "both"]
 
 
-class Slo(_Strict):
+class Slo(StrictModel):
     """Service-level objectives; histogram buckets are derived from them."""
 
     ttft_s: float = Field(gt=0, le=600)
     tpot_s: float = Field(gt=0, le=60)
 
 
-class Serving(_Strict):
+class Serving(StrictModel):
     """Named limits and timeouts; every value has a default that suits a small fleet."""
 
     max_request_bytes: int = Field(default=1_048_576, ge=1024, le=256 * 1_048_576)
@@ -62,7 +64,7 @@ class Serving(_Strict):
     prompt_length: Literal["prefill_usage", "tokenize"] = "prefill_usage"
 
 
-class Health(_Strict):
+class Health(StrictModel):
     """When an engine is ejected and how often ejected or idle engines are probed."""
 
     eject_after_failures: int = Field(default=3, ge=1, le=1000)
@@ -70,7 +72,7 @@ class Health(_Strict):
     probe_timeout_s: float = Field(default=1.0, gt=0, le=60)
 
 
-class Tenant(_Strict):
+class Tenant(StrictModel):
     """A tenant and the environment variable that holds its bearer key (never the key).
 
     `weight` is its fair share of the fleet relative to the other tenants with requests in
@@ -81,14 +83,14 @@ class Tenant(_Strict):
     weight: float = Field(default=1.0, gt=0, le=1000)
 
 
-class Journal(_Strict):
+class Journal(StrictModel):
     """Where per-request rows go and how many may wait for the writer before rows are dropped."""
 
     path: str
     max_queued_rows: int = Field(default=65_536, ge=16, le=10_000_000)
 
 
-class Controller(_Strict):
+class Controller(StrictModel):
     """The controller lease: exactly one router places requests for this fleet.
 
     `lease_path` defaults to `<fleet document>.lease` beside the document, so two routers
@@ -101,13 +103,13 @@ class Controller(_Strict):
     handoff_poll_s: float = Field(default=0.1, ge=0.02, le=10)
 
 
-class Profiles(_Strict):
+class Profiles(StrictModel):
     """Where the `narwhal.profiles` store is (written by narwhal-profile)."""
 
     path: str
 
 
-class CalibrationRef(_Strict):
+class CalibrationRef(StrictModel):
     """Where the `narwhal.first-token-calibration` document is (narwhal-check writes it).
 
     With it, the router refuses to start when serving.first_token_timeout_s is below the
@@ -117,7 +119,7 @@ class CalibrationRef(_Strict):
     path: str
 
 
-class RoleFlips(_Strict):
+class RoleFlips(StrictModel):
     """The reactive role controller over the `both` engines (roles.py).
 
     Every `interval_s` it compares SLO-relative prefill load (predicted queue wait over the
@@ -141,7 +143,7 @@ class RoleFlips(_Strict):
     decode_utilization: float = Field(default=0.8, gt=0, le=1)
 
 
-class FleetDocument(_Strict):
+class FleetDocument(StrictModel):
     """`narwhal.fleet` v1."""
 
     schema_: Literal["narwhal.fleet"] = Field(alias="schema")
@@ -383,6 +385,13 @@ def read_json_document(path: Path, unreadable_fix: str) -> Any:
     except json.JSONDecodeError as exc:
         raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
                                           f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
+
+
+def beside(fleet_path: Path, text: str) -> Path:
+    """A path the fleet document names (journal, lease, profiles, calibration): relative ones
+    are taken from the document's folder, so every tool resolves them as the router does."""
+    path = Path(text)
+    return path if path.is_absolute() else fleet_path.resolve().parent / path
 
 
 def load_fleet(path: Path) -> FleetDocument:

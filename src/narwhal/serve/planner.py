@@ -55,13 +55,17 @@ def prefill_pool_load(demand: Demand, engines: int, utilization: float) -> float
     return demand.prefill_rate / (engines * utilization)
 
 
+def spread_step_s(curve: DecodeCurve, resident_tokens: float, streams: float, engines: int) -> float:
+    """The decode step with `streams` and their `resident_tokens` spread evenly over `engines`
+    (the per-request term kept fractional: 3 streams on 2 engines are 1.5 each)."""
+    return curve.step_s(round(resident_tokens / engines), 0) + curve.per_request_s * streams / engines
+
+
 def decode_pool_load(demand: Demand, engines: int, curve: DecodeCurve, tpot_s: float,
                      utilization: float) -> float:
     if engines <= 0:
         return math.inf if demand.streams > 0 else 0.0
-    step = curve.step_s(round(demand.resident_tokens / engines), 0) \
-        + curve.per_request_s * demand.streams / engines
-    return step / (utilization * tpot_s)
+    return spread_step_s(curve, demand.resident_tokens, demand.streams, engines) / (utilization * tpot_s)
 
 
 def plan_prefill(demand: Demand, shape: PoolShape, curve: DecodeCurve, tpot_s: float,

@@ -29,7 +29,7 @@ from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import increasing_ints, number
 from narwhal.serve.engine_client import EngineCallFailed, EngineClient
-from narwhal.serve.fleet import FleetDocument, load_fleet
+from narwhal.serve.fleet import FleetDocument, beside, load_fleet
 from narwhal.serve.profiler import plan as sweep_plan
 from narwhal.serve.profiler.plan import SweepPlan, SweepSettings, plan_for
 from narwhal.serve.profiler.progress import Reporter, reporter
@@ -110,8 +110,7 @@ def settle(args: argparse.Namespace) -> Job:
     if args.out is not None:
         store = args.out
     elif fleet.profiles is not None:
-        path = Path(fleet.profiles.path)  # relative to the fleet document, as the router reads it
-        store = path if path.is_absolute() else args.fleet.resolve().parent / path
+        store = beside(args.fleet, fleet.profiles.path)
     else:
         store = None
         problems.append(Problem("--out", "the fleet document has no profiles.path",

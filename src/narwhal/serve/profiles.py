@@ -23,22 +23,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, Field, field_validator
 
 from narwhal.core.documents import digest
 from narwhal.core.errors import InputError, Problem
-from narwhal.serve.fleet import read_json_document, validate_document
+from narwhal.serve.fleet import StrictModel, read_json_document, validate_document
 
 SCHEMA = "narwhal.profiles"
 VERSION = 1
 _ATTESTATION = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class Generation(_Strict):
+class Generation(StrictModel):
     """Which engine process a row measured; equal generations mean the same process."""
 
     engine_version: str = Field(min_length=1, max_length=128)
@@ -60,7 +56,7 @@ class Generation(_Strict):
                 + (f", attested {self.attestation_digest[:19]}" if self.attestation_digest else ""))
 
 
-class _Fit(_Strict):
+class _Fit(StrictModel):
     fit_error: float = Field(ge=0, le=10)  # relative RMS error of the fit over its own samples
     loo_error: float = Field(ge=0, le=10)  # relative RMS leave-one-out error
     samples: int = Field(ge=3, le=1_000_000)
@@ -91,7 +87,7 @@ class DecodeCurve(_Fit):
         return self.base_s + self.per_token_s * resident_tokens + self.per_request_s * running
 
 
-class ProfileRow(_Strict):
+class ProfileRow(StrictModel):
     """One engine's curves, bound to the generation they were measured on."""
 
     engine_id: str = Field(min_length=1, max_length=64)
@@ -101,7 +97,7 @@ class ProfileRow(_Strict):
     measured_at: AwareDatetime
 
 
-class ProfileStore(_Strict):
+class ProfileStore(StrictModel):
     """`narwhal.profiles` v1: one row per engine."""
 
     schema_: Literal["narwhal.profiles"] = Field(alias="schema")

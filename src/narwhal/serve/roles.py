@@ -48,7 +48,7 @@ from typing import Any
 
 from narwhal.serve.engines import Engine
 from narwhal.serve.fleet import RoleFlips
-from narwhal.serve.planner import DemandWindow, PoolShape, plan_prefill
+from narwhal.serve.planner import DemandWindow, PoolShape, plan_prefill, spread_step_s
 from narwhal.serve.scheduler import decode_step_s
 
 _log = logging.getLogger("narwhal.serve.roles")
@@ -93,15 +93,13 @@ def decide(members: Sequence[Member], prefill_load: float, decode_load: float,
     n_decode = sum(1 for m in members if m.role == DECODE)
     loads = f"prefill load {prefill_load:.2f}, decode load {decode_load:.2f}"
     if prefill_load > high and after_decode < low and n_decode > policy.min_decode:
-        ready = [m for m in members if m.role == DECODE and m.cooled]
-        if ready:
-            pick = min(ready, key=lambda m: (m.running, m.id))  # shortest drain
+        pick = _cheapest_to_move(members, DECODE)
+        if pick is not None:
             return Flip(pick.id, DECODE, PREFILL,
                         f"{loads}: prefill above high water {high:g}, decode below low water {low:g}")
     if decode_load > high and after_prefill < low and n_prefill > policy.min_prefill:
-        ready = [m for m in members if m.role == PREFILL and m.cooled]
-        if ready:
-            pick = min(ready, key=lambda m: (m.queue_s, m.id))  # strands the least prefill
+        pick = _cheapest_to_move(members, PREFILL)
+        if pick is not None:
             return Flip(pick.id, PREFILL, DECODE,
                         f"{loads}: decode above high water {high:g}, prefill below low water {low:g}")
     return None
@@ -128,8 +126,6 @@ class RoleController:
         self.flips: dict[tuple[str, str], int] = {}
         self.prefill_load = 0.0
         self.decode_load = 0.0
-        self.spare_prefill = 0.0
-        self.spare_decode = 0.0
         # Planner mode: cumulative prefill seconds offered to the fleet (the scheduler counts
         # them, refused requests included) sampled over a sliding window.
         self._offered = offered_prefill_s or (lambda: 0.0)
@@ -174,8 +170,7 @@ class RoleController:
             if n_prefill > 1 else math.inf
         spare_decode = math.inf
         if n_decode > 1 and spare_curve is not None:
-            step = spare_curve.step_s(resident // (n_decode - 1), 0) \
-                + spare_curve.per_request_s * streams / (n_decode - 1)
+            step = spread_step_s(spare_curve, resident, streams, n_decode - 1)
             spare_decode = _headroom_used(step, spare_curve.base_s, self.tpot_s)
         return prefill, worst, spare_prefill, spare_decode
 
@@ -200,23 +195,17 @@ class RoleController:
                             policy.decode_utilization)
 
     def _toward(self, target: int, members: Sequence[Member]) -> Flip | None:
-        """One flip towards `target` prefill engines (draining ones count as prefill)."""
+        """One flip towards `target` prefill engines; none while an engine drains."""
         if any(m.role == DRAINING for m in members):
             return None
         n_prefill = sum(1 for m in members if m.role == PREFILL)
         why = (f"planner: {target} of {len(members)} engines should prefill "
                f"(prefill load {self.prefill_load:.2f}, decode load {self.decode_load:.2f})")
-        if target > n_prefill:
-            ready = [m for m in members if m.role == DECODE and m.cooled]
-            if ready:
-                pick = min(ready, key=lambda m: (m.running, m.id))
-                return Flip(pick.id, DECODE, PREFILL, why)
-        elif target < n_prefill:
-            ready = [m for m in members if m.role == PREFILL and m.cooled]
-            if ready:
-                pick = min(ready, key=lambda m: (m.queue_s, m.id))
-                return Flip(pick.id, PREFILL, DECODE, why)
-        return None
+        if target == n_prefill:
+            return None
+        src, dst = (DECODE, PREFILL) if target > n_prefill else (PREFILL, DECODE)
+        pick = _cheapest_to_move(members, src)
+        return None if pick is None else Flip(pick.id, src, dst, why)
 
     def tick(self) -> Flip | None:
         """Finish drains, then decide and apply at most one flip."""
@@ -225,8 +214,7 @@ class RoleController:
             if engine.draining and engine.running <= 0:
                 engine.draining = False
                 engine.serves_prefill = True
-        (self.prefill_load, self.decode_load,
-         self.spare_prefill, self.spare_decode) = self.loads(now)
+        self.prefill_load, self.decode_load, spare_prefill, spare_decode = self.loads(now)
         cooldown = self.policy.cooldown_s
         members = [Member(e.id, self.role_of(e),
                           now - self._flipped_at.get(e.id, -math.inf) >= cooldown,
@@ -238,7 +226,7 @@ class RoleController:
                                                                          members)
         else:
             flip = decide(members, self.prefill_load, self.decode_load, self.policy,
-                          spare_prefill=self.spare_prefill, spare_decode=self.spare_decode)
+                          spare_prefill=spare_prefill, spare_decode=spare_decode)
         if flip is not None:
             self._apply(flip, now)
         return flip
@@ -286,6 +274,17 @@ class RoleController:
             "roles": {e.id: self.role_of(e) for e in self.members},
             "flips": [{"from": f, "to": t, "count": n} for (f, t), n in sorted(self.flips.items())],
         }
+
+
+def _cheapest_to_move(members: Sequence[Member], role: str) -> Member | None:
+    """The cooled member of `role` whose move costs least: a decode engine with the fewest
+    streams to drain, a prefill engine with the least queued prefill to strand."""
+    ready = [m for m in members if m.role == role and m.cooled]
+    if not ready:
+        return None
+    if role == DECODE:
+        return min(ready, key=lambda m: (m.running, m.id))
+    return min(ready, key=lambda m: (m.queue_s, m.id))
 
 
 def _headroom_used(step_s: float, base_s: float, tpot_s: float) -> float:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.secret import Secret
-from narwhal.serve.fleet import FleetDocument, RoleFlips
+from narwhal.serve.fleet import FleetDocument, RoleFlips, beside
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +151,11 @@ def _tenants(doc: FleetDocument, env: Mapping[str, str], source: str) -> Tenants
 def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> RouterSettings:
     """Resolve the document against the environment and the document's own folder."""
     source = str(fleet_path)
-    journal = _beside(fleet_path, doc.journal.path)
+    journal = beside(fleet_path, doc.journal.path)
     c = doc.controller
-    lease = _beside(fleet_path, c.lease_path) if c.lease_path.strip() \
+    lease = beside(fleet_path, c.lease_path) if c.lease_path.strip() \
         else fleet_path.resolve().with_name(fleet_path.name + ".lease")
-    profiles = _beside(fleet_path, doc.profiles.path) if doc.profiles is not None else None
+    profiles = beside(fleet_path, doc.profiles.path) if doc.profiles is not None else None
     s = doc.serving
     return RouterSettings(
         model=doc.model,
@@ -185,9 +185,3 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         profiles_path=profiles,
         role_flips=doc.role_flips,
     )
-
-
-def _beside(fleet_path: Path, text: str) -> Path:
-    """A path from the fleet document, relative ones resolved against the document's folder."""
-    path = Path(text)
-    return path if path.is_absolute() else fleet_path.resolve().parent / path

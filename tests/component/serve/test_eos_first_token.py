@@ -12,37 +12,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from narwhal.lab.engine.testing import RunningEngine, free_port, start_engine, write_tiny_llama
+from narwhal.lab.engine.testing import RunningEngine
 from tests.component.serve.harness import Router, call
-from tests.component.serve.test_with_emulator import ENGINE_ARGS, _pulled_tokens
+from tests.component.serve.test_with_emulator import ENGINE_ARGS, _pulled_tokens, emulator_pd_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def eos_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningEngine, Router]]:
-    root = tmp_path_factory.mktemp("eos")
-    model = write_tiny_llama(root / "tiny")
-    engines: list[RunningEngine] = []
-    router: Router | None = None
-    try:
-        for name in ("p0", "d0"):
-            engines.append(start_engine(model, log_path=root / f"{name}.log",
-                                        extra_args=[*ENGINE_ARGS, "--emu-eos-probability", "1"],
-                                        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}))
-        doc = {"schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
-               "engines": [{"id": "p0", "url": engines[0].url, "role": "prefill"},
-                           {"id": "d0", "url": engines[1].url, "role": "decode"}],
-               "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
-               "journal": {"path": str(root / "journal.jsonl")}}
-        (root / "fleet.json").write_text(json.dumps(doc))
-        router = Router(root / "fleet.json", free_port()).start()
-        yield engines[1], router
-    finally:
-        if router is not None and router.proc is not None and router.proc.poll() is None:
-            router.stop()
-        for engine in engines:
-            engine.stop()
+    with emulator_pd_fleet(tmp_path_factory.mktemp("eos"),
+                           [*ENGINE_ARGS, "--emu-eos-probability", "1"]) as (_, decode, router, _):
+        yield decode, router
 
 
 @pytest.mark.parametrize("stream", [False, True])

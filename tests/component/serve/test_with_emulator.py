@@ -12,6 +12,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,17 +35,18 @@ def _pulled_tokens(engine: RunningEngine) -> float:
     return sum(float(v) for v in _EXTERNAL.findall(text))
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningEngine, RunningEngine,
-                                                                      Router, Path]]:
-    root = tmp_path_factory.mktemp("emu")
+@contextmanager
+def emulator_pd_fleet(root: Path, engine_args: list[str]) -> Iterator[tuple[RunningEngine, RunningEngine,
+                                                                           Router, Path]]:
+    """Two emulators (p0 prefill, d0 decode) started with `engine_args` and a router in front;
+    all stopped on the way out. Yields (p0, d0, router, journal path)."""
     model = write_tiny_llama(root / "tiny")
     engines: list[RunningEngine] = []
     router: Router | None = None
     try:
         for name in ("p0", "d0"):
             engines.append(start_engine(model, log_path=root / f"{name}.log",
-                                        extra_args=ENGINE_ARGS,
+                                        extra_args=engine_args,
                                         env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}))
         journal = root / "journal.jsonl"
         doc = {"schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
@@ -59,6 +61,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningEng
             router.stop()
         for engine in engines:
             engine.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningEngine, RunningEngine,
+                                                                      Router, Path]]:
+    with emulator_pd_fleet(tmp_path_factory.mktemp("emu"), ENGINE_ARGS) as started:
+        yield started
 
 
 @pytest.mark.parametrize(("path", "stream"), [

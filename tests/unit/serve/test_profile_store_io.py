@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import InputError
+from narwhal.core.private_file import write_private
 from narwhal.serve.profiler.store_io import (
-    atomic_write,
     check_target,
     render_store,
     samples_lines,
@@ -86,7 +86,7 @@ def test_samples_of_other_engines_are_kept_with_only(tmp_path: Path) -> None:
 
 def test_files_are_written_0600_and_an_invalid_store_is_never_written(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "file.json"
-    atomic_write(path, "hello\n")
+    write_private(path, "hello\n")
     assert path.read_text() == "hello\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
     target = check_target(tmp_path / "p.json", tmp_path / "s.jsonl", model="tiny", only=(), overwrite=False)
     bad = {"schema": "narwhal.profiles", "schema_version": 1, "model": "tiny",

@@ -7,8 +7,9 @@ or an ordered pair, with the value measured and the budget it was held to:
 
 A gate that needs an earlier gate's success for an engine skips that engine and says which
 gate failed. Modules: verdicts.py (the record), options.py (budgets and their flags),
-prompts.py (fresh probe prompts), state.py (what the gates share), basic.py (reach, model,
+state.py (what the gates share), basic.py (reach, model,
 tokenize), profile_gate.py (profile, slo), pace.py, kv_gate.py, contract.py, calibrate.py
 (--calibrate-first-token), runner.py (order and dependencies), report.py (table, JSON,
-evidence file). The command line is check_cli.py.
+evidence file). Probe prompts come from the profiler's prompts.py (nonce first, sized
+on the engine's tokenizer). The command line is check_cli.py.
 """

@@ -17,8 +17,8 @@ from narwhal.serve.engine_client import EngineCallFailed, handoff
 from narwhal.serve.preflight.kv_gate import DECODE_TOKENS
 from narwhal.serve.preflight.options import CalibrateOptions
 from narwhal.serve.preflight.pairs import all_pairs
-from narwhal.serve.preflight.prompts import nonce, sized_prompt
 from narwhal.serve.preflight.state import CheckState
+from narwhal.serve.profiler.prompts import renewed, sized_prompt
 
 MIN_TOKENS = 16
 
@@ -49,11 +49,10 @@ def rule_text(opts: CalibrateOptions, pairs: int, lengths: list[int]) -> str:
 async def _samples(state: CheckState, producer: str, consumer: str, tokens: int,
                    repeats: int) -> tuple[int, list[float]]:
     p, c, model = state.clients[producer], state.clients[consumer], state.fleet.model
-    tag = nonce()
-    text, got = await sized_prompt(p, model, tokens, tag)
+    text, got = await sized_prompt(p, model, tokens)
     out = []
     for _ in range(repeats):
-        done = await handoff(p, c, model, text.replace(tag, nonce(), 1), DECODE_TOKENS)
+        done = await handoff(p, c, model, renewed(text), DECODE_TOKENS)
         if done.decode is None or done.decode.status != 200:
             leg = done.decode or done.prefill
             raise CalibrationFailed(f"{producer}->{consumer} at {got} tokens: handoff answered "

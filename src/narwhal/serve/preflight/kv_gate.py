@@ -27,9 +27,9 @@ from narwhal.serve.engine_client import (
     handoff,
 )
 from narwhal.serve.preflight.pairs import all_pairs, ring_pairs
-from narwhal.serve.preflight.prompts import nonce, sized_prompt
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.preflight.verdicts import Verdict, failed, pair_id, passed, seconds, skipped
+from narwhal.serve.profiler.prompts import sized_prompt
 
 DECODE_TOKENS = 2  # the consumer must produce tokens of its own, not only the producer's one
 
@@ -78,7 +78,7 @@ async def _one_pair(state: CheckState, producer: str, consumer: str) -> Verdict:
             return skipped("kv", subject, blocked)
     p, c, model = state.clients[producer], state.clients[consumer], state.fleet.model
     try:
-        prompt, _ = await sized_prompt(p, model, state.options.kv_tokens, nonce())
+        prompt, _ = await sized_prompt(p, model, state.options.kv_tokens)
         before = await c.metrics()
         async with asyncio.timeout(2 * deadline + 5):
             done = await handoff(p, c, model, prompt, DECODE_TOKENS)

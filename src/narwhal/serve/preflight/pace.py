@@ -12,20 +12,19 @@ from __future__ import annotations
 import statistics
 
 from narwhal.serve.engine_client import EngineCallFailed
-from narwhal.serve.preflight.prompts import nonce, sized_prompt
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.preflight.verdicts import Verdict, failed, passed, seconds, skipped
+from narwhal.serve.profiler.prompts import renewed, sized_prompt
 
 
 async def _probe(state: CheckState, engine_id: str) -> tuple[float, int, list[float]]:
     """Median one-token latency of fresh prompts on one engine, the prompt length, all samples."""
     client = state.clients[engine_id]
     model = state.fleet.model
-    tag = nonce()
-    text, tokens = await sized_prompt(client, model, state.options.pace_tokens, tag)
+    text, tokens = await sized_prompt(client, model, state.options.pace_tokens)
     samples = []
     for _ in range(state.options.pace_repeats):
-        done = await client.complete(model, text.replace(tag, nonce(), 1), 1)
+        done = await client.complete(model, renewed(text), 1)
         if done.status != 200:
             raise EngineCallFailed(engine_id, "POST /v1/completions",
                                    f"answered {done.status}: {done.body.get('error')}")

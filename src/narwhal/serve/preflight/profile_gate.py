@@ -8,8 +8,8 @@ fit with a large error (or leave-one-out error, which catches an over-fit) would
 from __future__ import annotations
 
 from narwhal.core.errors import InputError
-from narwhal.serve.calibration import beside
 from narwhal.serve.engine_client import EngineCallFailed
+from narwhal.serve.fleet import beside
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.preflight.verdicts import Verdict, failed, passed, seconds, skipped
 from narwhal.serve.profiles import load_profiles

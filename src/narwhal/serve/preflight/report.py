@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from narwhal.serve.calibration import write_private_json
+from narwhal.core.private_file import write_private_json
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.preflight.verdicts import Verdict
 

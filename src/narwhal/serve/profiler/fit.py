@@ -37,7 +37,11 @@ class Fit:
     points: int
 
     def predict(self, row: Sequence[float]) -> float:
-        return sum(c * x for c, x in zip(self.coefficients, row, strict=True))
+        return _dot(self.coefficients, row)
+
+
+def _dot(coefficients: Sequence[float], row: Sequence[float]) -> float:
+    return sum(c * x for c, x in zip(coefficients, row, strict=True))
 
 
 def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float] | None:
@@ -85,8 +89,7 @@ def nnls(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> tuple[float, .
             coef = [0.0] * k
             for j, b in zip(support, beta, strict=True):
                 coef[j] = b
-            resid = sum((sum(c * x for c, x in zip(coef, r, strict=True)) - y) ** 2
-                        for r, y in zip(full, ys, strict=True))
+            resid = sum((_dot(coef, r) - y) ** 2 for r, y in zip(full, ys, strict=True))
             if resid < best[0]:
                 best = (resid, tuple(coef))
     return best[1]
@@ -113,11 +116,7 @@ def fit_curve(rows: Sequence[Sequence[float]], seconds: Sequence[float],
     if distinct < min_points:
         raise FitRefused(f"{distinct} distinct point(s), at least {min_points} needed")
     coef = _relative_nnls(rows, seconds)
-
-    def dot(c: Sequence[float], r: Sequence[float]) -> float:
-        return sum(a * b for a, b in zip(c, r, strict=True))
-
-    fit_error = _rel_rms([(dot(coef, r), y) for r, y in zip(rows, seconds, strict=True)])
+    fit_error = _rel_rms([(_dot(coef, r), y) for r, y in zip(rows, seconds, strict=True)])
     held_out: list[tuple[float, float]] = []
     for i in range(len(rows)):
         rest_rows = [r for j, r in enumerate(rows) if j != i]
@@ -128,5 +127,5 @@ def fit_curve(rows: Sequence[Sequence[float]], seconds: Sequence[float],
             # One point alone separates the terms: the curve rests on it, so say so.
             raise FitRefused(f"without point {i + 1} the others cannot separate the curve's "
                              "terms; measure more distinct inputs") from None
-        held_out.append((dot(loo_coef, rows[i]), seconds[i]))
+        held_out.append((_dot(loo_coef, rows[i]), seconds[i]))
     return Fit(coef, fit_error, _rel_rms(held_out), len(rows))

@@ -1,7 +1,10 @@
-"""Fresh prompts of a chosen token length, so prefix caching never shortens a measured prefill.
+"""Fresh prompts of a chosen token length, so prefix caching never shortens a measured prefill
+(narwhal-profile's sweeps and narwhal-check's probes alike).
 
 Every prompt starts with a nonce never sent before: prefix caches hash whole blocks chained from
-the first, so a unique first block makes every block of the prompt a miss. The body is a filler
+the first, so a unique first block makes every block of the prompt a miss. (A probe that hit
+a cache would time a lookup, not a prefill, and a handoff whose consumer already held the
+prompt would move no KV: both would pass for the wrong reason.) The body is a filler
 word repeated; the engine's own tokenizer (`POST /tokenize`) says how many tokens that makes,
 and the word count is corrected until the prompt has the wanted length (or within a token or
 two of it, for tokenizers that merge the nonce with its neighbour). What the fit uses in the end
@@ -42,6 +45,10 @@ class PromptMaker:
 
     async def make(self, tokens: int) -> str:
         """A fresh prompt of about `tokens` tokens, never longer (the engine's limit holds)."""
+        return (await self.make_counted(tokens))[0]
+
+    async def make_counted(self, tokens: int) -> tuple[str, int]:
+        """`make`, with the prompt's token count on this engine."""
         head = nonce()
         words = max(int(tokens / self._per_word) - 8, 0)
         count = 0
@@ -58,4 +65,17 @@ class PromptMaker:
                                    f"cannot make a fresh prompt of {tokens} tokens (the unique "
                                    f"prefix alone is {count}); raise the shortest of "
                                    "--prefill-lengths / --decode-contexts")
-        return head + FILLER * words
+        return head + FILLER * words, count
+
+
+def renewed(prompt: str) -> str:
+    """The same prompt under a new nonce: as fresh to a prefix cache, no tokenize call again
+    (nonces are all of one length and alphabet, so the count stays within a token)."""
+    return nonce() + prompt[_NONCE_CHARS + 1:]
+
+
+async def sized_prompt(client: EngineClient, model: str, tokens: int) -> tuple[str, int]:
+    """A fresh prompt of about `tokens` tokens on `client`'s tokenizer, and its exact count."""
+    maker = PromptMaker(client, model)
+    await maker.calibrate()
+    return await maker.make_counted(tokens)

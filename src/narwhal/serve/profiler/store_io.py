@@ -1,8 +1,7 @@
 """Writing the profile store and its samples file: checked first, whole or not at all.
 
-Both files are written to a unique temporary file beside their target, fsynced, made 0600 and
-renamed over it, so a reader (the router, narwhal-check) sees the old file or the new one, never
-half of either. The store is validated with the router's own parser before it is written.
+Both files are written whole or not at all, mode 0600 (core/private_file.py), so a reader (the
+router, narwhal-check) sees the old file or the new one, never half of either. The store is validated with the router's own parser before it is written.
 
 `--only` re-profiles some engines of an existing store: every other row is carried over as the
 JSON value it was, and since the store is always written with the same layout, its text is
@@ -13,14 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.serve.profiles import SCHEMA, VERSION, ProfileRow, load_profiles, parse_profiles
+from narwhal.core.private_file import write_private
+from narwhal.serve.fleet import read_json_document
+from narwhal.serve.profiles import SCHEMA, VERSION, ProfileRow, parse_profiles
 
 SAMPLES_SCHEMA = "narwhal.profile-samples"
 SAMPLES_VERSION = 1
@@ -47,8 +46,8 @@ def check_target(store: Path, samples: Path, *, model: str, only: tuple[str, ...
                                                   "pass --overwrite to replace it, or --out "
                                                   "to write elsewhere")])
         return Target(store, samples, (), ())
-    existing = load_profiles(store, model=model)  # InputError names the broken field
-    raw = json.loads(store.read_text(encoding="utf-8"))
+    raw = read_json_document(store, "pass --out to write the store elsewhere")
+    existing = parse_profiles(raw, str(store), model=model)  # InputError names the broken field
     replaced = tuple(eid for eid in only if existing.row(eid) is not None)
     if replaced and not overwrite:
         raise InputError(str(store), [Problem("profiles", f"already has rows for {', '.join(replaced)}",
@@ -90,27 +89,5 @@ def samples_lines(target: Target, model: str, fresh_ids: tuple[str, ...],
 def write_all(target: Target, document: dict[str, Any], samples_text: str) -> None:
     """Validate the store as the router will read it, then write samples and store atomically."""
     parse_profiles(document, str(target.store), model=str(document["model"]))
-    atomic_write(target.samples, samples_text)
-    atomic_write(target.store, render_store(document))
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Unique temp file beside `path`, mode 0600, fsync, rename, fsync the folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    write_private(target.samples, samples_text)
+    write_private(target.store, render_store(document))

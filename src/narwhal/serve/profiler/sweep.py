@@ -21,8 +21,6 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from narwhal.serve.engine_client import Completion, EngineCallFailed, EngineClient, MetricsPage
 from narwhal.serve.profiler.plan import EngineLimits, SweepPlan
 from narwhal.serve.profiler.prompts import PromptMaker
@@ -77,34 +75,25 @@ class Measurement:
 
 
 async def read_facts(client: EngineClient, model: str) -> EngineFacts:
-    """Generation, limits and idleness; EngineBusy or EngineCallFailed name what is wrong."""
-    generation = await client.generation()
-    served = await client.models()
-    if model not in served:
-        raise EngineCallFailed(client.id, "GET /v1/models",
-                               f"serves {', '.join(served) or 'nothing'}, not the fleet's model {model}")
+    """Generation, limits and idleness (one /metrics, one /v1/models, one /version); EngineBusy
+    or EngineCallFailed name what is wrong."""
     page = await client.metrics()
+    generation = await client.generation(page)
+    cards = await client.model_cards()
+    card = next((c for c in cards if c["id"] == model), None)
+    if card is None:
+        served = ", ".join(str(c["id"]) for c in cards) or "nothing"
+        raise EngineCallFailed(client.id, "GET /v1/models",
+                               f"serves {served}, not the fleet's model {model}")
+    max_model_len = card.get("max_model_len")
+    if type(max_model_len) is not int:
+        raise EngineCallFailed(client.id, "GET /v1/models", f"no max_model_len for {model}")
     running = page.total("vllm:num_requests_running")
     waiting = page.total("vllm:num_requests_waiting")
     if running or waiting:
         raise EngineBusy(f"{client.id} is busy ({running:g} running, {waiting:g} waiting): "
                          "profile it while it takes no traffic (stop the router or drain it)")
-    return EngineFacts(generation, EngineLimits(await _max_model_len(client, model),
-                                                _kv_capacity(page.samples)))
-
-
-async def _max_model_len(client: EngineClient, model: str) -> int:
-    # The model card carries max_model_len on vLLM; /tokenize answers it too.
-    try:
-        async with client.session.get(client.base_url + "/v1/models", timeout=client.timeout) as resp:
-            body = await resp.json(content_type=None)
-        cards = body["data"]
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError) as exc:
-        raise EngineCallFailed(client.id, "GET /v1/models", f"unexpected answer ({exc})") from None
-    for card in cards if isinstance(cards, list) else ():
-        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
-            return int(card["max_model_len"])
-    raise EngineCallFailed(client.id, "GET /v1/models", f"no max_model_len for {model}")
+    return EngineFacts(generation, EngineLimits(max_model_len, _kv_capacity(page.samples)))
 
 
 def _kv_capacity(samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]) -> int | None:
