@@ -156,6 +156,39 @@ def start(spec: EngineSpec, python: Path) -> Engine:
     return Engine(spec=spec, process=process)
 
 
+def group_threads(pgid: int) -> list[int]:
+    """Every thread of every live process in process group `pgid` (the engine's tree)."""
+    tids: list[int] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            # Field 5 of stat is the pgrp; the command name (field 2) may hold spaces, so split
+            # after its closing parenthesis.
+            fields = (proc / "stat").read_text().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:
+                continue
+            tids.extend(int(t.name) for t in (proc / "task").iterdir())
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we looked
+    return tids
+
+
+def pin_to_core(engine: Engine) -> None:
+    """Put every thread of the engine back on its own core.
+
+    `taskset` pins the processes at launch, but vLLM's NIXL worker on CPU then moves the model
+    thread to "the last core of each NUMA node" read from sysfs, ignoring the allowed set
+    (`NixlConnectorWorker.__init__`, vLLM 0.32): on this 2-core machine the prefill engine's
+    forward pass ran on the decode engine's core 1, next to the decode engine, while its own
+    API server and engine core stayed on core 0. Its streams were then admitted one by one and
+    the profiler measured batches of 1 where it started 8 (seen in CI). Threads started later
+    inherit the corrected mask from their parent thread."""
+    for tid in group_threads(engine.process.pid):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, {engine.spec.core})
+
+
 def _healthy(url: str) -> bool:
     try:
         return client.get(f"{url}/health", timeout=2).status == 200
@@ -180,6 +213,7 @@ def wait_healthy(engines: list[Engine], timeout_s: float = HEALTH_TIMEOUT_S) -> 
                     f"log {engine.spec.log}:\n{engine.log_tail()}")
             if _healthy(engine.url):
                 engine.healthy_after_s = time.monotonic() - engine.started
+                pin_to_core(engine)
                 pending.remove(engine)
         if not pending:
             return
