@@ -28,7 +28,8 @@ def overlap_notes(engine_id: str, m: Measurement) -> tuple[str, ...]:
     """Decode points whose streams the engine did not run together (batch below MIN_OVERLAP of
     the streams started, in every try): the row is honest about it (the measured batch is
     what it fits), but an engine that serializes requests is worth a look: a starved API
-    server, or a `--max-num-seqs` below the concurrency asked for."""
+    server, a model thread sharing a core with another engine (vLLM's NIXL worker on CPU moves
+    it to the machine's last core), or a `--max-num-seqs` below the concurrency asked for."""
     low = [p for p in m.decode if p.concurrency > 1 and p.running < MIN_OVERLAP * p.concurrency]
     if not low:
         return ()
@@ -36,7 +37,8 @@ def overlap_notes(engine_id: str, m: Measurement) -> tuple[str, ...]:
     more = f" and {len(low) - 4} more" if len(low) > 4 else ""
     return (f"{engine_id}: {len(low)} of {len(m.decode)} decode points ran as a smaller batch "
             f"than the streams started ({worst}{more}); the fit uses the batch the engine ran. "
-            "Is its API server short of CPU, or --max-num-seqs below --decode-concurrency?",)
+            "Is it short of CPU (its API server, or its model thread on a core another engine "
+            "uses), or is --max-num-seqs below --decode-concurrency?",)
 
 
 def result_document(outcomes: list[EngineOutcome], *, written: bool, store: str, samples: str,
