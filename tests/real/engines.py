@@ -201,7 +201,8 @@ class EngineStartError(RuntimeError):
 
 
 def wait_healthy(engines: list[Engine], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
-    """Poll every engine's /health until all answer 200; a dead or late one raises with its log."""
+    """Poll every engine's /health until all answer 200, pinning each to its core as it turns
+    healthy (`pin_to_core`); a dead or late one raises with its log."""
     deadline = time.monotonic() + timeout_s
     pending = list(engines)
     while pending:
