@@ -20,6 +20,15 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so a bench that is told to stop runs its `finally` and
+    stops the engines and routers it started instead of leaving them running."""
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -46,13 +55,19 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pids: Sequence[int]) -> float:
-    total = 0.0
+def cpu_split(pids: Sequence[int]) -> tuple[float, float]:
+    """User and kernel CPU seconds of these processes (utime, stime from /proc)."""
+    user = system = 0.0
     for pid in pids:
         with contextlib.suppress(OSError, IndexError):
             f = _stat(pid)
-            total += (int(f[11]) + int(f[12])) / TICK
-    return total
+            user += int(f[11]) / TICK
+            system += int(f[12]) / TICK
+    return user, system
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    return sum(cpu_split(pids))
 
 
 def rss_kib(pids: Sequence[int]) -> int:

@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 COLUMNS = ("router", "conc", "runs", "req/s", "p50 ms", "p99 ms", "added p50 ms",
-           "router CPU us/req", "CPU vs narwhal", "errors", "foreign CPU %")
+           "router CPU us/req", "of which kernel", "CPU vs narwhal", "errors", "foreign CPU %")
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -28,6 +28,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "p99_ms": _median(group, "p99_ms"),
             "cpu_us_per_req": _median(group, "cpu_us_per_req"),
             "cpu_us_per_req_all": [r["cpu_us_per_req"] for r in group],
+            "sys_us_per_req": _median(group, "sys_us_per_req"),
             "errors": sum(r["errors"] for r in group),
             "foreign_pct": _median(group, "foreign_pct"),
         })
@@ -41,7 +42,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         s["cpu_ratio_vs_narwhal"] = (s["cpu_us_per_req"] / mine
                                      if mine and s["cpu_us_per_req"] else None)
     order = {"narwhal": 0, "narwhal-tokenize": 1, "vllm-router": 2, "narwhal-inference": 3,
-             "direct": 4}
+             "floor": 4, "direct": 5}
     return sorted(out, key=lambda s: (s["conc"], order.get(s["target"], 9)))
 
 
@@ -59,7 +60,8 @@ def table(summary: list[dict[str, Any]]) -> str:
         ratio = s["cpu_ratio_vs_narwhal"]
         cells = [s["target"], str(s["conc"]), str(s["runs"]), _fmt(s["rps"]),
                  _fmt(s["p50_ms"], 2), _fmt(s["p99_ms"], 2), _fmt(s["added_p50_ms"], 2),
-                 _fmt(s["cpu_us_per_req"]), f"{ratio:.2f}x" if ratio else "-",
+                 _fmt(s["cpu_us_per_req"]), _fmt(s.get("sys_us_per_req")),
+                 f"{ratio:.2f}x" if ratio else "-",
                  str(s["errors"]), _fmt(s["foreign_pct"], 0)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -73,6 +75,7 @@ def verdict(summary: list[dict[str, Any]]) -> list[str]:
         mine = by.get(("narwhal", conc), {}).get("cpu_us_per_req")
         nwi = by.get(("narwhal-inference", conc), {}).get("cpu_us_per_req")
         vr = by.get(("vllm-router", conc), {}).get("cpu_us_per_req")
+        floor = by.get(("floor", conc), {}).get("cpu_us_per_req")
         if mine is None:
             continue
         parts = [f"c={conc}: narwhal {mine:.0f} us/req"]
@@ -82,5 +85,8 @@ def verdict(summary: list[dict[str, Any]]) -> list[str]:
         if vr:
             parts.append(f"vllm-router/narwhal = {vr / mine:.2f}x "
                          f"({'below' if mine < vr else 'NOT below'} vllm-router)")
+        if floor and nwi:
+            parts.append(f"bare uvloop floor {floor:.0f} us/req = {nwi / floor:.1f}x below "
+                         f"narwhal-inference (the bar is {nwi / 8:.0f} us/req)")
         out.append("; ".join(parts))
     return out

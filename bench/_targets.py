@@ -8,6 +8,8 @@ Routers, each pinned to the router core, all over the same two engines:
 - narwhal-tokenize  the same router with serving.prompt_length "tokenize" (one /tokenize per request)
 - narwhal-inference 0.7.0's narwhal-serve at --log-level warning (its cheapest setting)
 - vllm-router       0.1.17 in --vllm-pd-disaggregation mode, round_robin, --log-level warning
+- floor             bench/_floor_relay.py: the bare two-leg relay on uvloop, none of a router's
+                    work; the CPU per request no router built on uvloop can go below here
 - direct            no router: the client talks to the decode engine (one leg), for added latency
 """
 
@@ -118,6 +120,15 @@ def launch_narwhal_inference(root: Path, folder: Path, cpu: str, work: Path) -> 
     return r
 
 
+def _floor(engines: Engines, cpu: str, work: Path) -> Owned:
+    p, d = engines.urls()
+    port = free_port()
+    r = start("floor", [sys.executable, str(Path(__file__).with_name("_floor_relay.py")), p, d,
+                        str(port)], cpu=cpu, log=work / "floor.log", port=port)
+    r.extra["ready_s"] = round(wait_status(port, "/health", 30, r.proc), 3)
+    return r
+
+
 def _vllm_router(engines: Engines, cpu: str, work: Path) -> Owned:
     root = venv("setup-vllm-router.sh")
     p, d = engines.urls()
@@ -140,6 +151,8 @@ def start_router(name: str, engines: Engines, cpu: str, work: Path) -> Owned:
         return _narwhal_inference(engines, cpu, work)
     if name == "vllm-router":
         return _vllm_router(engines, cpu, work)
+    if name == "floor":
+        return _floor(engines, cpu, work)
     raise ValueError(f"unknown router {name!r}")
 
 

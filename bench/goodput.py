@@ -47,7 +47,7 @@ from typing import Any
 
 import aiohttp
 from _goodput_fleet import Fleet, Timing, start_fleet, start_router, tokenize_count
-from _procs import Owned
+from _procs import Owned, stop_on_sigterm
 
 HERE = Path(__file__).resolve().parent
 ROUTERS = ("narwhal", "narwhal-planner", "narwhal-flips", "narwhal-inference", "vllm-router")
@@ -263,6 +263,7 @@ def _args() -> argparse.Namespace:
 
 def main() -> int:
     args = _args()
+    stop_on_sigterm()
     if shutil.which("taskset") is None:
         print("goodput: taskset is not installed", file=sys.stderr)
         return 2

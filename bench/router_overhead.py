@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _procs import Owned, cpu_seconds, machine_busy, rss_kib
+from _procs import Owned, cpu_seconds, cpu_split, machine_busy, rss_kib, stop_on_sigterm
 from _report import summarize, table, verdict
 from _targets import Engines, smoke, start_engines, start_router, venv
 
@@ -58,11 +58,12 @@ def measure(name: str, port: int, tree: list[int], conc: int, args: argparse.Nam
         wrk(port, conc, args.warmup, args.client_cpu, model)
     busy0, _ = machine_busy()
     own0 = cpu_seconds(ours) + _children_cpu()
-    cpu0 = cpu_seconds(tree)
+    user0, sys0 = cpu_split(tree)
     t0 = time.monotonic()
     res = wrk(port, conc, args.duration, args.client_cpu, model)
     wall = time.monotonic() - t0
-    used = cpu_seconds(tree) - cpu0
+    user1, sys1 = cpu_split(tree)
+    used = (user1 - user0) + (sys1 - sys0)
     busy1, _ = machine_busy()
     own1 = cpu_seconds(ours) + _children_cpu()  # wrk has exited: it is in RUSAGE_CHILDREN
     foreign = max(0.0, (busy1 - busy0) - (own1 - own0))
@@ -76,6 +77,7 @@ def measure(name: str, port: int, tree: list[int], conc: int, args: argparse.Nam
         "p99_ms": res["p99_us"] / 1000, "max_ms": res["max_us"] / 1000,
         "cpu_s": round(used, 3),
         "cpu_us_per_req": (used / n * 1e6) if (n and name != "direct") else None,
+        "sys_us_per_req": ((sys1 - sys0) / n * 1e6) if (n and name != "direct") else None,
         "errors": errors, "wall_s": round(wall, 2),
         "foreign_pct": round(100 * foreign / (wall * (os.cpu_count() or 1)), 1),
         "loadavg": os.getloadavg()[0],
@@ -85,7 +87,7 @@ def measure(name: str, port: int, tree: list[int], conc: int, args: argparse.Nam
 def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", choices=("emulator", "stub"), default="emulator")
-    ap.add_argument("--routers", default="narwhal,narwhal-tokenize,vllm-router,narwhal-inference,direct")
+    ap.add_argument("--routers", default="narwhal,narwhal-tokenize,vllm-router,narwhal-inference,floor,direct")
     ap.add_argument("--conc", default="1,16,64")
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--warmup", type=float, default=2.0)
@@ -100,6 +102,7 @@ def _args() -> argparse.Namespace:
 
 def main() -> int:
     args = _args()
+    stop_on_sigterm()
     for tool in ("wrk", "taskset"):
         if shutil.which(tool) is None:
             print(f"router_overhead: {tool} is not installed (scripts/apt-packages.txt)", file=sys.stderr)
