@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bring a fresh machine to the point where every test tier can run.
 # Idempotent: packages already present are not reinstalled; the venv is reused when its
-# dependency stamp matches pyproject.toml.
+# build stamp matches pyproject.toml, setup.py and the compiled sources.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"

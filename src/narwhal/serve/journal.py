@@ -35,15 +35,15 @@ class Journal:
         self.write_errors = 0
         self._rows: deque[dict[str, Any]] = deque()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._writer: threading.Thread | None = None
         self._fd = -1
 
     def open(self) -> None:
         """Create the file's folder and open it for appending; fails loudly at startup."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._thread = threading.Thread(target=self._run, name="narwhal-journal", daemon=True)
-        self._thread.start()
+        self._writer = threading.Thread(target=self._run, name="narwhal-journal", daemon=True)
+        self._writer.start()
 
     def record(self, row: dict[str, Any]) -> None:
         """Queue one row; never blocks. Called on the event loop."""
@@ -86,8 +86,8 @@ class Journal:
     def close(self) -> None:
         """Stop the writer after it has written every queued row, then sync the file."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        if self._writer is not None:
+            self._writer.join(timeout=30)
         self._drain()
         if self._fd >= 0:
             try:

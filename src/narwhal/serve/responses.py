@@ -27,7 +27,7 @@ _ERROR_TYPES: dict[int, str] = {
     504: "timeout",
 }
 
-JSON = b"application/json"
+JSON: bytes = b"application/json"
 SSE_HEAD_FIXED = (b"content-type: text/event-stream; charset=utf-8\r\n"
                   b"cache-control: no-cache\r\n")
 

@@ -8,15 +8,7 @@ from typing import Any
 import pytest
 
 from narwhal.serve.call import BadRequest, Call, check_body
-from narwhal.serve.front import ClientConnection, Request
-
-
-class _NoHandler:
-    def handle(self, conn: ClientConnection, request: Request) -> None:
-        raise AssertionError("not used")
-
-    def refused(self, status: int) -> None:
-        raise AssertionError("not used")
+from tests.unit.serve.clients import unconnected_client
 
 KV = {"do_remote_prefill": True, "remote_block_ids": [[1, 2], [3]], "remote_engine_id": "é-1",
       "remote_port": 5600, "kv_scale": 0.125, "remote_blocks_expiry_time": None}
@@ -24,8 +16,7 @@ KV = {"do_remote_prefill": True, "remote_block_ids": [[1, 2], [3]], "remote_engi
 
 def _call(body: dict[str, Any], chat: bool = False) -> Call:
     raw = json.dumps(body).encode()
-    return Call(check_body(raw, chat, "m"), chat, b"rid-1", None,
-                ClientConnection(_NoHandler(), 1024, set()))
+    return Call(check_body(raw, chat, "m"), chat, b"rid-1", None, unconnected_client())
 
 
 def test_the_prefill_leg_asks_for_one_unstreamed_token_and_a_kept_kv() -> None:

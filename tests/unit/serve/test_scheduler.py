@@ -24,6 +24,7 @@ from narwhal.serve.scheduler import (
 )
 from narwhal.serve.settings import EngineSpec, settle
 from narwhal.serve.upstream import EnginePool
+from tests.unit.serve.clients import unconnected_client
 
 FIT = {"fit_error": 0.02, "loo_error": 0.03, "samples": 12}
 GEN = Generation(engine_version="0.11.0", process_start_time_seconds=1.0)
@@ -189,14 +190,14 @@ def test_a_tie_on_a_both_engine_keeps_the_request_plain() -> None:
 
 def test_the_prompt_estimate_is_bytes_over_four_until_the_engine_tells_the_count() -> None:
     text = "x" * 4000
-    call = Call({"prompt": text, "max_tokens": 10}, False, b"r1", None, None)  # type: ignore[arg-type]
+    conn = unconnected_client()
+    call = Call({"prompt": text, "max_tokens": 10}, False, b"r1", None, conn)
     assert 1000 <= call.price_tokens <= 1010
     call.prompt_tokens = 7
     assert call.price_tokens == 7
-    ids = Call({"prompt": list(range(321))}, False, b"r2", None, None)  # type: ignore[arg-type]
+    ids = Call({"prompt": list(range(321))}, False, b"r2", None, conn)
     assert ids.price_tokens == 321
-    chat = Call({"messages": [{"role": "user", "content": "y" * 400}]}, True, b"r3", None,
-                None)  # type: ignore[arg-type]
+    chat = Call({"messages": [{"role": "user", "content": "y" * 400}]}, True, b"r3", None, conn)
     assert 100 <= chat.price_tokens <= 120
     assert decode_tokens(call) == 7 + 5
 
