@@ -1,6 +1,6 @@
 """Compiles the router's request path with mypyc; everything else in pyproject.toml.
 
-The modules below run once or more per request in narwhal-serve (front, legs, relay, call,
+The modules listed in compiled-modules.txt run once or more per request in narwhal-serve (front, legs, relay, call,
 placement, health, deadlines, metrics, the journal's queue). Compiled, they cost about half the CPU per request of the same
 code interpreted (bench/hot_path.py), which is most of what separates the router from the
 bare I/O floor in bench/router_overhead.py. The code stays ordinary typed Python: it runs
@@ -15,15 +15,16 @@ against the stale build (tests/conftest.py).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from setuptools import setup
 
-COMPILED = (
-    "deadlines", "engines", "front", "health", "jsonio", "legs", "proxy", "relay",
-    "responses", "routes", "token_estimate", "upstream", "call", "metrics", "journal",
-    "scheduler",
-)
-COMPILED_PATHS = [f"src/narwhal/serve/{name}.py" for name in COMPILED]
+
+def compiled_paths() -> list[str]:
+    """The sources named in compiled-modules.txt, the one list of what is compiled."""
+    listing = Path(__file__).with_name("compiled-modules.txt").read_text()
+    names = [ln.strip() for ln in listing.splitlines() if ln.strip() and not ln.startswith("#")]
+    return [f"src/narwhal/serve/{name}.py" for name in names]
 
 
 def _ext_modules() -> list[object]:
@@ -31,7 +32,7 @@ def _ext_modules() -> list[object]:
         return []
     from mypyc.build import mypycify
 
-    return list(mypycify(COMPILED_PATHS, opt_level="3"))
+    return list(mypycify(compiled_paths(), opt_level="3"))
 
 
 setup(ext_modules=_ext_modules())

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv, install the pinned dependencies, then compile the router's request path with
-# mypyc (setup.py). A stamp over everything that shapes the build makes reruns free; editing a
+# mypyc (setup.py, compiled-modules.txt). A stamp over everything that shapes the build makes reruns free; editing a
 # compiled module changes the stamp, so the next `make setup` or `make test` recompiles it.
 # NARWHAL_PURE_PYTHON=1 skips the compile (a machine without a C compiler).
 set -euo pipefail
@@ -8,12 +8,9 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
 py="${PYTHON:-python3}"
 stamp=".venv/.narwhal-deps"
-compiled="$("$py" -c 'import ast,sys
-t=ast.parse(open("setup.py").read())
-names=next(n.value for n in ast.walk(t) if isinstance(n,ast.Assign) and getattr(n.targets[0],"id","")=="COMPILED")
-print(" ".join(f"src/narwhal/serve/{e.value}.py" for e in names.elts))')"
+compiled="$(grep -v -e '^#' -e '^[[:space:]]*$' compiled-modules.txt | sed 's|^\(.*\)$|src/narwhal/serve/\1.py|')"
 # shellcheck disable=SC2086
-want="$(cat pyproject.toml setup.py $compiled | sha256sum | cut -d' ' -f1)-pure=${NARWHAL_PURE_PYTHON:-0}"
+want="$(cat pyproject.toml setup.py compiled-modules.txt $compiled | sha256sum | cut -d' ' -f1)-pure=${NARWHAL_PURE_PYTHON:-0}"
 if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -10,7 +10,6 @@ it starts and says how to rebuild.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.machinery
 from pathlib import Path
@@ -24,13 +23,9 @@ SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def compiled_names() -> list[str]:
-    """The modules setup.py compiles, in its order."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "COMPILED":
-            assert isinstance(node.value, ast.Tuple)
-            return [str(ast.literal_eval(e)) for e in node.value.elts]
-    raise AssertionError("setup.py names no COMPILED modules")
+    """The modules setup.py compiles (compiled-modules.txt), in its order."""
+    listing = (ROOT / "compiled-modules.txt").read_text()
+    return [ln.strip() for ln in listing.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 def build_problems() -> list[str]:
@@ -39,13 +34,14 @@ def build_problems() -> list[str]:
         return ["no build stamp in .venv"]
     names = compiled_names()
     digest = hashlib.sha256()
-    for path in [ROOT / "pyproject.toml", ROOT / "setup.py",
+    for path in [ROOT / "pyproject.toml", ROOT / "setup.py", ROOT / "compiled-modules.txt",
                  *(SERVE / f"{n}.py" for n in names)]:
         digest.update(path.read_bytes())
     stamped, _, pure = STAMP.read_text().strip().partition("-pure=")
     problems = []
     if stamped != digest.hexdigest():
-        problems.append("a compiled module, setup.py or pyproject.toml changed after the build")
+        problems.append("a compiled module, compiled-modules.txt, setup.py or pyproject.toml "
+                        "changed after the build")
     for name in names:
         built = (SERVE / f"{name}{SUFFIX}").exists()
         if pure == "1" and built:
