@@ -134,20 +134,17 @@ class Front(asyncio.Protocol):
 
     def _decode(self, request: dict[str, Any], kv: Any) -> None:
         transport = self.transport
-        state = {"head": True, "first": True}
+        head_seen = False
 
         def relay(conn: Upstream, data: bytes, complete: bool) -> None:
-            if state["head"]:  # the engine's response head: drop it, send ours instead
+            nonlocal head_seen
+            if not head_seen:  # the engine's response head: drop it, send ours instead
                 end = data.find(b"\r\n\r\n")
                 if end < 0:
                     return
-                data = data[end + 4:]
-                state["head"] = False
-            if state["first"]:
-                data = HEAD + data
-                state["first"] = False
-            if data:
-                transport.write(data)
+                data = HEAD + data[end + 4:]
+                head_seen = True
+            transport.write(data)
 
         leg = dict(request, kv_transfer_params=kv)
         self.decode.send(post(self.decode.host, orjson.dumps(leg)), relay)

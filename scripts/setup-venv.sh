@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Create .venv, install the pinned dependencies, then compile the router's request path with
-# mypyc (setup.py, compiled-modules.txt). A stamp over everything that shapes the build makes reruns free; editing a
-# compiled module changes the stamp, so the next `make setup` or `make test` recompiles it.
+# mypyc (setup.py, compiled-modules.txt). A stamp over everything that shapes the build
+# (scripts/build_stamp.py) makes reruns free; editing a compiled module changes the stamp, so
+# the next `make setup` or `make test` recompiles it.
 # NARWHAL_PURE_PYTHON=1 skips the compile (a machine without a C compiler).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
 py="${PYTHON:-python3}"
 stamp=".venv/.narwhal-deps"
-compiled="$(grep -v -e '^#' -e '^[[:space:]]*$' compiled-modules.txt | sed 's|^\(.*\)$|src/narwhal/serve/\1.py|')"
-# shellcheck disable=SC2086
-want="$(cat pyproject.toml setup.py compiled-modules.txt $compiled | sha256sum | cut -d' ' -f1)-pure=${NARWHAL_PURE_PYTHON:-0}"
+pure_flag=""
+[ "${NARWHAL_PURE_PYTHON:-0}" = "1" ] && pure_flag="--pure"
+want="$("$py" scripts/build_stamp.py $pure_flag)"
 if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -10,44 +10,44 @@ it starts and says how to rebuild.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE = ROOT / "src" / "narwhal" / "serve"
 STAMP = ROOT / ".venv" / ".narwhal-deps"
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def compiled_names() -> list[str]:
-    """The modules setup.py compiles (compiled-modules.txt), in its order."""
-    listing = (ROOT / "compiled-modules.txt").read_text()
-    return [ln.strip() for ln in listing.splitlines() if ln.strip() and not ln.startswith("#")]
+def _build_stamp() -> ModuleType:
+    """scripts/build_stamp.py, the one place that knows what shapes the build."""
+    spec = importlib.util.spec_from_file_location("build_stamp", ROOT / "scripts" / "build_stamp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_problems() -> list[str]:
     """What is wrong with the build in src/, one line each (empty when it matches)."""
     if not STAMP.exists():
         return ["no build stamp in .venv"]
-    names = compiled_names()
-    digest = hashlib.sha256()
-    for path in [ROOT / "pyproject.toml", ROOT / "setup.py", ROOT / "compiled-modules.txt",
-                 *(SERVE / f"{n}.py" for n in names)]:
-        digest.update(path.read_bytes())
-    stamped, _, pure = STAMP.read_text().strip().partition("-pure=")
+    build = _build_stamp()
+    stamped = STAMP.read_text().strip()
+    pure = stamped.endswith("-pure=1")
     problems = []
-    if stamped != digest.hexdigest():
+    if stamped != build.stamp(pure):
         problems.append("a compiled module, compiled-modules.txt, setup.py or pyproject.toml "
                         "changed after the build")
-    for name in names:
-        built = (SERVE / f"{name}{SUFFIX}").exists()
-        if pure == "1" and built:
-            problems.append(f"{name}{SUFFIX} exists in a NARWHAL_PURE_PYTHON=1 build")
-        elif pure != "1" and not built:
-            problems.append(f"src/narwhal/serve/{name}.py is not compiled")
+    for source in build.compiled_sources():
+        built = source.with_suffix(SUFFIX).exists()
+        if pure and built:
+            problems.append(f"{source.stem}{SUFFIX} exists in a NARWHAL_PURE_PYTHON=1 build")
+        elif not pure and not built:
+            problems.append(f"src/narwhal/serve/{source.name} is not compiled")
     return problems
 
 
