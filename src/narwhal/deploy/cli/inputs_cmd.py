@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -34,6 +35,11 @@ def run_init(args: argparse.Namespace) -> int:
     except FileExistsError:
         print(f"narwhal init: {path} already exists; edit it, or move it away first")
         return EXIT_BAD_INPUT
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"narwhal init: cannot create {path} ({reason}); give --env a path in an existing, "
+              "writable directory", file=sys.stderr)
+        return EXIT_BAD_INPUT
     with os.fdopen(fd, "w") as out:
         out.write(TEMPLATE)
     print(f"wrote {path} (mode 0600); fill in the values, then run `narwhal inputs`")
@@ -41,7 +47,8 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def masked(inputs: Inputs) -> dict[str, object]:
-    """The resolved inputs as JSON-ready data with every secret replaced by the mask."""
+    """The resolved inputs as JSON-ready data with every secret (ENGINE_ENV tokens included)
+    replaced by the mask."""
     def clean(value: object) -> object:
         if isinstance(value, Secret):
             return MASK
@@ -78,6 +85,6 @@ def run_inputs(args: argparse.Namespace) -> int:
                       f"{engine.engine_port}/{engine.attest_port}/{engine.nixl_side_channel_port}",
                       f"{engine.fabric_interface} {engine.ip or ''}".strip())
     console.print(table)
-    secrets = ", ".join(sorted(s.name for s in inputs.secrets())) or "none"
+    secrets = ", ".join(sorted({s.name for s in inputs.secrets()})) or "none"
     console.print(f"secrets held (values never shown): {secrets}")
     return EXIT_OK

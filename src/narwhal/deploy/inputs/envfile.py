@@ -3,6 +3,12 @@
 The file is never sourced by a shell: no expansion, no command substitution. Values may be bare,
 'single-quoted' (literal) or "double-quoted" (with \\" and \\\\ escapes only). Problems never
 quote the value of a secret variable.
+
+Lines end at "\\n" (or "\\r\\n") and nowhere else: str.splitlines would also split at a form
+feed or U+2028 inside a value, so `MODEL_NAME=x<FF>NARWHAL_NODE_3_SSH=...` would declare an
+engine nobody sees in an editor. Such characters, and every other control, are refused instead
+(see charset). One UTF-8 byte-order mark is accepted as the very first character, as editors on
+some systems write it.
 """
 
 from __future__ import annotations
@@ -11,8 +17,16 @@ import re
 from dataclasses import dataclass
 
 from narwhal.core.errors import Problem
+from narwhal.deploy.inputs.charset import code_point, forbidden_in
+from narwhal.deploy.inputs.secretnames import is_secret_name
 
-KEY_RE = re.compile(r"[A-Z][A-Z0-9_]*")
+__all__ = ["BOM", "EnvEntry", "is_secret_name", "parse_env_text", "split_lines"]
+
+KEY_RE = re.compile(r"[A-Z][A-Z0-9_]{0,99}")
+KEY_CHARS_RE = re.compile(r"[A-Za-z0-9_]+")
+BOM = "\ufeff"
+BLANK = " \t"
+COMMENT_RE = re.compile(r"[ \t]#")
 
 
 @dataclass(frozen=True)
@@ -22,9 +36,52 @@ class EnvEntry:
     line: int
 
 
-def is_secret_name(key: str) -> bool:
-    """Variables whose values are credentials: never printed, logged or written."""
-    return key.endswith(("_PASSWORD", "_TOKEN", "_API_KEY")) or key in {"NARWHAL_ENGINE_KEY"}
+def split_lines(text: str) -> list[str]:
+    """The lines of text, split on "\\n" only, a "\\r" before it dropped, a leading BOM removed."""
+    if text.startswith(BOM):
+        text = text[len(BOM):]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _key_of(line: str) -> str | None:
+    """The variable a line assigns, when it has a well-formed one (for naming problems)."""
+    stripped = line.strip(BLANK)
+    if stripped.startswith("export "):
+        stripped = stripped[len("export "):].lstrip(BLANK)
+    key, sep, _ = stripped.partition("=")
+    key = key.rstrip(BLANK)
+    return key if sep and KEY_RE.fullmatch(key) else None
+
+
+def _forbidden_line(line: str, lineno: int) -> Problem | None:
+    bad = forbidden_in(line, allow_tab=True)
+    if not bad:
+        return None
+    key = _key_of(line)
+    where = f"{key} (line {lineno})" if key else f"line {lineno}"
+    what = ", ".join(bad)
+    fix = "remove it: lines end only at a newline, and values hold no control characters"
+    if code_point(BOM) in bad:
+        fix += " (a byte-order mark is accepted only as the first character of the file)"
+    return Problem(where, f"contains a control or line-separator character {what}", fix)
+
+
+def _bad_key(key: str, lineno: int) -> Problem:
+    if not key:
+        shown = " (nothing before '=')"
+    elif KEY_CHARS_RE.fullmatch(key) and len(key) > 100:
+        shown = f" {key[:40]!r}... (longer than 100 characters)"
+    elif KEY_CHARS_RE.fullmatch(key):
+        shown = f" {key[:40]!r}"
+    else:
+        # Not a name: it may be a value (or a password) typed without its '='; show no text.
+        at = next(i for i, c in enumerate(key) if not KEY_CHARS_RE.fullmatch(c))
+        shown = f" (character {code_point(key[at])} at position {at + 1} of the name)"
+    return Problem(f"line {lineno}", f"invalid variable name{shown}",
+                   "use upper-case letters, digits and underscores")
 
 
 def _unquote(raw: str, key: str, lineno: int, problems: list[Problem]) -> str | None:
@@ -34,7 +91,7 @@ def _unquote(raw: str, key: str, lineno: int, problems: list[Problem]) -> str | 
         if end < 0:
             problems.append(Problem(where, "unterminated single quote", "close the quote"))
             return None
-        rest = raw[end + 1 :].strip()
+        rest = raw[end + 1 :].strip(BLANK)
         if rest and not rest.startswith("#"):
             problems.append(Problem(where, "text after the closing quote", "quote the whole value"))
             return None
@@ -49,7 +106,7 @@ def _unquote(raw: str, key: str, lineno: int, problems: list[Problem]) -> str | 
                 i += 2
                 continue
             if ch == '"':
-                rest = raw[i + 1 :].strip()
+                rest = raw[i + 1 :].strip(BLANK)
                 if rest and not rest.startswith("#"):
                     problems.append(
                         Problem(where, "text after the closing quote", "quote the whole value")
@@ -60,10 +117,7 @@ def _unquote(raw: str, key: str, lineno: int, problems: list[Problem]) -> str | 
             i += 1
         problems.append(Problem(where, "unterminated double quote", "close the quote"))
         return None
-    value = raw
-    if " #" in value:
-        value = value.split(" #", 1)[0]
-    value = value.rstrip()
+    value = COMMENT_RE.split(raw, maxsplit=1)[0].rstrip(BLANK)
     if any(c.isspace() for c in value):
         problems.append(
             Problem(where, "unquoted value contains whitespace",
@@ -78,24 +132,25 @@ def parse_env_text(text: str) -> tuple[list[EnvEntry], list[Problem]]:
     entries: list[EnvEntry] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
+    for lineno, line in enumerate(split_lines(text), start=1):
+        forbidden = _forbidden_line(line, lineno)
+        if forbidden is not None:
+            problems.append(forbidden)
+            continue
+        stripped = line.strip(BLANK)
         if not stripped or stripped.startswith("#"):
             continue
         if stripped.startswith("export "):
-            stripped = stripped[len("export ") :].lstrip()
+            stripped = stripped[len("export ") :].lstrip(BLANK)
         key, sep, raw = stripped.partition("=")
-        key = key.rstrip()
+        key = key.rstrip(BLANK)
         if not sep:
             problems.append(
                 Problem(f"line {lineno}", "not a KEY=VALUE line", "write NAME=value or delete it")
             )
             continue
         if not KEY_RE.fullmatch(key):
-            problems.append(
-                Problem(f"line {lineno}", f"invalid variable name {key[:40]!r}",
-                        "use upper-case letters, digits and underscores")
-            )
+            problems.append(_bad_key(key, lineno))
             continue
         if raw[:1].isspace():
             problems.append(
@@ -106,8 +161,11 @@ def parse_env_text(text: str) -> tuple[list[EnvEntry], list[Problem]]:
         value = _unquote(raw, key, lineno, problems)
         if value is None:
             continue
-        if "\x00" in value or any(ord(c) < 32 for c in value):
-            problems.append(Problem(key, "contains control characters", "remove them"))
+        bad = forbidden_in(value)
+        if bad:
+            problems.append(Problem(f"{key} (line {lineno})",
+                                    f"contains a control character {', '.join(bad)}",
+                                    "remove it"))
             continue
         if key in seen:
             problems.append(

@@ -6,14 +6,14 @@ every error comes back with the field it belongs to.
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import math
 import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
+
+from narwhal.deploy.inputs import hostnames, jsonfields, refs
 
 # Characters a shell would treat specially. Values that end up in remote argv are quoted in one
 # place anyway; refusing these catches pasted fragments of shell that were never meant as values.
@@ -23,9 +23,12 @@ REVISION_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 IFACE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
 MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,199}")
 GPU_UUID_RE = re.compile(r"GPU-[0-9a-fA-F-]{8,64}")
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEPLOYMENT_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# A decimal number as people write one: no '_' separators, no non-ASCII digits (float() would
+# read "1_0" as 10 and "١" as 1), no hex.
+DECIMAL_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+MAX_DIGITS = 18
 
 # How to fix each field, shown beside the problem.
 FIXES: dict[str, str] = {
@@ -54,6 +57,13 @@ FIXES: dict[str, str] = {
     "url": "write http://HOST:PORT with an explicit port and no path",
     "attestation_url": "write http://HOST:PORT/v1/attestation with an explicit port",
     "ssh_key": "give the absolute path of an existing private key file on this workstation",
+    "grafana_bind_address": "give the IP address Grafana binds, e.g. 127.0.0.1 (0.0.0.0 for "
+                            "every interface)",
+    "prometheus_listen_address": "write HOST:PORT as Prometheus' --web.listen-address takes "
+                                 "it, e.g. 127.0.0.1:9090 or :9090",
+    "shared_gpu_allowance": "write true or false",
+    "model_repo_id": refs.REPO_ID_FIX,
+    "model_revision": refs.REVISION_FIX,
 }
 
 
@@ -94,6 +104,8 @@ def _whole(value: Any) -> int:
     text = _text(value).strip()
     if not re.fullmatch(r"[0-9]+", text):
         raise ValueError("is not a whole number")
+    if len(text.lstrip("0")) > MAX_DIGITS:
+        raise ValueError(f"has more than {MAX_DIGITS} digits")
     return int(text)
 
 
@@ -119,29 +131,6 @@ def _gpu_ids(value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _json_str_list(value: Any) -> tuple[str, ...]:
-    try:
-        parsed = json.loads(_text(value))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"is not JSON ({exc.msg})") from exc
-    if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
-        raise ValueError("is not a JSON array of strings")
-    return tuple(parsed)
-
-
-def _json_env(value: Any) -> dict[str, str]:
-    try:
-        parsed = json.loads(_text(value))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"is not JSON ({exc.msg})") from exc
-    if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
-        raise ValueError("is not a JSON object of string values")
-    for name in parsed:
-        if not ENV_NAME_RE.fullmatch(name):
-            raise ValueError(f"has an invalid variable name {name[:40]!r}")
-    return dict(parsed)
-
-
 def _block_size(value: int) -> int:
     if value < 1 or value > 1024 or value & (value - 1):
         raise ValueError("is not a power of two from 1 to 1024")
@@ -150,10 +139,12 @@ def _block_size(value: int) -> int:
 
 def _finite(value: Any) -> float:
     """A finite float; NaN would pass every range check below, so it is refused first."""
-    try:
-        number = float(_text(value))
-    except ValueError as exc:
-        raise ValueError("is not a number") from exc
+    text = _text(value).strip()
+    if text.lower().lstrip("+-") in {"nan", "inf", "infinity"}:
+        raise ValueError("is not a finite number")
+    if not DECIMAL_RE.fullmatch(text):
+        raise ValueError("is not a number")
+    number = float(text)
     if not math.isfinite(number):
         raise ValueError("is not a finite number")
     return number
@@ -175,9 +166,21 @@ def _positive_seconds(value: Any) -> float:
 
 def _ip(value: Any) -> str:
     try:
-        return str(ipaddress.ip_address(_text(value)))
+        return hostnames.ip_address(_text(value))
     except ValueError as exc:
-        raise ValueError("is not an IP address") from exc
+        raise ValueError(f"is not an IP address: it {exc}") from None
+
+
+def _listen(value: Any) -> str:
+    return hostnames.listen_address(_text(value))
+
+
+def _boolean(value: Any) -> bool:
+    """Exactly `true` or `false`: `yes`, `1` and `on` read differently in every other tool."""
+    text = _text(value)
+    if text not in {"true", "false"}:
+        raise ValueError("is not true or false")
+    return text == "true"
 
 
 Port = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=65535)]
@@ -192,9 +195,14 @@ DeploymentName = Annotated[str, _pattern(DEPLOYMENT_RE, "a lower-case name of le
 Sha256Hex = Annotated[str, _pattern(SHA256_RE, "64 lower-case hex digits")]
 PortRange = Annotated[tuple[int, int], BeforeValidator(_port_range)]
 GpuIds = Annotated[tuple[str, ...], BeforeValidator(_gpu_ids)]
-StrList = Annotated[tuple[str, ...], BeforeValidator(_json_str_list)]
-EnvMap = Annotated[dict[str, str], BeforeValidator(_json_env)]
+EngineArgs = Annotated[tuple[str, ...], BeforeValidator(jsonfields.engine_args)]
+EngineEnv = Annotated[dict[str, str], BeforeValidator(jsonfields.engine_env)]
+DeviceList = Annotated[tuple[str, ...], BeforeValidator(jsonfields.device_list)]
 BlockSize = Annotated[int, BeforeValidator(_whole), AfterValidator(_block_size)]
 Fraction = Annotated[float, BeforeValidator(_fraction)]
 Seconds = Annotated[float, BeforeValidator(_positive_seconds)]
 IpText = Annotated[str, BeforeValidator(_ip)]
+ListenAddress = Annotated[str, BeforeValidator(_listen)]
+Boolean = Annotated[bool, BeforeValidator(_boolean)]
+HfRepoId = Annotated[str, BeforeValidator(refs.hf_repo_id)]
+GitRevision = Annotated[str, BeforeValidator(refs.git_revision)]

@@ -8,6 +8,7 @@ from typing import Any
 
 from narwhal.core.documents import digest
 from narwhal.core.gates import GATE_INPUTS
+from narwhal.core.secret import MASK, Secret
 from narwhal.deploy.inputs.model import Inputs
 
 
@@ -20,12 +21,21 @@ def _file_digest(path: str | None) -> str | None:
         return "missing"
 
 
+def _public(value: Any) -> Any:
+    """value with every Secret (an ENGINE_ENV token) replaced by the mask."""
+    if isinstance(value, Secret):
+        return MASK
+    if isinstance(value, dict):
+        return {k: _public(v) for k, v in value.items()}
+    return value
+
+
 def input_values(inputs: Inputs) -> dict[str, Any]:
     """The plain values behind each named input."""
     engines = inputs.engines
 
     def per_engine(*attrs: str) -> dict[str, Any]:
-        return {e.role: {a: getattr(e, a) for a in attrs} for e in engines}
+        return {e.role: {a: _public(getattr(e, a)) for a in attrs} for e in engines}
 
     return {
         "revision": inputs.revision,

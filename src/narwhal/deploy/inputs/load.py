@@ -1,6 +1,7 @@
 """Load the workstation `.env` into `Inputs`, reporting every problem in one pass.
 
-Nothing here writes a file or contacts a host: a bad `.env` changes nothing.
+Nothing here writes a file or contacts a host: a bad `.env` changes nothing. Engine numbers are
+1 to 999 without leading zeros: a 23-digit NARWHAL_NODE_<n> is a paste error, not a fleet.
 """
 
 from __future__ import annotations
@@ -17,23 +18,31 @@ from pydantic import TypeAdapter, ValidationError
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.secret import Secret
 from narwhal.deploy.inputs import fields as f
-from narwhal.deploy.inputs.destination import Destination, parse_destination
-from narwhal.deploy.inputs.envfile import EnvEntry, is_secret_name, parse_env_text
+from narwhal.deploy.inputs.destination import FORMS, Destination, parse_destination
+from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
+from narwhal.deploy.inputs.envsource import read_env_file
+from narwhal.deploy.inputs.hostnames import HOST_FORMS
 from narwhal.deploy.inputs.model import EngineInputs, Inputs, RouterInputs
 from narwhal.deploy.inputs.relations import check_colocation
+from narwhal.deploy.inputs.secretnames import is_secret_env_name, is_secret_name
 from narwhal.deploy.inputs.urls import check_url
 from narwhal.deploy.inputs.vocabulary import (
     ENGINE_FIELDS,
     GLOBAL_ONLY,
     NODE_ONLY,
+    OPTIONAL_TYPED,
     OTHER_KNOWN,
     REQUIRED_ENGINE_FIELDS,
     EngineFieldValues,
 )
 
 NODE_RE = re.compile(r"NARWHAL_NODE_([0-9]+)_([A-Z0-9_]+)")
+MAX_NODE = 999
 PREFIX = "NARWHAL_"
 ATTR_TO_FIELD = {attr: name for name, attr in {**ENGINE_FIELDS, **NODE_ONLY}.items()}
+# JSON fields whose raw text may hold a credential (an ENGINE_ENV token, an --api-key value):
+# their problems name the element instead of quoting the text.
+UNQUOTED_FIELDS = ("ENGINE_ENV", "ENGINE_ARGS")
 
 
 def _known_names() -> list[str]:
@@ -44,7 +53,7 @@ def _known_names() -> list[str]:
 
 def _shown(key: str, value: str) -> str:
     """How a value may appear in an error: never for secrets, truncated otherwise."""
-    return "" if is_secret_name(key) else f" {value[:60]!r}"
+    return "" if is_secret_name(key) or key.endswith(UNQUOTED_FIELDS) else f" {value[:60]!r}"
 
 
 class _Reader:
@@ -70,9 +79,9 @@ class _Reader:
             node = NODE_RE.fullmatch(key)
             if node:
                 number, field = node[1], node[2]
-                if number.startswith("0"):
-                    self.add(key, "engine number has a leading zero or is 0",
-                             "number engines 1, 2, 3, ... without leading zeros")
+                if number.startswith("0") or len(number) > len(str(MAX_NODE)):
+                    self.add(key, f"engine number is not 1 to {MAX_NODE} without leading zeros",
+                             f"number engines 1, 2, 3, ... up to {MAX_NODE}")
                 elif field not in ENGINE_FIELDS and field not in NODE_ONLY:
                     self._unknown(key)
                 else:
@@ -100,8 +109,7 @@ class _Reader:
         try:
             return parse_destination(text)
         except ValueError as exc:
-            self.add(key, f"{exc}{_shown(key, text)}",
-                     "write user@host or ssh://user@host:port (no leading '-', no spaces)")
+            self.add(key, f"{exc}{_shown(key, text)}", f"{FORMS}; the host is {HOST_FORMS}")
             return None
 
     def engine(self, n: int) -> EngineInputs | None:
@@ -132,10 +140,21 @@ class _Reader:
         self._check_urls(n, typed)
         self._check_key_file(self.var(n, "SSH_KEY"), typed.ssh_key)
         password = own.get("SSH_PASSWORD")
+        values = typed.model_dump()
+        values["engine_env"] = self._engine_env(n, typed.engine_env)
         return EngineInputs(
-            n=n, ssh=dest, **typed.model_dump(),
+            n=n, ssh=dest, **values,
             ssh_password=Secret(password, f"NARWHAL_NODE_{n}_SSH_PASSWORD") if password else None,
         )
+
+    def _engine_env(self, n: int, env: dict[str, str] | None) -> dict[str, str | Secret] | None:
+        """ENGINE_ENV with every secret-named value (HF_TOKEN, *_API_KEY, ...) a `Secret`, so
+        the tables, the JSON and the ledger's redactor all know it."""
+        if env is None:
+            return None
+        var = self.var(n, "ENGINE_ENV")
+        return {name: Secret(value, f"{var}[{name}]") if is_secret_env_name(name) else value
+                for name, value in env.items()}
 
     def _validate(self, n: int, merged: dict[str, Any]) -> EngineFieldValues | None:
         try:
@@ -207,14 +226,17 @@ class _Reader:
         return Secret(value, PREFIX + field) if value else None
 
     def typed_global(self, field: str, adapter: Any, fix: str, default: Any = None) -> Any:
-        if field not in self.globals:
+        return self.typed(PREFIX + field, adapter, fix, default)
+
+    def typed(self, key: str, adapter: Any, fix: str, default: Any = None) -> Any:
+        """The value of variable key checked by adapter, or default (with a problem added)."""
+        if not self.values.get(key):  # unset, or empty (reported as such by classify)
             return default
         try:
-            return TypeAdapter(adapter).validate_python(self.globals[field])
+            return TypeAdapter(adapter).validate_python(self.values[key])
         except ValidationError as exc:
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-            key = PREFIX + field
-            self.add(key, f"{message}{_shown(key, self.globals[field])}", fix)
+            self.add(key, f"{message}{_shown(key, self.values[key])}", fix)
             return default
 
 
@@ -249,6 +271,8 @@ def parse_inputs(text: str, source: Path) -> Inputs:
                                   "give whole seconds, e.g. 10", 10)
     ttft = reader.typed_global("TTFT_S", f.Seconds, "give seconds above 0, e.g. 10", 10.0)
     tpot = reader.typed_global("TPOT_S", f.Seconds, "give seconds above 0, e.g. 0.125", 0.125)
+    optional = {attr: reader.typed(key, kind, f.FIXES[attr])
+                for key, (attr, kind) in OPTIONAL_TYPED.items()}
     if reader.problems or router is None:
         raise InputError(str(source), reader.problems)
     return Inputs(
@@ -257,23 +281,15 @@ def parse_inputs(text: str, source: Path) -> Inputs:
         ssh_key=reader.globals.get("SSH_KEY"), known_hosts=known_hosts,
         connect_timeout_s=timeout, ttft_s=ttft, tpot_s=tpot,
         engine_key=reader._secret("ENGINE_KEY"), hf_token=reader._secret("HF_TOKEN"),
-        model_repo_id=reader.values.get("MODEL_REPO_ID"),
-        model_revision=reader.values.get("MODEL_REVISION"),
+        **optional,
     )
 
 
 def load_inputs(path: Path) -> Inputs:
-    """Read and validate the `.env` at path."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(str(path), [Problem(str(path), "does not exist",
-                                             "run `narwhal init` to write a template")]) from None
-    except UnicodeDecodeError:
-        raise InputError(str(path), [Problem(str(path), "is not UTF-8 text",
-                                             "save it as UTF-8")]) from None
+    """Read and validate the `.env` at path (a regular file of at most 1 MiB of UTF-8)."""
+    text, status = read_env_file(path)
     inputs = parse_inputs(text, path)
-    mode = path.stat().st_mode
+    mode = status.st_mode
     if inputs.secrets() and mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise InputError(str(path), [Problem(str(path), f"holds secrets but has mode "
                                              f"{stat.S_IMODE(mode):04o}",

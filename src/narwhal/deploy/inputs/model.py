@@ -38,7 +38,7 @@ class EngineInputs(_Frozen):
     model_dtype: str | None = None
     block_size: int = 128
     engine_args: tuple[str, ...] | None = None
-    engine_env: dict[str, str] | None = None
+    engine_env: dict[str, str | Secret] | None = None  # secret-named values are Secret
     transfer_transport: str = "ucx_tcp"
     transfer_net_devices: str | None = None
     transfer_devices: tuple[str, ...] = ()
@@ -78,10 +78,15 @@ class Inputs(_Frozen):
     hf_token: Secret | None = None
     model_repo_id: str | None = None
     model_revision: str | None = None
+    grafana_bind_address: str | None = None
+    prometheus_listen_address: str | None = None
+    shared_gpu_allowance: bool | None = None
 
     def secrets(self) -> list[Secret]:
         """Every secret value held, for redaction and leak scans."""
         found: list[Secret | None] = [self.engine_key, self.hf_token, self.router.ssh_password,
                                       self.router.api_key]
         found += [e.ssh_password for e in self.engines]
+        found += [v for e in self.engines for v in (e.engine_env or {}).values()
+                  if isinstance(v, Secret)]
         return [s for s in found if s is not None and s.reveal()]

@@ -1,4 +1,10 @@
-"""Checks between engines that share one physical host: ports and GPUs must not collide."""
+"""Checks between engines that share one physical host: ports and GPUs must not collide.
+
+Engines are grouped by `Destination.machine` (canonical host, SSH port), not by the text of
+their destinations: `root@10.0.0.5`, `ops@10.0.0.5` and `ssh://root@10.0.0.5:22` all log in to
+one sshd, so one machine, whose ports its engines share. A different SSH port on one address
+stays a different machine (a NAT gateway forwarding each port to its own host).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +20,9 @@ PORT_FIELDS = {"ENGINE_PORT": "engine_port", "ATTEST_PORT": "attest_port",
 def check_colocation(engines: list[EngineInputs], var: Callable[[int, str], str]) -> list[Problem]:
     """Engines on one SSH destination share its ports and GPUs; report every collision."""
     problems: list[Problem] = []
-    by_host: dict[str, list[EngineInputs]] = {}
+    by_host: dict[tuple[str, int], list[EngineInputs]] = {}
     for engine in engines:
-        by_host.setdefault(engine.ssh.text, []).append(engine)
+        by_host.setdefault(engine.ssh.machine, []).append(engine)
     for group in by_host.values():
         used: dict[int, str] = {}
         for engine in group:
@@ -27,7 +33,7 @@ def check_colocation(engines: list[EngineInputs], var: Callable[[int, str], str]
                 if port in used:
                     problems.append(Problem(
                         key, f"{user} {port} collides with {used[port]} on the same host "
-                        f"({engine.ssh.text})",
+                        f"({_where(group)})",
                         "give every engine, attestation and side-channel port on a host its own "
                         "number (set NARWHAL_NODE_<n>_... overrides)"))
                 else:
@@ -35,6 +41,11 @@ def check_colocation(engines: list[EngineInputs], var: Callable[[int, str], str]
         if len(group) > 1:
             problems += _gpu_problems(group, var)
     return problems
+
+
+def _where(group: list[EngineInputs]) -> str:
+    """The destinations of one machine as written, each once."""
+    return ", ".join(dict.fromkeys(e.ssh.text for e in group))
 
 
 def _gpu_problems(group: list[EngineInputs], var: Callable[[int, str], str]) -> list[Problem]:

@@ -39,6 +39,15 @@ NARWHAL_UCX_TCP_PORT_RANGE=30000-30100
 
 # Launch policy (optional): TENSOR_PARALLEL_SIZE, MODEL_DTYPE (bfloat16|float16), BLOCK_SIZE,
 # ENGINE_ARGS (JSON array), ENGINE_ENV (JSON object), TRANSFER_TRANSPORT (ucx_tcp|ucx_rdma).
+# JSON elements hold no shell characters (; | & $ ` < >); credentials go in the secrets below.
+
+# Checkpoint staging (optional): a Hugging Face repo id and a branch, tag or 40-hex commit.
+# MODEL_REPO_ID=Qwen/Qwen2.5-0.5B-Instruct
+# MODEL_REVISION=main
+# Observability (optional): Grafana's bind IP, Prometheus' HOST:PORT, shared GPUs (true|false).
+# NARWHAL_GRAFANA_BIND_ADDRESS=127.0.0.1
+# NARWHAL_PROMETHEUS_LISTEN_ADDRESS=127.0.0.1:9090
+# NARWHAL_SHARED_GPU_ALLOWANCE=false
 
 # Service level objectives (seconds).
 NARWHAL_TTFT_S=10

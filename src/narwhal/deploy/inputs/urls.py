@@ -1,16 +1,25 @@
-"""Engine and attestation URL overrides: http, explicit host and port, a fixed path."""
+"""Engine and attestation URL overrides: http, explicit host and port, a fixed path.
+
+The host follows the same grammar as SSH destinations (hostnames), so a URL cannot carry a host
+that no resolver would accept, nor shell characters in its place.
+"""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from narwhal.deploy.inputs.hostnames import canonical_host
+
 
 def check_url(value: str, path: str) -> str:
     """Return the normalised URL or raise ValueError naming the problem."""
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:
+        raise ValueError(f"is not a URL ({exc})") from None
     if parts.scheme != "http":
         raise ValueError("is not an http:// URL")
-    if parts.username or parts.password:
+    if parts.username or parts.password or "@" in parts.netloc:
         raise ValueError("contains user information")
     if not parts.hostname:
         raise ValueError("has no host")
@@ -20,6 +29,9 @@ def check_url(value: str, path: str) -> str:
         raise ValueError("has an invalid port") from exc
     if port is None:
         raise ValueError("has no explicit port")
+    if not 1 <= port <= 65535:
+        raise ValueError("has a port outside 1-65535")
+    canonical_host(parts.netloc.rpartition(":")[0])
     if parts.query or parts.fragment:
         raise ValueError("has a query or fragment")
     if parts.path.rstrip("/") != path:

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -57,6 +57,15 @@ GLOBAL_ONLY: set[str] = {
 }
 # Variables outside the NARWHAL_ namespace that the runbook uses (checkpoint staging).
 OTHER_KNOWN: set[str] = {"MODEL_REPO_ID", "MODEL_REVISION"}
+# Optional single-valued variables: full name -> (Inputs attribute, field type). Each is checked
+# with its type's grammar and reported under its own name.
+OPTIONAL_TYPED: dict[str, tuple[str, Any]] = {
+    "NARWHAL_GRAFANA_BIND_ADDRESS": ("grafana_bind_address", f.IpText),
+    "NARWHAL_PROMETHEUS_LISTEN_ADDRESS": ("prometheus_listen_address", f.ListenAddress),
+    "NARWHAL_SHARED_GPU_ALLOWANCE": ("shared_gpu_allowance", f.Boolean),
+    "MODEL_REPO_ID": ("model_repo_id", f.HfRepoId),
+    "MODEL_REVISION": ("model_revision", f.GitRevision),
+}
 
 
 class EngineFieldValues(BaseModel):
@@ -77,11 +86,11 @@ class EngineFieldValues(BaseModel):
     tensor_parallel_size: f.PositiveInt | None = None
     model_dtype: Literal["bfloat16", "float16"] | None = None
     block_size: f.BlockSize = 128
-    engine_args: f.StrList | None = None
-    engine_env: f.EnvMap | None = None
+    engine_args: f.EngineArgs | None = None
+    engine_env: f.EngineEnv | None = None
     transfer_transport: Literal["ucx_tcp", "ucx_rdma"] = "ucx_tcp"
     transfer_net_devices: f.SafeText | None = None
-    transfer_devices: f.StrList = ()
+    transfer_devices: f.DeviceList = ()
     gpu_tls: Literal["cuda", "cuda_copy", "rocm"] | None = None
     model_config_sha256: f.Sha256Hex | None = None
     gpu_memory_utilization: f.Fraction | None = None
