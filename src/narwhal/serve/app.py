@@ -104,7 +104,8 @@ class Router:
         control = settings.controller
         self.leadership = Leadership(
             lease or FileLease(control.lease_path, control.lease_ttl_s),
-            Claimant.this_process(""), control, self.engines, standby_of=standby_of)
+            Claimant.this_process(""), control, self.engines, standby_of=standby_of,
+            ops_key=settings.ops.secret.reveal().encode() if settings.ops.secret else b"")
         self.leadership.on_fenced = self.stop
         self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal,
                              self.leadership, self.binder.book if self.binder else None,

@@ -89,6 +89,7 @@ class Engine:
             "outstanding": self.outstanding,
             "fail_streak": self.fail_streak,
             "ejections": self.ejections,
+            "context_len": self.context_len or None,
             "prefill_pending": self.prefill_pending,
             "decode_running": self.running,
             "decode_resident_tokens": self.resident_tokens,

@@ -215,7 +215,10 @@ class Proxy:
             self._refuse(call, placement)
             return
         call.placement = placement
-        if self.limits.tokenize or _needs_count(call, context_of(placement)):
+        context = context_of(placement)
+        if not self._fits(call, context):
+            return
+        if self.limits.tokenize or _needs_count(call, context):
             self._spawn(self._tokenize(call, placement.prefill))
         else:
             self._route(call)
