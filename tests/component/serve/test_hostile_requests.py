@@ -134,7 +134,7 @@ def test_a_client_cannot_claim_the_id_of_another_request(spawn: Spawner) -> None
 # -- 5. smaller ones ---------------------------------------------------------------------
 
 def test_tokenize_and_detokenize_are_routed_to_an_engine(spawn: Spawner) -> None:
-    p, _, r = _pd(spawn)
+    _, _, r = _pd(spawn)
     tok = call(r.port, "POST", "/tokenize", {"model": MODEL, "prompt": "one two three"})
     assert tok.status == 200 and tok.json()["count"] == 3
     detok = call(r.port, "POST", "/detokenize", {"model": MODEL, "tokens": [1, 2]})
