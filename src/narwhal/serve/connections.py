@@ -80,6 +80,10 @@ class Connections:
         for conn in list(self._open):
             if conn.closed:
                 continue
+            if conn.linger_until:
+                if now >= conn.linger_until:
+                    conn.evict()
+                continue
             since = conn.reading_since
             if since:
                 limit = lim.header_timeout_s if conn.parser_in_head else \
@@ -118,6 +122,8 @@ def _idlest(pool: Iterable[ClientConnection], newcomer: ClientConnection) -> Cli
     for conn in pool:
         if conn is newcomer or conn.busy or conn.closed:
             continue
+        if conn.linger_until:
+            return conn  # already answered and refused: only waiting to be closed
         at = conn.reading_since or conn.idle_since
         if best is None or at < best_at:
             best, best_at = conn, at

@@ -30,6 +30,8 @@ from narwhal.serve.settings import ClientLimits
 _log = logging.getLogger("narwhal.serve.front")
 _MAX_PIPELINED = 16
 _DISCARD_CAP = 64 * 1_048_576
+_LINGER_S = 2.0  # after a refusal: read and drop for this long, so the reply is not reset
+_LINGER_CAP = 1_048_576  # ... or until this much more arrived
 _END = b"\r\n\r\n"
 
 
@@ -90,9 +92,9 @@ class ClientConnection(asyncio.Protocol):
 
     __slots__ = ("_body", "_deferred", "_discarded", "_head", "_header_bytes", "_headers",
                  "_in_head", "_pending", "_refusal_sent", "_req", "_size", "_stopped", "_tail",
-                 "_url", "busy", "closed", "closing", "handler", "idle_since", "limits", "parser",
-                 "peer", "reading_since", "registry", "served", "transport", "watcher",
-                 "write_paused")
+                 "_url", "busy", "closed", "closing", "handler", "idle_since", "limits",
+                 "linger_until", "parser", "peer", "reading_since", "registry", "served",
+                 "transport", "watcher", "write_paused")
 
     def __init__(self, handler: Handler, limits: ClientLimits, registry: Registry) -> None:
         self.handler = handler
@@ -122,7 +124,8 @@ class ClientConnection(asyncio.Protocol):
         self._discarded = -1  # >= 0 while a refused body is being read and dropped
         self._refusal_sent = False
         self._deferred = b""  # a refusal to write once the responses ahead of it are done
-        self._stopped = False  # the parser gave up on this stream: read nothing more
+        self._stopped = False  # the parser gave up on this stream: drop what follows
+        self.linger_until = 0.0  # a refusal was sent: abort at this instant (connections.py)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -134,6 +137,9 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._stopped:
+            self._discarded += len(data)
+            if self._discarded > _LINGER_CAP and self.transport is not None:
+                self.transport.abort()
             return
         if self._in_head:
             head = self._head
@@ -261,7 +267,7 @@ class ClientConnection(asyncio.Protocol):
             self._discarded = -1
             self._stop_reading()
             if self._refusal_sent:
-                self._close_now()
+                self._linger(b"")  # the 413 is written; end our side and drop what follows
             return
         req = self._req
         body = self._body
@@ -298,9 +304,8 @@ class ClientConnection(asyncio.Protocol):
             self._dispatch(req)
             return
         if self._deferred:
-            self.write(self._deferred)
-            self._deferred = b""
-            self._close_now()
+            reply, self._deferred = self._deferred, b""
+            self._linger(reply)
             return
         if not keep_alive or self.closing:
             self._close_now()
@@ -321,7 +326,7 @@ class ClientConnection(asyncio.Protocol):
 
     def evict(self) -> None:
         """Make room for a newer connection: this one is the idlest of its peer or of all."""
-        self._close_now(abort=self.reading_since > 0)
+        self._close_now(abort=self.reading_since > 0 or self.linger_until > 0)
 
     def expire(self, status: int, message: str) -> None:
         """A head or body took too long (408), or a keep-alive sat idle (status 0: no reply)."""
@@ -331,7 +336,9 @@ class ClientConnection(asyncio.Protocol):
         if status:
             self.handler.refused(status)
             body = responses.error_body(status, message, code="request_timeout")
-            self.write(responses.head(status, b"", False, length=len(body)) + body)
+            self._stop_reading()
+            self._linger(responses.head(status, b"", False, length=len(body)) + body)
+            return
         self._close_now()
 
     def refuse_connection(self, message: str) -> None:
@@ -365,13 +372,31 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
 
     def _stop_reading(self) -> None:
-        """Nothing after a refused request is parsed; the kernel holds what the client sends."""
+        """Nothing after a refused request is parsed: it is dropped as it arrives (while a
+        response ahead of the refusal is still being written, the kernel holds it)."""
         self._stopped = True
         self.reading_since = 0.0
+        self._discarded = 0
         self._head.clear()
-        if self.transport is not None and not self.closed:
+        if self.busy and self.transport is not None and not self.closed:
             self.transport.pause_reading()
 
+    def _linger(self, reply: bytes) -> None:
+        """Write a refusal and end our side, then drop input until the client closes or
+        `_LINGER_S` passes: closing a socket with unread input resets it, and the reset can
+        destroy the reply before the client reads it."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if reply:
+            transport.write(reply)
+        if not transport.can_write_eof():
+            self._close_now()
+            return
+        transport.write_eof()
+        transport.resume_reading()
+        self.closing = True
+        self.linger_until = time.monotonic() + _LINGER_S
     def _refuse_head(self) -> None:
         head = self._head
         line = head.find(b"\r\n", 0, self.limits.max_request_line_bytes + 2)
@@ -389,8 +414,7 @@ class ClientConnection(asyncio.Protocol):
         if self.busy:
             self._deferred = reply
             return
-        self.write(reply)
-        self._close_now()
+        self._linger(reply)
 
     def _refuse_body(self) -> None:
         self._discarded = 0
