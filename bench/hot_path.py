@@ -196,8 +196,7 @@ async def run(requests: int, tokens: int, per_read: int, work: Path,
     async def serve(n: int) -> float:
         done: asyncio.Future[None] = loop.create_future()
         client = ClientTransport(request, n, done)
-        conn = ClientConnection(router.routes, settings.limits.max_request_bytes,
-                                router.connections)
+        conn = ClientConnection(router.routes, router.settings.clients, router.connections)
         client.proto = conn
         conn.connection_made(client)
         t0 = time.process_time()

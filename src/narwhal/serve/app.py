@@ -10,12 +10,16 @@ and flushes the journal before returning a summary.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import signal
 import time
 from typing import Any
 
+from narwhal.core.errors import InputError, Problem
+from narwhal.serve import descriptors
+from narwhal.serve.connections import Connections
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine, EngineChooser, LeastOutstanding
 from narwhal.serve.front import ClientConnection
@@ -41,6 +45,22 @@ class Router:
     def __init__(self, settings: RouterSettings, *, connector: Connector | None = None,
                  chooser: EngineChooser | None = None, lease: Lease | None = None,
                  standby_of: str | None = None) -> None:
+        nofile = descriptors.raise_soft_limit()
+        try:
+            budget = descriptors.plan(nofile, settings.clients.max_connections,
+                                      settings.limits.max_concurrent, len(settings.engines))
+        except descriptors.TooFewDescriptors as exc:
+            raise InputError("process limits", [Problem(
+                "RLIMIT_NOFILE", str(exc), "raise the open-files limit of the router's "
+                "process")]) from None
+        note = budget.note(settings.clients.max_connections, settings.limits.max_concurrent)
+        if note:
+            _log.warning("%s", note)
+        settings = dataclasses.replace(
+            settings,
+            limits=dataclasses.replace(settings.limits, max_concurrent=budget.max_concurrent),
+            clients=dataclasses.replace(settings.clients, max_connections=budget.max_connections))
+        self.budget = budget
         self.settings = settings
         limits = settings.limits
         shortest = min(limits.connect_timeout_s, limits.prefill_timeout_s,
@@ -49,7 +69,8 @@ class Router:
         self.deadlines = Deadlines(period_s=min(1.0, max(0.05, shortest / 4)))
         self.engines = [
             Engine(spec, EnginePool(spec.host, spec.port, connect_timeout_s=limits.connect_timeout_s,
-                                    keepalive_s=limits.upstream_keepalive_s, connector=connector))
+                                    keepalive_s=limits.upstream_keepalive_s, connector=connector,
+                                    max_idle=budget.idle_per_engine))
             for spec in settings.engines
         ]
         for engine in self.engines:
@@ -83,7 +104,8 @@ class Router:
         control = settings.controller
         self.leadership = Leadership(
             lease or FileLease(control.lease_path, control.lease_ttl_s),
-            Claimant.this_process(""), control, self.engines, standby_of=standby_of)
+            Claimant.this_process(""), control, self.engines, standby_of=standby_of,
+            ops_key=settings.ops.secret.reveal().encode() if settings.ops.secret else b"")
         self.leadership.on_fenced = self.stop
         self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal,
                              self.leadership, self.binder.book if self.binder else None,
@@ -92,7 +114,9 @@ class Router:
                                   self.leadership,
                                   chooser if isinstance(chooser, CurvePriced) else None,
                                   self.roles)
-        self.connections: set[ClientConnection] = set()
+        self.connections = Connections(settings.clients)
+        self.routes.connections = self.connections
+        self.metrics.connections = self.connections
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -110,14 +134,15 @@ class Router:
         await self.health.probe_all()
         if self.binder is not None:
             await self.binder.sweep()
-        max_body = self.settings.limits.max_request_bytes
+        clients = self.settings.clients
         server = await loop.create_server(
-            lambda: ClientConnection(self.routes, max_body, self.connections),
+            lambda: ClientConnection(self.routes, clients, self.connections),
             host, port, backlog=2048, reuse_address=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         background = [loop.create_task(c) for c in (
-            self.deadlines.run(), self.health.run(), self.metrics.watch_loop_lag())]
+            self.deadlines.run(), self.health.run(), self.metrics.watch_loop_lag(),
+            self.connections.run())]
         if self.binder is not None:
             background.append(loop.create_task(self.binder.run()))
             loop.add_signal_handler(signal.SIGHUP, self.binder.reload_now)
@@ -156,7 +181,7 @@ class Router:
         t0 = time.monotonic()
         self.routes.draining = True
         server.close()
-        for conn in list(self.connections):
+        for conn in self.connections:
             conn.begin_close()
         left = self.proxy.inflight
         drained = await self.proxy.wait_idle(self.settings.limits.drain_timeout_s)
@@ -168,7 +193,7 @@ class Router:
             for engine in self.engines:
                 engine.pool.close_all()  # legs still waiting on an engine fail now
             if not await self.proxy.wait_idle(5.0):
-                for conn in list(self.connections):
+                for conn in self.connections:
                     if conn.transport is not None:
                         conn.transport.abort()
                 await self.proxy.wait_idle(5.0)

@@ -34,6 +34,10 @@ _PREFILL_COMPLETION = (b'{"max_tokens":1,"stream":false,"ignore_eos":true,'
 _PREFILL_CHAT = (b'{"max_tokens":1,"max_completion_tokens":1,"stream":false,"ignore_eos":true,'
                  b'"kv_transfer_params":{"do_remote_decode":true}')
 
+_RELEASE_COMPLETION = b'{"max_tokens":1,"stream":false,"ignore_eos":true,"kv_transfer_params":'
+_RELEASE_CHAT = (b'{"max_tokens":1,"max_completion_tokens":1,"stream":false,"ignore_eos":true,'
+                 b'"kv_transfer_params":')
+
 
 class BadRequest(Exception):
     """The client body breaks a rule the router relies on."""
@@ -54,14 +58,65 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
-    """Parse and check a completion body; raise BadRequest naming the field and the fix."""
+# Integers an engine can take as int64; orjson reads larger integer literals as floats, which
+# an engine would take as a different number (or fail on), so they are refused here.
+_INT_LIMIT = float(2**63)
+
+
+def _number_problem(key: str, value: Any) -> BadRequest | None:
+    kind = type(value)
+    if (kind is int and not -(2**63) <= value < 2**63) or (kind is float and abs(value) >= _INT_LIMIT):
+        return BadRequest(400, f"'{key}' is out of range: numbers must lie within a signed "
+                          "64-bit integer's range", key, "invalid_value")
+    return None
+
+
+def _check_numbers(body: dict[str, Any]) -> None:
+    """Refuse numbers no engine reads as sent: top-level values, and one level into small
+    objects and lists (stream_options, logit_bias, stop_token_ids, a token-id prompt)."""
+    for key, value in body.items():
+        kind = type(value)
+        if kind is int or kind is float:
+            bad = _number_problem(key, value)
+        elif kind is dict and len(value) <= 4096:
+            bad = next((p for k, v in value.items()
+                        if (type(v) is int or type(v) is float)
+                        and (p := _number_problem(f"{key}.{k}", v)) is not None), None)
+        elif kind is list and len(value) <= 1_000_000:
+            bad = next((p for v in value
+                        if (type(v) is int or type(v) is float)
+                        and (p := _number_problem(key, v)) is not None), None)
+        else:
+            bad = None
+        if bad is not None:
+            raise bad
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A client body as a JSON object; BadRequest (400) naming what is wrong with it."""
     try:
         body = loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise BadRequest(400, f"request body is not valid JSON ({exc})", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest(400, "request body must be a JSON object", None, "invalid_json")
+    _check_numbers(body)
+    return body
+
+
+def check_tokenize_body(raw: bytes, model: str) -> dict[str, Any]:
+    """A /tokenize or /detokenize body: a JSON object for this router's model."""
+    body = parse_object(raw)
+    asked = body.get("model")
+    if asked is not None and asked != model:
+        raise BadRequest(404, f"The model `{asked}` does not exist. This router serves `{model}`.",
+                         "model", "model_not_found")
+    return body
+
+
+def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
+    """Parse and check a completion body; raise BadRequest naming the field and the fix."""
+    body = parse_object(raw)
     asked = body.get("model")
     if asked is not None and asked != model:
         raise BadRequest(404, f"The model `{asked}` does not exist. This router serves `{model}`.",
@@ -104,7 +159,7 @@ class Call:
 
     __slots__ = ("_base", "body", "chat", "conn", "decode_attempts", "decode_charge",
                  "decode_engine", "decode_tries", "estimate", "estimator", "events", "finished",
-                 "gone", "handoff_s", "http11", "keep_alive", "kv", "max_tokens", "mode",
+                 "gone", "handoff_s", "http11", "keep_alive", "kv", "leg_id", "max_tokens", "mode",
                  "outcome", "path", "placement",
                  "prefill_engine", "prefill_s", "prefill_tries", "prompt_tokens", "reason",
                  "received", "relay", "request_id", "route", "status", "stream", "t0",
@@ -112,14 +167,15 @@ class Call:
 
     def __init__(self, body: dict[str, Any], chat: bool, request_id: bytes, tenant: str | None,
                  conn: ClientConnection, keep_alive: bool = True, http11: bool = True,
-                 estimator: BytesPerToken | None = None) -> None:
+                 estimator: BytesPerToken | None = None, *, leg_id: bytes = b"") -> None:
         self.t0 = time.monotonic()
         self.received = time.time()
         self.body = body
         self.chat = chat
         self.route = "chat" if chat else "completions"
         self.path = b"/v1/chat/completions" if chat else b"/v1/completions"
-        self.request_id = request_id
+        self.request_id = request_id  # the client's x-request-id (or leg_id): echoed, journaled
+        self.leg_id = leg_id or request_id  # router-made: the only id engines ever see
         self.tenant = tenant
         self.keep_alive = keep_alive
         self.http11 = http11
@@ -154,6 +210,8 @@ class Call:
         # Prompt length for pricing before the engine tells it: a token-id prompt counts its
         # ids; text is priced by body bytes over the learned bytes per token (token_estimate.py).
         prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            self.prompt_tokens = len(prompt)  # token ids: the exact length, known now
         self.estimator = None if isinstance(prompt, list) else estimator
         self.estimate = len(prompt) if isinstance(prompt, list) else (
             estimator.tokens(self.route, len(self._base)) if estimator is not None
@@ -198,6 +256,12 @@ class Call:
             head += b',"kv_transfer_params":' + kv
         return self._join(head)
 
+    def release_body(self, kv: bytes) -> bytes:
+        """A one-token leg that takes the producer's KV so the producer frees it now: sent
+        when the decode leg was refused after the prefill leg had reserved the KV."""
+        head = _RELEASE_CHAT if self.chat else _RELEASE_COMPLETION
+        return self._join(head + kv)
+
     def tokenize_body(self) -> bytes:
         key = "messages" if self.chat else "prompt"
         out = {key: self.body[key]}
@@ -227,6 +291,7 @@ class Call:
     def row(self) -> dict[str, Any]:
         return {
             "request_id": self.request_id.decode("ascii"),
+            "engine_request_id": self.leg_id.decode("ascii"),
             "received_at": round(self.received, 6),
             "route": self.route,
             "stream": self.stream,

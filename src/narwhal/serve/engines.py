@@ -20,7 +20,7 @@ from narwhal.serve.upstream import EnginePool
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("busy_until", "draining", "ejected", "ejected_reason", "ejections",
+    __slots__ = ("busy_until", "context_len", "draining", "ejected", "ejected_reason", "ejections",
                  "fail_streak", "held", "held_detail", "last_flip", "last_ok", "live_generation",
                  "outstanding", "pool", "prefill_pending", "profile", "resident_tokens",
                  "running", "serves_decode", "serves_prefill", "spec")
@@ -34,6 +34,9 @@ class Engine:
         self.ejected_reason = ""
         self.ejections = 0
         self.last_ok = 0.0
+        # max_model_len from the engine's /v1/models (health.py), 0 until read; the router
+        # refuses a request that cannot fit it before any leg reserves KV (proxy.py).
+        self.context_len = 0
         # Generation binding (generation.py): `held` is a reason ("reprofile", "no_profile")
         # while the engine may not be placed although it is healthy; `profile` is the row
         # whose generation equals the live one, the only curve this engine may be priced by.
@@ -86,6 +89,7 @@ class Engine:
             "outstanding": self.outstanding,
             "fail_streak": self.fail_streak,
             "ejections": self.ejections,
+            "context_len": self.context_len or None,
             "prefill_pending": self.prefill_pending,
             "decode_running": self.running,
             "decode_resident_tokens": self.resident_tokens,

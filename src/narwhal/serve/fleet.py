@@ -62,6 +62,30 @@ class Serving(StrictModel):
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     upstream_keepalive_s: float = Field(default=4.0, gt=0, le=3600)
     prompt_length: Literal["prefill_usage", "tokenize"] = "prefill_usage"
+    # What one client may make the router hold (docs/security.md): every limit below is
+    # enforced before the router allocates anything that grows with what the client sends.
+    max_request_line_bytes: int = Field(default=8192, ge=256, le=1_048_576)
+    max_header_bytes: int = Field(default=32_768, ge=1024, le=1_048_576)
+    max_header_count: int = Field(default=100, ge=8, le=10_000)
+    max_connections: int = Field(default=4096, ge=16, le=1_000_000)
+    client_connection_share: float = Field(default=0.5, gt=0, le=1)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    idle_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class Operations(StrictModel):
+    """Who may read the operational endpoints (/metrics, /narwhal/state, /narwhal/handoff).
+
+    With no tenant keys the router authenticates nobody and these are open like the rest.
+    With tenant keys they are closed by default: they name engines, tenants, queue depths and
+    the lease holder. `key_env` names the variable holding the operator's bearer key (the
+    standby and Prometheus send it); `open: true` serves them without a key, for a router
+    whose port only a private monitoring network reaches. /health and /ready stay open.
+    """
+
+    key_env: str = ""
+    open: bool = False
 
 
 class Health(StrictModel):
@@ -159,6 +183,7 @@ class FleetDocument(StrictModel):
     profiles: Profiles | None = None
     role_flips: RoleFlips | None = None
     calibration: CalibrationRef | None = None
+    operations: Operations = Operations()
 
 
 _FIXES: dict[str, str] = {
@@ -299,6 +324,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                                 "name the narwhal.first-token-calibration document written by "
                                 "narwhal-check --calibrate-first-token, or remove the section"))
     problems += _role_flip_problems(doc)
+    problems += _limit_problems(doc)
     c = doc.controller
     if c.handoff_poll_s >= c.lease_ttl_s:
         problems.append(Problem("controller.handoff_poll_s",
@@ -306,6 +332,25 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                                 "poll the handoff document several times per lease period"))
     if not doc.journal.path.strip():
         problems.append(Problem("journal.path", "is empty", "name the JSONL file, e.g. runs/journal.jsonl"))
+    return problems
+
+
+def _limit_problems(doc: FleetDocument) -> list[Problem]:
+    s = doc.serving
+    problems: list[Problem] = []
+    if s.max_request_line_bytes > s.max_header_bytes:
+        problems.append(Problem(
+            "serving.max_request_line_bytes",
+            f"{s.max_request_line_bytes} is above max_header_bytes {s.max_header_bytes} "
+            "(the request line is part of the head)", "lower it or raise max_header_bytes"))
+    ops = doc.operations
+    if ops.key_env and not _ENV_NAME.match(ops.key_env):
+        problems.append(Problem(
+            "operations.key_env", "is not an environment variable name (the document holds "
+            "the variable's name, never the key)", "write e.g. NARWHAL_OPS_KEY"))
+    if ops.key_env and ops.open:
+        problems.append(Problem("operations.open", "is true while operations.key_env is set",
+                                "choose one: a key for the operational endpoints, or open"))
     return problems
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine
+from narwhal.serve.jsonio import loads
 from narwhal.serve.legs import LegFailed, LegTimedOut, exchange, request_bytes
 from narwhal.serve.settings import HealthPolicy
 from narwhal.serve.upstream import EngineUnreachable
@@ -68,6 +69,8 @@ class Health:
             if status == 200:
                 if engine.ejected and engine.ejections:
                     _log.warning("engine %s readmitted: /health is 200", engine.id)
+                if engine.ejected or not engine.context_len:
+                    await self._read_context(engine)  # a restarted engine may hold another
                 engine.ejected = False
                 engine.ejected_reason = ""
                 self.ok(engine)
@@ -76,6 +79,20 @@ class Health:
             return False
         finally:
             self._probing.discard(engine)
+
+    async def _read_context(self, engine: Engine) -> None:
+        """max_model_len of the engine's served model from GET /v1/models (vLLM's cards carry
+        it); left 0, and the engines left to judge each request, when it cannot be read."""
+        req = request_bytes(b"GET", b"/v1/models", engine.spec.host_header, b"", None)
+        try:
+            status, payload = await exchange(engine.pool, req, self.policy.probe_timeout_s,
+                                             self.deadlines)
+            cards = loads(payload).get("data") if status == 200 else None
+            found = [c.get("max_model_len") for c in cards or () if isinstance(c, dict)]
+            sizes = [n for n in found if type(n) is int and n > 0]
+            engine.context_len = min(sizes) if sizes else 0
+        except (EngineUnreachable, LegFailed, LegTimedOut, ValueError, AttributeError):
+            engine.context_len = 0
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(e) for e in self.engines))

@@ -1,9 +1,11 @@
-"""JSON on the request path: orjson, with the standard library behind it for what orjson refuses.
+"""JSON on the request path: orjson, with the standard library behind it for encoding only.
 
 orjson parses and encodes request-sized documents 5-30 times faster than `json`, which is a
-third of the router's own per-request work otherwise. It refuses integers beyond 64 bits,
-which JSON allows and a client may send (a seed, a logit-bias key is a string so it is
-fine): those documents go through `json` instead, so no valid request is turned away.
+third of the router's own per-request work otherwise. Parsing is orjson alone: it refuses
+lone surrogates and nesting deeper than 1024, which `json` would accept (and then fail on
+when the body is encoded again, or overflow the stack), so a client body either parses here
+or gets a 400. Integer literals beyond 64 bits come back as floats; call.py refuses them.
+Encoding falls back to `json` for the Python integers beyond 64 bits orjson will not write.
 """
 
 from __future__ import annotations
@@ -18,11 +20,8 @@ _STD_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse JSON; raises ValueError (json.JSONDecodeError) with a readable message."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)  # big integers; or the real error, worded by `json`
+    """Parse JSON; raises ValueError (orjson.JSONDecodeError) with a readable message."""
+    return orjson.loads(data)
 
 
 def dumps(value: Any) -> bytes:

@@ -40,12 +40,14 @@ class Leadership:
     """Holds, renews, follows and gives up the controller lease for one router process."""
 
     def __init__(self, lease: Lease, claimant: Claimant, policy: ControllerPolicy,
-                 engines: Sequence[Engine], *, standby_of: str | None = None) -> None:
+                 engines: Sequence[Engine], *, standby_of: str | None = None,
+                 ops_key: bytes = b"") -> None:
         self.lease = lease
         self.claimant = claimant
         self.policy = policy
         self.engines = tuple(engines)
         self.standby_of = standby_of
+        self._ops_key = ops_key  # the operator key a primary with tenant keys asks for
         self.role = "standby" if standby_of else "primary"
         self.until = 0.0  # monotonic; the request path serves only before this instant
         self.grant: Grant | None = None
@@ -126,7 +128,8 @@ class Leadership:
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         pool = EnginePool(host, port, connect_timeout_s=self.policy.handoff_poll_s,
                           keepalive_s=60.0)
-        req = request_bytes(b"GET", b"/narwhal/handoff", f"{host}:{port}".encode(), b"", None)
+        req = request_bytes(b"GET", b"/narwhal/handoff", f"{host}:{port}".encode(), b"", None,
+                            self._ops_key)
         timeout = max(self.policy.handoff_poll_s, 0.05)
         try:
             while self.role == "standby":

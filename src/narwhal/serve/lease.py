@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -113,16 +114,25 @@ class FileLease:
         self.path = path
         self.ttl_s = ttl_s
         self._lock_path = path.with_name(path.name + ".lock")
+        self._lock_fd = -1
+        self._thread_lock = threading.Lock()  # flock on one shared fd does not exclude threads
 
     # -- file plumbing ----------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
+        # The lock file stays open for the life of the lease: a renewal then needs only the
+        # descriptors of one read and one write, which the router keeps in reserve
+        # (descriptors.py), never a fresh one for the lock too.
+        with self._thread_lock:
+            if self._lock_fd < 0:
+                self._lock_fd = os.open(self._lock_path,
+                                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._lock_fd
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing drops the flock
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _read(self) -> LeaseRecord | None:
         try:

@@ -41,11 +41,13 @@ class LegTimedOut(Exception):
 
 
 def request_bytes(method: bytes, path: bytes, host: bytes, request_id: bytes,
-                  body: bytes | None) -> bytes:
+                  body: bytes | None, bearer: bytes = b"") -> bytes:
     """An HTTP/1.1 request with only the headers an engine needs."""
     head = b"%b %b HTTP/1.1\r\nhost: %b\r\n" % (method, path, host)
     if request_id:
         head += b"x-request-id: %b\r\n" % request_id
+    if bearer:
+        head += b"authorization: Bearer %b\r\n" % bearer
     if body is None:
         return head + b"\r\n"
     return head + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b" % (

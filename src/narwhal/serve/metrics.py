@@ -82,6 +82,8 @@ class RouterMetrics:
                              "How late a periodic event-loop tick ran", _LAG_BUCKETS)
         self.requests: dict[tuple[str, str], int] = {}
         self.retries: dict[str, int] = {}
+        self.kv_releases: dict[str, int] = {}
+        self.connections: Any = None  # connections.Connections, set by the app
 
     def attach_state(self, engines: Sequence[Engine], journal: Journal,
                      inflight: Callable[[], int], leadership: Leadership,
@@ -96,6 +98,10 @@ class RouterMetrics:
 
     def retry(self, leg: str) -> None:
         self.retries[leg] = self.retries.get(leg, 0) + 1
+
+    def kv_release(self, outcome: str) -> None:
+        """A one-token leg sent to free the KV a refused decode leg left on its producer."""
+        self.kv_releases[outcome] = self.kv_releases.get(outcome, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -135,6 +141,24 @@ class _Families(Collector):
         for leg, n in sorted(m.retries.items()):
             retries.add_metric([leg], float(n))
         yield retries
+        releases = CounterMetricFamily(
+            "narwhal_router_kv_releases", "One-token legs sent to free the KV a refused decode "
+            "leg left on its producer, by outcome (sent, ok, failed)", labels=["outcome"])
+        for outcome, n in sorted(m.kv_releases.items()):
+            releases.add_metric([outcome], float(n))
+        yield releases
+        if m.connections is not None:
+            c = m.connections
+            yield GaugeMetricFamily("narwhal_router_client_connections",
+                                    "Open client connections", value=float(len(c)))
+            closed = CounterMetricFamily(
+                "narwhal_router_client_connections_closed",
+                "Client connections the router closed or refused to protect its limits",
+                labels=["reason"])
+            for reason, n in (("evicted_idlest", c.evicted), ("refused_full", c.refused),
+                              ("read_timeout", c.timed_out), ("idle_timeout", c.idle_closed)):
+                closed.add_metric([reason], float(n))
+            yield closed
         for hist in (m.ttft, m.tpot, m.handoff, m.loop_lag):
             yield hist.family()
         yield from self._engine_families()

@@ -22,13 +22,14 @@ from typing import Any
 from narwhal.serve import relay as R
 from narwhal.serve.call import Call
 from narwhal.serve.deadlines import Deadlines
-from narwhal.serve.engines import Engine, EngineChooser, Refusal
+from narwhal.serve.engines import Engine, EngineChooser, Placement, Refusal
 from narwhal.serve.front import ClientConnection
 from narwhal.serve.health import Health
 from narwhal.serve.journal import Journal
 from narwhal.serve.jsonio import dumps, loads
 from narwhal.serve.legs import (
     FAILED,
+    OK,
     TIMEOUT,
     Collector,
     LegFailed,
@@ -140,6 +141,36 @@ class Proxy:
         if self.inflight == 0:
             self._idle.set()
 
+    def forward(self, conn: ClientConnection, path: bytes, body: bytes, keep_alive: bool) -> None:
+        """A one-shot request (/tokenize, /detokenize) answered by a placeable engine."""
+        engine = min((e for e in self.health.engines if e.placeable),
+                     key=lambda e: e.outstanding, default=None)
+        if engine is None:
+            conn.respond(503, error_body(503, "no healthy engine can serve this request now",
+                                         code="no_engine"), b"", keep_alive,
+                         extra=b"retry-after: 1\r\n")
+            return
+        self._spawn(self._forward(conn, engine, path, body, keep_alive))
+
+    async def _forward(self, conn: ClientConnection, engine: Engine, path: bytes, body: bytes,
+                       keep_alive: bool) -> None:
+        req = request_bytes(b"POST", path, engine.spec.host_header, b"", body)
+        try:
+            status, payload = await exchange(engine.pool, req, self.limits.prefill_timeout_s,
+                                             self.deadlines)
+        except (EngineUnreachable, LegFailed, LegTimedOut) as exc:
+            self.metrics.request("tokenize", "engine_unreachable")
+            conn.respond(502, error_body(502, f"engine {engine.id} failed: "
+                                         f"{exc or type(exc).__name__}",
+                                         code="engine_unreachable"), b"", keep_alive)
+            return
+        self.metrics.request("tokenize", "ok" if status == 200 else "engine_rejected")
+        if status >= 500:
+            payload = error_body(502, f"engine {engine.id} answered {status}",
+                                 code="engine_error")
+            status = 502
+        conn.respond(status, payload, b"", keep_alive)
+
     # -- replies ----------------------------------------------------------------------------
     def _error(self, call: Call, status: int, message: str, code: str, outcome: str,
                extra: bytes = b"") -> None:
@@ -184,7 +215,10 @@ class Proxy:
             self._refuse(call, placement)
             return
         call.placement = placement
-        if self.limits.tokenize:
+        context = context_of(placement)
+        if not self._fits(call, context):
+            return
+        if self.limits.tokenize or _needs_count(call, context):
             self._spawn(self._tokenize(call, placement.prefill))
         else:
             self._route(call)
@@ -207,6 +241,8 @@ class Proxy:
     def _route(self, call: Call) -> None:
         placement = call.placement
         assert placement is not None
+        if not self._fits(call, context_of(placement)):
+            return
         if placement.single:
             call.mode = "single"
             call.prefill_engine = placement.prefill.id
@@ -215,8 +251,54 @@ class Proxy:
             call.t_prefill_start = time.monotonic()
             self._prefill(call, placement.prefill)
 
-    async def _tokenize(self, call: Call, engine: Engine) -> None:
-        """Exact prompt length from the engine's /tokenize (fleet: serving.prompt_length)."""
+    def _fits(self, call: Call, context: int) -> bool:
+        """Refuse (400) a request whose prompt and max_tokens cannot fit the engines' context
+        before any leg runs: a prefill leg that ran for a request the decode engine then
+        refuses would leave its KV reserved on the producer until the lease expires."""
+        wanted = call.max_tokens
+        if not context or wanted is None:
+            return True
+        prompt = call.prompt_tokens
+        if prompt is None:
+            if wanted < context:
+                return True  # the engines judge it from the exact count
+            prompt = 1  # every prompt has a token; max_tokens alone is already too many
+            counted = "at least 1"
+        else:
+            counted = str(prompt)
+        if prompt + wanted <= context:
+            return True
+        self._error(call, 400, f"This model's maximum context length is {context} tokens. "
+                    f"However, you requested {'at least ' if counted != str(prompt) else ''}"
+                    f"{prompt + wanted} tokens ({counted} in the "
+                    f"{'messages' if call.chat else 'prompt'}, {wanted} in the completion). "
+                    f"Please reduce the length of the {'messages' if call.chat else 'prompt'} "
+                    "or max_tokens.", "context_length_exceeded", "context_length_exceeded")
+        return False
+
+    def _release(self, call: Call, engine: Engine, kv: bytes) -> None:
+        """Have `engine` take the KV the producer holds for `call` in a one-token leg, so the
+        producer frees it now rather than when its lease expires; the result is only logged."""
+        self.metrics.kv_release("sent")
+        leg = Collector(lambda s: self._released(call, engine, s),
+                        time.monotonic() + self.limits.first_token_timeout_s)
+        req = request_bytes(b"POST", call.path, engine.spec.host_header,
+                            call.leg_id + b"-release", call.release_body(kv))
+        dispatch(engine.pool, req, leg, self.deadlines, self._spawn)
+
+    def _released(self, call: Call, engine: Engine, leg: Collector) -> None:
+        self.deadlines.discard(leg)
+        if leg.result == OK and leg.status == 200:
+            self.metrics.kv_release("ok")
+            return
+        self.metrics.kv_release("failed")
+        _log.warning("request %s: engine %s did not take the KV the refused decode leg left "
+                     "(%s); the producer frees it when its lease expires",
+                     call.request_id.decode("ascii", "replace"), engine.id,
+                     leg.reason or f"answered {leg.status}")
+
+    async def _count(self, call: Call, engine: Engine) -> None:
+        """Exact prompt length from the engine's /tokenize, when it answers."""
         req = request_bytes(b"POST", b"/tokenize", engine.spec.host_header, b"",
                             call.tokenize_body())
         try:
@@ -228,6 +310,22 @@ class Proxy:
                     call.learned(count)
         except (EngineUnreachable, LegFailed, LegTimedOut, ValueError, AttributeError):
             pass  # the prefill leg that follows meets the same engine and reports properly
+
+    async def _explain(self, call: Call, engine: Engine, payload: bytes) -> None:
+        """The prefill leg was refused: when the prompt and the client's max_tokens overflow
+        the context, say so with the client's numbers (the leg itself asked for 1 token)."""
+        await self._count(call, engine)
+        assert call.placement is not None
+        self._guard(call, self._explained, engine, payload)
+
+    def _explained(self, call: Call, engine: Engine, payload: bytes) -> None:
+        assert call.placement is not None
+        if self._fits(call, context_of(call.placement)):
+            self._engine_error(call, "prefill", engine, 400, payload)
+
+    async def _tokenize(self, call: Call, engine: Engine) -> None:
+        """Exact prompt length from the engine's /tokenize (fleet: serving.prompt_length)."""
+        await self._count(call, engine)
         if call.gone:
             self._gone(call, "client connection closed before the prefill leg")
         else:
@@ -244,7 +342,7 @@ class Proxy:
         leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
                         now + self.limits.prefill_timeout_s)
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
-                            call.request_id + b"-prefill", call.prefill_body())
+                            call.leg_id + b"-prefill", call.prefill_body())
         dispatch(engine.pool, req, leg, self.deadlines, self._spawn, fresh=fresh)
 
     def _prefill_done(self, call: Call, engine: Engine, leg: Collector, fresh: bool) -> None:
@@ -275,16 +373,25 @@ class Proxy:
         call.prefill_s = round(call.t_prefill_done - call.t_prefill_start, 6)
         payload = b"".join(leg.body)
         if leg.status != 200:
+            if leg.status == 400 and call.max_tokens is not None and call.prompt_tokens is None \
+                    and call.placement is not None and context_of(call.placement):
+                self._spawn(self._explain(call, engine, payload))
+                return
             self._engine_error(call, "prefill", engine, leg.status, payload)
             return
         kv = self._handoff(call, engine, payload)
         if kv is None:
             return
+        assert call.placement is not None
+        decode = call.placement.decode
+        if not self._fits(call, decode.context_len):
+            self._release(call, decode, kv)
+            return
         if call.gone:
             self._gone(call, "client connection closed before the decode leg")
+            self._release(call, decode, kv)
             return
-        assert call.placement is not None
-        self._decode(call, call.placement.decode, kv)
+        self._decode(call, decode, kv)
 
     def _handoff(self, call: Call, engine: Engine, payload: bytes) -> bytes | None:
         """The producer's kv_transfer_params, re-encoded from its own JSON value unchanged."""
@@ -337,8 +444,8 @@ class Proxy:
         if kv is None:  # a plain request: this engine prefills too
             prefill_started(engine, call.price_tokens, time.monotonic())
         call.relay = relay
-        req = request_bytes(b"POST", call.path, engine.spec.host_header,
-                            call.request_id + b"-decode", call.decode_body(kv))
+        req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
+                            call.decode_body(kv))
         dispatch(engine.pool, req, relay, self.deadlines, self._spawn,
                  raw=isinstance(relay, R.PassRelay), fresh=fresh)
 
@@ -385,6 +492,8 @@ class Proxy:
             else:
                 self._reply_reassembled(call, relay)
         elif result == R.ENGINE_STATUS:
+            if call.kv is not None and relay.status < 500:
+                self._release(call, engine, call.kv)  # refused: it never read the KV
             self._engine_error(call, "decode", engine, relay.status, b"".join(relay.body))
         elif result == R.CLIENT_GONE:
             self._gone(call, relay.reason)
@@ -437,3 +546,15 @@ class Proxy:
         call.status, call.outcome = 200, "ok"
         self._finish(call)
         call.conn.respond(200, dumps(body), call.request_id, call.keep_alive)
+
+
+def context_of(placement: Placement) -> int:
+    """The context both legs' engines hold (their /v1/models max_model_len); 0 if unknown."""
+    known = [n for n in (placement.prefill.context_len, placement.decode.context_len) if n]
+    return min(known) if known else 0
+
+
+def _needs_count(call: Call, context: int) -> bool:
+    """An estimated prompt this close to the context is counted (/tokenize) before any leg."""
+    return bool(context) and call.max_tokens is not None and call.prompt_tokens is None \
+        and call.estimate + call.max_tokens > context // 2

@@ -140,6 +140,7 @@ def reassemble(raw: bytes, chat: bool, want_usage: bool = True) -> dict[str, Any
     first = events[0]
     choices: dict[int, _Choice] = {}
     usage: Any = None
+    carried: dict[str, Any] = {}  # vLLM sets system_fingerprint on the final usage chunk only
     for event in events:
         if "error" in event:
             err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
@@ -148,6 +149,9 @@ def reassemble(raw: bytes, chat: bool, want_usage: bool = True) -> dict[str, Any
             raise StreamError(str(err.get("message", "decode engine reported an error")), status)
         if event.get("usage") is not None:
             usage = event["usage"]
+        for key in ("system_fingerprint", "service_tier"):
+            if event.get(key) is not None:
+                carried[key] = event[key]
         for c in event.get("choices") or []:
             if isinstance(c, dict):
                 choices.setdefault(int(c.get("index", 0)), _Choice()).add(c, chat)
@@ -159,7 +163,9 @@ def reassemble(raw: bytes, chat: bool, want_usage: bool = True) -> dict[str, Any
         "choices": [choices[i].render(i, chat) for i in sorted(choices)],
     }
     for key in ("system_fingerprint", "service_tier"):
-        if key in first:
+        if key in carried:
+            body[key] = carried[key]
+        elif key in first:
             body[key] = first[key]
     if want_usage:
         body["usage"] = usage

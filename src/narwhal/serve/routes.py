@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from narwhal.serve.call import BadRequest, Call, check_body
+from narwhal.serve.call import BadRequest, Call, check_body, check_tokenize_body
+from narwhal.serve.connections import Connections
 from narwhal.serve.engines import Engine, pools
 from narwhal.serve.front import ClientConnection, Request
 from narwhal.serve.generation import ProfileBook
@@ -46,12 +47,14 @@ class Routes:
         self.lead = leadership
         self.profiles = profiles
         self.draining = False
+        self.connections: Connections | None = None
         self.started = time.time()
         self._seq = 0
         self._rid_prefix = b"nw-" + os.urandom(5).hex().encode() + b"-"
         self._max_concurrent = settings.limits.max_concurrent
         self._model = settings.model
         self._tenants = settings.tenants
+        self._ops = settings.ops
         self._models_body = dumps({"object": "list", "data": [{
             "id": settings.model, "object": "model", "created": int(self.started),
             "owned_by": "narwhal", "root": settings.model, "parent": None}]})
@@ -60,6 +63,9 @@ class Routes:
             b"/v1/models": self._models, b"/narwhal/state": self._state,
             b"/narwhal/handoff": self._handoff,
         }
+        # Operational pages name engines, tenants, queue depths and the lease holder: with
+        # tenant keys they need the operator key (fleet: operations; docs/security.md).
+        self._ops_paths = frozenset({b"/metrics", b"/narwhal/state", b"/narwhal/handoff"})
 
     # -- front.Handler ----------------------------------------------------------------------
     def refused(self, status: int) -> None:
@@ -76,11 +82,20 @@ class Routes:
                 self._refuse(conn, req, b"", 405, "use GET on this path", "method_not_allowed",
                              "other", extra=b"allow: GET\r\n")
                 return
+            if path in self._ops_paths and not self._ops.allows(req.auth):
+                self._refuse(conn, req, b"", 401, "this operational endpoint needs the operator "
+                             "key ('Authorization: Bearer <key>' from operations.key_env in the "
+                             "fleet document)", "invalid_api_key", "other",
+                             extra=b"www-authenticate: Bearer\r\n")
+                return
             self._get[path](conn, req)
+        elif path == b"/tokenize" or path == b"/detokenize":
+            self._tokenize(conn, req)
         else:
-            self._refuse(conn, req, b"", 404, f"no route {path.decode('latin-1')[:200]}; "
+            self._refuse(conn, req, b"", 404, f"no route {_printable(path)}; "
                          "this router serves /v1/completions, /v1/chat/completions, /v1/models, "
-                         "/health, /ready, /metrics, /narwhal/state and /narwhal/handoff", "not_found", "other")
+                         "/tokenize, /detokenize, /health, /ready, /metrics, /narwhal/state and "
+                         "/narwhal/handoff", "not_found", "other")
 
     # -- helpers ----------------------------------------------------------------------------
     def _refuse(self, conn: ClientConnection, req: Request, rid: bytes, status: int, message: str,
@@ -90,12 +105,18 @@ class Routes:
                      req.keep_alive, extra=extra)
 
     def _request_id(self, req: Request) -> bytes | None:
-        """The client's x-request-id if it is safe to forward, else a fresh one; None if bad."""
+        """The client's x-request-id if it is safe to echo and journal, else ''; None if bad."""
         rid = req.request_id
-        if rid:
-            if len(rid) > 128 or rid.translate(None, _RID_OK):
-                return None
-            return rid
+        if rid and (len(rid) > 128 or rid.translate(None, _RID_OK)):
+            return None
+        return rid
+
+    def _leg_id(self) -> bytes:
+        """An id only this router makes, for the engine legs and the KV handoff they key.
+
+        A client's x-request-id never reaches an engine: a client that chose another
+        request's id (or the one the router would give next) could otherwise collide with
+        it in the producer's KV table."""
         self._seq += 1
         return self._rid_prefix + b"%x" % self._seq
 
@@ -146,8 +167,32 @@ class Routes:
         except BadRequest as exc:
             self._refuse(conn, req, rid, exc.status, str(exc), exc.code, route, param=exc.param)
             return
-        self.proxy.start(conn, Call(body, chat, rid, tenant, conn, req.keep_alive, req.http11,
-                                          self.proxy.estimator))
+        leg = self._leg_id()
+        self.proxy.start(conn, Call(body, chat, rid or leg, tenant, conn, req.keep_alive,
+                                    req.http11, self.proxy.estimator, leg_id=leg))
+
+    def _tokenize(self, conn: ClientConnection, req: Request) -> None:
+        """vLLM's /tokenize and /detokenize, answered by a healthy engine (clients such as
+        `vllm bench serve` align their prompts with it)."""
+        route = "tokenize"
+        if req.method != b"POST":
+            self._refuse(conn, req, b"", 405, "use POST on this path", "method_not_allowed",
+                         route, extra=b"allow: POST\r\n")
+            return
+        ok, _ = self._tenant(req)
+        if not ok:
+            self._unauthorized(conn, req, b"", route)
+            return
+        if self.draining:
+            self._refuse(conn, req, b"", 503, "router is shutting down; retry on another router",
+                         "shutting_down", route)
+            return
+        try:
+            check_tokenize_body(req.body, self._model)
+        except BadRequest as exc:
+            self._refuse(conn, req, b"", exc.status, str(exc), exc.code, route, param=exc.param)
+            return
+        self.proxy.forward(conn, req.path, req.body, req.keep_alive)
 
     def _not_leader(self, conn: ClientConnection, req: Request, rid: bytes, route: str) -> None:
         lead = self.lead
@@ -215,4 +260,10 @@ class Routes:
             "role_flips": self.roles.state() if self.roles is not None else None,
             "journal": {"path": str(self.journal.path), "written": self.journal.written,
                         "dropped": self.journal.dropped, "queued": self.journal.queued},
+            "connections": self.connections.state() if self.connections is not None else None,
         })
+
+
+def _printable(path: bytes) -> str:
+    """A client's path for an error message: ASCII only, at most 200 characters."""
+    return path[:200].decode("ascii", "replace").encode("ascii", "replace").decode("ascii")

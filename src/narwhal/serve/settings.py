@@ -48,6 +48,42 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """What one client connection may make the router hold (front.py, connections.py)."""
+
+    max_request_line_bytes: int
+    max_header_bytes: int
+    max_header_count: int
+    max_body_bytes: int
+    max_connections: int
+    client_connection_share: float
+    header_timeout_s: float
+    body_timeout_s: float
+    idle_timeout_s: float
+
+    @property
+    def per_client(self) -> int:
+        """Connections one peer address may hold before its own idlest one makes room."""
+        return max(1, int(self.max_connections * self.client_connection_share))
+
+
+@dataclass(frozen=True, slots=True)
+class OpsAccess:
+    """Who may read /metrics, /narwhal/state and /narwhal/handoff (fleet: operations)."""
+
+    open: bool
+    key_digest: bytes  # sha256 of the operator key; empty when none is configured
+    secret: Secret | None
+
+    def allows(self, authorization: bytes) -> bool:
+        if self.open:
+            return True
+        scheme, _, token = authorization.partition(b" ")
+        return bool(self.key_digest) and scheme.lower() == b"bearer" and \
+            hashlib.sha256(token.strip()).digest() == self.key_digest
+
+
+@dataclass(frozen=True, slots=True)
 class HealthPolicy:
     eject_after_failures: int
     probe_interval_s: float
@@ -92,6 +128,7 @@ class RouterSettings:
     ttft_s: float
     tpot_s: float
     limits: Limits
+    clients: ClientLimits
     health: HealthPolicy
     tenants: Tenants
     journal_path: Path
@@ -99,6 +136,7 @@ class RouterSettings:
     controller: ControllerPolicy
     profiles_path: Path | None
     role_flips: RoleFlips | None = None  # the reactive role controller's policy (roles.py)
+    ops: OpsAccess = OpsAccess(True, b"", None)
 
 
 def _engine(entry_id: str, url: str, role: str) -> EngineSpec:
@@ -148,6 +186,25 @@ def _tenants(doc: FleetDocument, env: Mapping[str, str], source: str) -> Tenants
                    weights={t.name: t.weight for t in doc.tenants})
 
 
+def _ops(doc: FleetDocument, env: Mapping[str, str], source: str, tenants: Tenants) -> OpsAccess:
+    ops = doc.operations
+    if not ops.key_env:
+        # No tenant keys: nobody is authenticated, so these are as open as the rest.
+        return OpsAccess(ops.open or not tenants.required, b"", None)
+    value = env.get(ops.key_env, "")
+    if len(value) < 16:
+        raise InputError(source, [Problem(
+            "operations.key_env", f"environment variable {ops.key_env} is not set or holds "
+            "fewer than 16 characters",
+            f"export {ops.key_env}=<a long random key, e.g. `openssl rand -hex 24`>")])
+    digest = hashlib.sha256(value.encode()).digest()
+    if digest in tenants.by_key_digest:
+        raise InputError(source, [Problem(
+            "operations.key_env", f"{ops.key_env} holds a tenant's key",
+            "give the operator a key of its own")])
+    return OpsAccess(False, digest, Secret(value, ops.key_env))
+
+
 def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> RouterSettings:
     """Resolve the document against the environment and the document's own folder."""
     source = str(fleet_path)
@@ -157,6 +214,7 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         else fleet_path.resolve().with_name(fleet_path.name + ".lease")
     profiles = beside(fleet_path, doc.profiles.path) if doc.profiles is not None else None
     s = doc.serving
+    tenants = _tenants(doc, env, source)
     return RouterSettings(
         model=doc.model,
         engines=tuple(_engine(e.id, e.url, e.role) for e in doc.engines),
@@ -173,15 +231,27 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
             upstream_keepalive_s=s.upstream_keepalive_s,
             tokenize=s.prompt_length == "tokenize",
         ),
+        clients=ClientLimits(
+            max_request_line_bytes=s.max_request_line_bytes,
+            max_header_bytes=s.max_header_bytes,
+            max_header_count=s.max_header_count,
+            max_body_bytes=s.max_request_bytes,
+            max_connections=s.max_connections,
+            client_connection_share=s.client_connection_share,
+            header_timeout_s=s.header_timeout_s,
+            body_timeout_s=s.body_timeout_s,
+            idle_timeout_s=s.idle_timeout_s,
+        ),
         health=HealthPolicy(
             eject_after_failures=doc.health.eject_after_failures,
             probe_interval_s=doc.health.probe_interval_s,
             probe_timeout_s=doc.health.probe_timeout_s,
         ),
-        tenants=_tenants(doc, env, source),
+        tenants=tenants,
         journal_path=journal,
         journal_max_rows=doc.journal.max_queued_rows,
         controller=ControllerPolicy(lease, c.lease_ttl_s, c.handoff_poll_s),
         profiles_path=profiles,
         role_flips=doc.role_flips,
+        ops=_ops(doc, env, source, tenants),
     )

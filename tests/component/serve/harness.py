@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -122,6 +123,7 @@ class Router:
     proc: subprocess.Popen[bytes] | None = None
     stdout: str = ""
     stderr: str = ""
+    nofile: int = 0  # RLIMIT_NOFILE (soft and hard) for the router process; 0 keeps ours
 
     @property
     def url(self) -> str:
@@ -129,9 +131,16 @@ class Router:
 
     def start(self, wait_ready: bool = True) -> Router:
         env = {**os.environ, **self.env}
+        limit = self.nofile
+
+        def limits() -> None:
+            if limit:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
         self.proc = subprocess.Popen(
             [str(SERVE), "--fleet", str(self.fleet), "--port", str(self.port), *self.args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+            preexec_fn=limits if limit else None)
         wait_http(self.port, "/ready" if wait_ready else "/health", proc=self.proc)
         return self
 

@@ -62,6 +62,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     chat = request.path.endswith("/chat/completions")
     n_prompt = _prompt_len(body)
     kv = body.get("kv_transfer_params") or {}
+    wanted = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    if ARGS.max_model_len and n_prompt + wanted > ARGS.max_model_len:
+        _record(request, body, "refused: context")
+        return web.json_response({"error": {
+            "message": f"You passed {n_prompt} input tokens and requested {wanted} output "
+                       f"tokens. However, the model's context length is only "
+                       f"{ARGS.max_model_len} tokens.", "type": "BadRequestError",
+            "param": "input_tokens", "code": 400}}, status=400)
     head = {"id": f"cmpl-{ARGS.id}-{time.monotonic_ns()}",
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": body.get("model", ARGS.model)}
@@ -133,8 +141,22 @@ async def tokenize(request: web.Request) -> web.Response:
     body = await request.json()
     _record(request, body)
     n = _prompt_len(body)
-    return web.json_response({"count": n, "max_model_len": 4096, "tokens": list(range(n)),
+    return web.json_response({"count": n, "max_model_len": ARGS.max_model_len or 4096,
+                              "tokens": list(range(n)),
                               "token_strs": None})
+
+
+async def models(_request: web.Request) -> web.Response:
+    card: dict[str, Any] = {"id": ARGS.model, "object": "model", "owned_by": "vllm"}
+    if ARGS.max_model_len:
+        card["max_model_len"] = ARGS.max_model_len
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    body = await request.json()
+    _record(request, body)
+    return web.json_response({"prompt": " ".join(f"t{t}" for t in body.get("tokens", []))})
 
 
 async def health(_request: web.Request) -> web.Response:
@@ -168,11 +190,15 @@ def main() -> None:
     p.add_argument("--first-token-delay-ms", type=float, default=0.0)
     p.add_argument("--stall-after", type=int, help="stop sending (but stay up) after N events")
     p.add_argument("--engine-version", default="mini-1", help="what GET /version says")
+    p.add_argument("--max-model-len", type=int, default=0,
+                   help="context length: /v1/models says it and longer requests get a 400")
     ARGS = p.parse_args()
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)

@@ -193,7 +193,8 @@ def tenants_fleet(tmp_path: Path) -> Iterator[Router]:
             "slo": {"ttft_s": 3.6, "tpot_s": 0.1}, "journal": {"path": "journal.jsonl"},
             "profiles": {"path": "profiles.json"},
             "tenants": [{"name": "big", "key_env": "NW_KEY_BIG", "weight": 1},
-                        {"name": "small", "key_env": "NW_KEY_SMALL", "weight": 3}]}))
+                        {"name": "small", "key_env": "NW_KEY_SMALL", "weight": 3}],
+            "operations": {"open": True}}))  # the test reads /narwhal/state without a key
         router = Router(tmp_path / "fleet.json", free_port(), env=KEYS).start()
         yield router
     finally:

@@ -19,6 +19,12 @@ def _legs(calls: list[dict[str, Any]], rid: str) -> list[dict[str, Any]]:
     return [c for c in calls if c["x_request_id"] and c["x_request_id"].startswith(rid)]
 
 
+def _engine_id(journal: Any, client_rid: str) -> str:
+    """The router-made id the engines saw for the request the client called `client_rid`."""
+    (row,) = [r for r in journal_rows(journal, 1) if r["request_id"] == client_rid]
+    return str(row["engine_request_id"])
+
+
 def test_streamed_completion_runs_prefill_then_decode_with_the_producers_params_unchanged(
         spawn: Spawner) -> None:
     p, d, r = spawn.pd()
@@ -33,15 +39,17 @@ def test_streamed_completion_runs_prefill_then_decode_with_the_producers_params_
     assert "".join(e["choices"][0]["text"] for e in chunks) == " tok0 tok1 tok2 tok3 tok4"
     assert all(e["object"] == "text_completion" for e in chunks)
 
-    (prefill,) = _legs(p.calls(), "client-rid-1")
-    assert prefill["x_request_id"] == "client-rid-1-prefill"
+    leg_id = _engine_id(spawn.journal, "client-rid-1")
+    assert leg_id.startswith("nw-") and "client-rid-1" not in leg_id
+    (prefill,) = _legs(p.calls(), leg_id)
+    assert prefill["x_request_id"] == f"{leg_id}-prefill"
     assert prefill["body"]["max_tokens"] == 1
     assert prefill["body"]["stream"] is False
     assert prefill["body"]["kv_transfer_params"] == {"do_remote_decode": True}
     assert prefill["body"]["prompt"] == PROMPT["prompt"]
 
-    (decode,) = _legs(d.calls(), "client-rid-1")
-    assert decode["x_request_id"] == "client-rid-1-decode"
+    (decode,) = _legs(d.calls(), leg_id)
+    assert decode["x_request_id"] == leg_id
     assert decode["body"]["kv_transfer_params"] == prefill["produced"]
     assert decode["body"]["stream"] is True
     assert decode["body"]["max_tokens"] == 5
@@ -106,8 +114,8 @@ def test_both_legs_on_one_engine_become_one_plain_request(spawn: Spawner) -> Non
     assert reply.status == 200
     (only,) = e.calls()
     assert "kv_transfer_params" not in only["body"]
-    assert only["x_request_id"] == "solo-1-decode"
     (row,) = journal_rows(spawn.journal, 1)
+    assert only["x_request_id"] == row["engine_request_id"] != "solo-1"
     assert row["mode"] == "single"
     assert row["prefill_engine"] == row["decode_engine"] == "b0"
 
@@ -140,7 +148,8 @@ def test_an_assigned_request_id_reaches_both_engines_and_the_client(spawn: Spawn
     reply = call(r.port, "POST", "/v1/completions", PROMPT)
     rid = reply.headers["x-request-id"]
     assert p.calls()[0]["x_request_id"] == f"{rid}-prefill"
-    assert d.calls()[0]["x_request_id"] == f"{rid}-decode"
+    assert d.calls()[0]["x_request_id"] == rid
+    assert not reply.json()["id"].endswith("-decode")
 
 
 def test_models_health_ready_and_metrics_answer(spawn: Spawner) -> None:

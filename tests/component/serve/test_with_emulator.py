@@ -108,3 +108,29 @@ def test_the_journal_records_prompt_length_from_the_producer(
     (row,) = rows
     assert row["outcome"] == "ok" and row["mode"] == "split"
     assert isinstance(row["prompt_tokens"], int) and row["prompt_tokens"] > 0
+
+
+def _producer_kv_usage(engine: RunningEngine) -> float:
+    text = call(engine.port, "GET", "/metrics").body.decode()
+    (value,) = re.findall(r"^vllm:kv_cache_usage_perc\{[^}]*\} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(value)
+
+
+def test_requests_that_cannot_fit_the_context_reserve_no_kv_on_the_producer(
+        fleet: tuple[RunningEngine, RunningEngine, Router, Path]) -> None:
+    """63 requests whose prompt plus max_tokens overflow the context (2048): each is refused
+    with the client's numbers before a prefill leg reserves KV, so the producer's cache stays
+    empty and the next ordinary request is served (the attack once left every other request a
+    502 for the producer's KV lease time)."""
+    prefill, _, router, _ = fleet
+    prompt = "the sea " * 300
+    for k in range(63):
+        reply = call(router.port, "POST", "/v1/completions",
+                     {"model": "tiny", "prompt": prompt, "max_tokens": 1800 + k})
+        assert reply.status == 400, reply.body[:300]
+        assert reply.json()["error"]["code"] == "context_length_exceeded"
+        assert f"{1800 + k} in the completion" in reply.json()["error"]["message"]
+    assert _producer_kv_usage(prefill) == 0.0
+    ok = call(router.port, "POST", "/v1/completions",
+              {"model": "tiny", "prompt": "tell me about the sea", "max_tokens": 4})
+    assert ok.status == 200, ok.body[:300]

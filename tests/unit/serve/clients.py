@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from narwhal.serve.front import ClientConnection, Request
+from narwhal.serve.settings import ClientLimits
+
+_LIMITS = ClientLimits(8192, 32_768, 100, 1024, 64, 0.5, 10.0, 30.0, 60.0)
 
 
 class _NoHandler:
@@ -15,4 +18,12 @@ class _NoHandler:
 
 def unconnected_client() -> ClientConnection:
     """A real ClientConnection with no transport; the Call under test never writes to it."""
-    return ClientConnection(_NoHandler(), 1024, set())
+    return ClientConnection(_NoHandler(), _LIMITS, _Registry())
+
+
+class _Registry:
+    def admit(self, conn: ClientConnection) -> None:
+        pass
+
+    def forget(self, conn: ClientConnection) -> None:
+        pass

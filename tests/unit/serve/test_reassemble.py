@@ -70,3 +70,14 @@ def test_an_empty_or_garbled_stream_is_an_engine_error() -> None:
         reassemble(b"data: [DONE]\n\n", chat=False)
     with pytest.raises(StreamError):
         reassemble(b"data: {not json\n\n", chat=False)
+
+
+def test_a_reassembled_body_keeps_the_system_fingerprint_of_the_usage_chunk() -> None:
+    """vLLM 0.32.0 puts system_fingerprint on the final usage chunk only (a real capture)."""
+    from pathlib import Path
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32.0"
+    whole = json.loads((fixtures / "completion.json").read_text())
+    body = reassemble((fixtures / "completion-stream.sse").read_bytes(), chat=False)
+    assert body["system_fingerprint"] == whole["system_fingerprint"]
+    assert body["system_fingerprint"].startswith("vllm-")

@@ -1,0 +1,68 @@
+"""The router's file-descriptor budget: client sockets never take what serving itself needs.
+
+Renewing the controller lease opens files, placing a leg may open a connection to an engine,
+and a health probe opens one too. When client sockets had used every descriptor, each of those
+failed with "Too many open files", the lease lapsed and the router stopped (issue 13). So the
+router raises its soft RLIMIT_NOFILE to the hard limit at startup and sizes what clients may
+hold from what is left after a fixed reserve: each admitted request may hold one client socket,
+one engine socket in use and one kept idle for reuse.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+RESERVED = 64  # lease and lock files, journal, logging, listener, event loop, standby poll
+PER_ENGINE = 6  # a health probe, a /tokenize and the idle connections kept at the floor
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What this process can afford, and whether it is less than the fleet document asked."""
+
+    nofile: int
+    max_connections: int
+    max_concurrent: int
+    idle_per_engine: int
+
+    def note(self, asked_connections: int, asked_concurrent: int) -> str:
+        """A warning line when the budget is below what the document asked, else ''."""
+        if self.max_connections >= asked_connections and self.max_concurrent >= asked_concurrent:
+            return ""
+        return (f"RLIMIT_NOFILE {self.nofile} allows {self.max_connections} client connections "
+                f"and {self.max_concurrent} concurrent requests (the fleet document asks "
+                f"{asked_connections} and {asked_concurrent}); raise the limit (ulimit -n, "
+                "systemd LimitNOFILE) to serve what the document asks")
+
+
+class TooFewDescriptors(Exception):
+    """The descriptor limit leaves no room to serve at all."""
+
+
+def raise_soft_limit() -> int:
+    """Lift the soft descriptor limit to the hard one; returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return int(soft)
+
+
+def plan(nofile: int, max_connections: int, max_concurrent: int, engines: int) -> Budget:
+    """Client connections + 2 x concurrent requests + the reserves fit within `nofile`."""
+    available = nofile - RESERVED - PER_ENGINE * engines
+    if available < 32:
+        raise TooFewDescriptors(
+            f"RLIMIT_NOFILE {nofile} leaves {max(available, 0)} descriptors after the "
+            f"{RESERVED + PER_ENGINE * engines} the router reserves for {engines} engines; "
+            "raise it (ulimit -n, systemd LimitNOFILE) to at least "
+            f"{RESERVED + PER_ENGINE * engines + 256}")
+    concurrent = min(max_concurrent, available // 4)
+    connections = min(max_connections, available - 2 * concurrent)
+    idle = min(256, max(4, concurrent // max(1, engines)))
+    return Budget(nofile, connections, concurrent, idle)
