@@ -143,23 +143,36 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._in_head:
             head = self._head
-            start = len(head)
-            if not start and not self.reading_since:
-                self.reading_since = time.monotonic()
-            head += data
-            if start == 0 and self._tail and _END in self._tail + data[:3]:
-                end = 0  # the parser already has the first part of the blank line
-            else:
-                end = head.find(_END, start - 3 if start > 3 else 0)
-            if end < 0:
-                if len(head) > self.limits.max_header_bytes:
+            limit = self.limits.max_header_bytes
+            if not head:  # the common case: a whole head in this read, fed without a copy
+                if not self.reading_since:
+                    self.reading_since = time.monotonic()
+                if self._tail and _END in self._tail + data[:3]:
+                    end = 0  # the parser already has the first part of the blank line
+                else:
+                    end = data.find(_END, 0, limit + 1)
+                if end < 0:
+                    head += data
+                    if len(head) > limit:
+                        self._refuse_head()
+                    return
+                if end + 4 > limit:
+                    head += data
                     self._refuse_head()
-                return
-            if end + 4 > self.limits.max_header_bytes:
-                self._refuse_head()
-                return
-            data = bytes(head)
-            head.clear()
+                    return
+            else:
+                start = len(head)
+                head += data
+                end = head.find(_END, start - 3 if start > 3 else 0)
+                if end < 0:
+                    if len(head) > limit:
+                        self._refuse_head()
+                    return
+                if end + 4 > limit:
+                    self._refuse_head()
+                    return
+                data = bytes(head)
+                head.clear()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:

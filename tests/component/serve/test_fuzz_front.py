@@ -10,6 +10,7 @@ At least 2,000 requests are generated per run (counted below).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -22,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.component.serve.harness import MODEL, MiniEngine, Router, call, free_port, fleet_doc
+from tests.component.serve.harness import MODEL, MiniEngine, Router, call, fleet_doc, free_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -209,10 +210,8 @@ MUTATIONS: dict[str, tuple[Mutation, st.SearchStrategy[Any]]] = {
 def _exchange(port: int, data: bytes) -> int:
     """Send raw bytes on a new connection; the status of the reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused mid-send (431/413): the reply is still in the socket
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(data)  # refused mid-send (431/413): the reply is still in the socket
         resp = http.client.HTTPResponse(s)
         resp.begin()
         resp.read()
