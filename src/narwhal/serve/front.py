@@ -142,37 +142,9 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.abort()
             return
         if self._in_head:
-            head = self._head
-            limit = self.limits.max_header_bytes
-            if not head:  # the common case: a whole head in this read, fed without a copy
-                if not self.reading_since:
-                    self.reading_since = time.monotonic()
-                if self._tail and _END in self._tail + data[:3]:
-                    end = 0  # the parser already has the first part of the blank line
-                else:
-                    end = data.find(_END, 0, limit + 1)
-                if end < 0:
-                    head += data
-                    if len(head) > limit:
-                        self._refuse_head()
-                    return
-                if end + 4 > limit:
-                    head += data
-                    self._refuse_head()
-                    return
-            else:
-                start = len(head)
-                head += data
-                end = head.find(_END, start - 3 if start > 3 else 0)
-                if end < 0:
-                    if len(head) > limit:
-                        self._refuse_head()
-                    return
-                if end + 4 > limit:
-                    self._refuse_head()
-                    return
-                data = bytes(head)
-                head.clear()
+            data = self._whole_head(data)
+            if not data:
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -191,6 +163,36 @@ class ClientConnection(asyncio.Protocol):
             self._refuse(400, f"malformed HTTP request ({exc})", "malformed_request")
             return
         self._tail = data[-3:] if self._in_head else b""
+
+    def _whole_head(self, data: bytes) -> bytes:
+        """What to feed the parser now: `data` itself when the head it starts ends in it (the
+        common case, no copy), the buffered head once its blank line arrived, else b"" (kept
+        for the next read, or refused over the limit)."""
+        head = self._head
+        limit = self.limits.max_header_bytes
+        if not head:
+            if not self.reading_since:
+                self.reading_since = time.monotonic()
+            if self._tail and _END in self._tail + data[:3]:
+                return data  # the parser already has the first part of the blank line
+            end = data.find(_END, 0, limit + 1)
+            if end >= 0 and end + 4 <= limit:
+                return data
+            head += data
+            if end >= 0 or len(head) > limit:
+                self._refuse_head()
+            return b""
+        start = len(head)
+        head += data
+        end = head.find(_END, start - 3 if start > 3 else 0)
+        if (end < 0 and len(head) > limit) or end + 4 > limit:
+            self._refuse_head()
+            return b""
+        if end < 0:
+            return b""
+        whole = bytes(head)
+        head.clear()
+        return whole
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -26,14 +26,14 @@ class PhysicalHost:
 
 def physical_hosts(inputs: Inputs) -> list[PhysicalHost]:
     """Engines first (node-<n> of the first role), then a router-only host (`router`)."""
-    hosts: dict[str, PhysicalHost] = {}
+    hosts: dict[tuple[str, str, int], PhysicalHost] = {}  # one session per login, however written
     for engine in inputs.engines:
-        host = hosts.setdefault(engine.ssh.text, PhysicalHost(
+        host = hosts.setdefault(engine.ssh.identity, PhysicalHost(
             f"node-{engine.n}", engine.ssh, key=engine.ssh_key or inputs.ssh_key,
             password=engine.ssh_password))
         host.roles.append(engine.role)
     router = inputs.router
-    host = hosts.setdefault(router.ssh.text, PhysicalHost(
+    host = hosts.setdefault(router.ssh.identity, PhysicalHost(
         "router", router.ssh, key=router.ssh_key or inputs.ssh_key, password=router.ssh_password))
     host.roles.append("router")
     return list(hosts.values())
