@@ -230,8 +230,9 @@ def run_attack(kind: str, engines: Any, work: Path, args: argparse.Namespace) ->
         loaded = _result(_child("client", port, str(args.seconds), engines.model))
         router_cpu = (cpu_seconds(router.tree()) - cpu0) / (time.monotonic() - t0)
         hits = _result(attack)
-        after = _state(router.port)
         alive = router.proc.poll() is None
+        after = _state(router.port) if alive else {
+            "controller": {"role": "exited", "epoch": -1, "renewals": 0}, "engines": []}
     finally:
         router.stop()
     lead0, lead1 = before["controller"], after["controller"]
