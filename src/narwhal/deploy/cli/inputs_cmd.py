@@ -85,6 +85,10 @@ def run_inputs(args: argparse.Namespace) -> int:
                       f"{engine.engine_port}/{engine.attest_port}/{engine.nixl_side_channel_port}",
                       f"{engine.fabric_interface} {engine.ip or ''}".strip())
     console.print(table)
+    load = inputs.workload
+    console.print(f"workload: {load.prompt_tokens} prompt tokens, {load.handoffs_per_s:g} "
+                  f"handoffs/s, burst {load.burst:g}, transfer budget "
+                  f"{load.transfer_budget_ms:g} ms, headroom {load.headroom:g}")
     secrets = ", ".join(sorted({s.name for s in inputs.secrets()})) or "none"
     console.print(f"secrets held (values never shown): {secrets}")
     return EXIT_OK

@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -73,6 +74,13 @@ def run_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _owned_name(item: dict[str, Any]) -> str:
+    """How an owned item is named in the recovery report."""
+    if item.get("kind") == "container":
+        return f"{item.get('runtime')} {str(item.get('id', ''))[:12]}"
+    return str(item.get("path") or f"pid {item.get('pid')} ({item.get('argv0', '')})")
+
+
 def run_recover(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     try:
@@ -88,7 +96,6 @@ def run_recover(args: argparse.Namespace) -> int:
     finally:
         sessions.close()
     for item in report:
-        what = item.get("path") or f"pid {item.get('pid')} ({item.get('argv0', '')})"
-        print(f"{item['host']}: {item['kind']} {what}: {item['result']}")
+        print(f"{item['host']}: {item['kind']} {_owned_name(item)}: {item['result']}")
     print(f"gate {name}: recovered; the failed attempt's evidence is kept")
     return EXIT_OK

@@ -7,6 +7,7 @@ positional argument, so nothing a user wrote is ever parsed by a remote shell.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 
@@ -75,3 +76,41 @@ def parse_start_ticks(stat_line: str) -> int:
     """Field 22 (starttime) of /proc/<pid>/stat; the command name may contain ') '."""
     after = stat_line.rsplit(")", 1)[1].split()
     return int(after[19])
+
+
+# Container runtimes whose CLI speaks `inspect --format` and `rm -f` the same way.
+CONTAINER_RUNTIMES = ("docker", "podman")
+# A full container id; a name or short prefix could later resolve to another container.
+CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
+# The id and creation time a container is known by; the Go template is the same for both.
+CONTAINER_IDENTITY_FORMAT = "{{.Id}} {{.Created}}"
+
+
+def _container(runtime: str, container_id: str) -> tuple[str, str]:
+    if runtime not in CONTAINER_RUNTIMES:
+        raise ValueError(f"container runtime {runtime!r} is not one of "
+                         + ", ".join(CONTAINER_RUNTIMES))
+    if not CONTAINER_ID_RE.fullmatch(container_id):
+        raise ValueError(f"container id {container_id[:80]!r} is not a full 64-hex id")
+    return runtime, container_id
+
+
+def container_identity(runtime: str, container_id: str) -> list[str]:
+    """Print "<id> <created>" of one container (`--type container`: never an image's)."""
+    runtime, container_id = _container(runtime, container_id)
+    return [runtime, "inspect", "--type", "container", "--format", CONTAINER_IDENTITY_FORMAT,
+            container_id]
+
+
+def container_remove(runtime: str, container_id: str) -> list[str]:
+    """Stop (if running) and remove one container."""
+    runtime, container_id = _container(runtime, container_id)
+    return [runtime, "rm", "-f", container_id]
+
+
+def parse_container_identity(text: str) -> tuple[str, str]:
+    """(id, created) from container_identity's output; podman's created time holds spaces."""
+    container_id, _, created = text.strip().partition(" ")
+    if not CONTAINER_ID_RE.fullmatch(container_id) or not created:
+        raise ValueError(f"not `{CONTAINER_IDENTITY_FORMAT}` output: {text.strip()[:120]!r}")
+    return container_id, created

@@ -62,6 +62,16 @@ FIXES: dict[str, str] = {
     "prometheus_listen_address": "write HOST:PORT as Prometheus' --web.listen-address takes "
                                  "it, e.g. 127.0.0.1:9090 or :9090",
     "shared_gpu_allowance": "write true or false",
+    "workload_prompt_tokens": "give the typical prompt length in tokens, a whole number from 1 "
+                              "to 10000000 (default 1024)",
+    "workload_handoffs_per_s": "give the mean KV handoffs per second, a number above 0 "
+                               "(default 1)",
+    "workload_burst": "give the peak rate over the mean rate, a number of at least 1 "
+                      "(default 1: no burst)",
+    "workload_transfer_budget_ms": "give the milliseconds one handoff's KV transfer may take, "
+                                   "a number above 0 (default 1000)",
+    "workload_headroom": "give the margin on the required bandwidth, a number of at least 1, "
+                         "e.g. 1.25 (the default)",
     "model_repo_id": refs.REPO_ID_FIX,
     "model_revision": refs.REVISION_FIX,
 }
@@ -164,6 +174,20 @@ def _positive_seconds(value: Any) -> float:
     return number
 
 
+def _above_zero(value: Any) -> float:
+    number = _finite(value)
+    if number <= 0:
+        raise ValueError("is not a number above 0")
+    return number
+
+
+def _at_least_one(value: Any) -> float:
+    number = _finite(value)
+    if number < 1:
+        raise ValueError("is not a number of at least 1")
+    return number
+
+
 def _ip(value: Any) -> str:
     try:
         return hostnames.ip_address(_text(value))
@@ -201,6 +225,9 @@ DeviceList = Annotated[tuple[str, ...], BeforeValidator(jsonfields.device_list)]
 BlockSize = Annotated[int, BeforeValidator(_whole), AfterValidator(_block_size)]
 Fraction = Annotated[float, BeforeValidator(_fraction)]
 Seconds = Annotated[float, BeforeValidator(_positive_seconds)]
+AboveZero = Annotated[float, BeforeValidator(_above_zero)]
+AtLeastOne = Annotated[float, BeforeValidator(_at_least_one)]
+PromptTokens = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=10_000_000)]
 IpText = Annotated[str, BeforeValidator(_ip)]
 ListenAddress = Annotated[str, BeforeValidator(_listen)]
 Boolean = Annotated[bool, BeforeValidator(_boolean)]

@@ -55,7 +55,7 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
                                                  *[e.ssh_key for e in engines]] if k})},
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
         "router": {"url": inputs.router.url},
-        "workload": {},
+        "workload": inputs.workload.model_dump(),
     }
 
 

@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from narwhal.deploy.inputs.destination import FORMS, Destination, parse_destinat
 from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
 from narwhal.deploy.inputs.envsource import read_env_file
 from narwhal.deploy.inputs.hostnames import HOST_FORMS
-from narwhal.deploy.inputs.model import EngineInputs, Inputs, RouterInputs
+from narwhal.deploy.inputs.model import EngineInputs, Inputs, RouterInputs, Workload
 from narwhal.deploy.inputs.relations import check_colocation
 from narwhal.deploy.inputs.secretnames import is_secret_env_name, is_secret_name
 from narwhal.deploy.inputs.urls import check_url
@@ -33,6 +34,7 @@ from narwhal.deploy.inputs.vocabulary import (
     OPTIONAL_TYPED,
     OTHER_KNOWN,
     REQUIRED_ENGINE_FIELDS,
+    WORKLOAD_TYPED,
     EngineFieldValues,
 )
 
@@ -157,21 +159,38 @@ class _Reader:
                 for name, value in env.items()}
 
     def _validate(self, n: int, merged: dict[str, Any]) -> EngineFieldValues | None:
+        def key(field: str) -> str:
+            return self.var(n, field) if field in ENGINE_FIELDS or field == "SSH_KEY" \
+                else f"NARWHAL_NODE_{n}_{field}"
+
         try:
             return EngineFieldValues.model_validate(merged)
         except ValidationError as exc:
-            for err in exc.errors():
-                if err["type"] == "missing":
-                    continue  # already reported as a required variable
-                attr = str(err["loc"][0]) if err["loc"] else ""
-                field = ATTR_TO_FIELD.get(attr, attr.upper())
-                key = self.var(n, field) if field in ENGINE_FIELDS or field == "SSH_KEY" \
-                    else f"NARWHAL_NODE_{n}_{field}"
-                raw = merged.get(attr, "")
-                message = str(err["msg"]).removeprefix("Value error, ")
-                self.add(key, f"{message}{_shown(key, str(raw))}",
-                         f.FIXES.get(attr, "see `narwhal init` for the expected form"))
+            self._field_problems(exc, merged, key)
             return None
+
+    def check_globals(self) -> None:
+        """Check every fleet-wide engine value on its own. Engines check the values they use,
+        but a line-level error can leave no engine to do so (or every engine may override the
+        value), and a bad value must never pass unreported."""
+        merged = {ENGINE_FIELDS[field]: value for field, value in self.globals.items()
+                  if field in ENGINE_FIELDS}
+        try:
+            EngineFieldValues.model_validate(merged)
+        except ValidationError as exc:
+            self._field_problems(exc, merged, lambda field: PREFIX + field)
+
+    def _field_problems(self, exc: ValidationError, merged: dict[str, Any],
+                        key_of: Callable[[str], str]) -> None:
+        """One problem per field pydantic refused, under the variable key_of names."""
+        for err in exc.errors():
+            if err["type"] == "missing":
+                continue  # reported as a required variable where an engine lacks it
+            attr = str(err["loc"][0]) if err["loc"] else ""
+            key = key_of(ATTR_TO_FIELD.get(attr, attr.upper()))
+            message = str(err["msg"]).removeprefix("Value error, ")
+            self.add(key, f"{message}{_shown(key, str(merged.get(attr, '')))}",
+                     f.FIXES.get(attr, "see `narwhal init` for the expected form"))
 
     def _check_urls(self, n: int, typed: EngineFieldValues) -> None:
         for attr, path in (("url", ""), ("attestation_url", "/v1/attestation")):
@@ -239,6 +258,13 @@ class _Reader:
             self.add(key, f"{message}{_shown(key, self.values[key])}", fix)
             return default
 
+    def workload(self) -> Workload:
+        """The NARWHAL_WORKLOAD_* values, each checked on its own; unset ones keep the
+        defaults declared on Workload."""
+        values = {attr: self.typed(key, kind, f.FIXES[f"workload_{attr}"])
+                  for key, (attr, kind) in WORKLOAD_TYPED.items()}
+        return Workload(**{attr: v for attr, v in values.items() if v is not None})
+
 
 def parse_inputs(text: str, source: Path) -> Inputs:
     """Validate .env text; raise InputError listing every problem."""
@@ -251,6 +277,7 @@ def parse_inputs(text: str, source: Path) -> Inputs:
         reader.add(f"NARWHAL_NODE_{n}_SSH_PASSWORD", f"is set but NARWHAL_NODE_{n}_SSH is not",
                    f"set NARWHAL_NODE_{n}_SSH or delete the password")
     engines = {n: e for n in sorted(reader.nodes) if (e := reader.engine(n)) is not None}
+    reader.check_globals()
     declared = [n for n in reader.nodes if "SSH" in reader.nodes[n]]
     if len(declared) < 2:
         reader.add("NARWHAL_NODE_<n>_SSH", f"{len(declared)} engine(s) declared",
@@ -273,6 +300,7 @@ def parse_inputs(text: str, source: Path) -> Inputs:
     tpot = reader.typed_global("TPOT_S", f.Seconds, "give seconds above 0, e.g. 0.125", 0.125)
     optional = {attr: reader.typed(key, kind, f.FIXES[attr])
                 for key, (attr, kind) in OPTIONAL_TYPED.items()}
+    workload = reader.workload()
     if reader.problems or router is None:
         raise InputError(str(source), reader.problems)
     return Inputs(
@@ -281,7 +309,7 @@ def parse_inputs(text: str, source: Path) -> Inputs:
         ssh_key=reader.globals.get("SSH_KEY"), known_hosts=known_hosts,
         connect_timeout_s=timeout, ttft_s=ttft, tpot_s=tpot,
         engine_key=reader._secret("ENGINE_KEY"), hf_token=reader._secret("HF_TOKEN"),
-        **optional,
+        workload=workload, **optional,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from narwhal.core.secret import Secret
 from narwhal.deploy.inputs.destination import Destination
@@ -61,6 +61,23 @@ class RouterInputs(_Frozen):
     api_key: Secret | None = None
 
 
+class Workload(BaseModel):
+    """The load the fleet is sized for. Gate D budgets every directed edge from it and the
+    "workload" fingerprint digests it, so a changed load makes the budget (and what was
+    measured against it) stale. Read from the optional NARWHAL_WORKLOAD_* variables.
+
+    Not `core.kv.budget.Workload`: there `burst` counts handoffs that arrive together and the
+    budget is in seconds; here `burst` is peak over mean rate, as operators state a load."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    prompt_tokens: int = Field(default=1024, ge=1, le=10_000_000)  # a typical prompt
+    handoffs_per_s: float = Field(default=1.0, gt=0)  # mean prefill-to-decode handoffs
+    burst: float = Field(default=1.0, ge=1)  # peak rate / mean rate
+    transfer_budget_ms: float = Field(default=1000.0, gt=0)  # time one handoff may take
+    headroom: float = Field(default=1.25, ge=1)  # margin on the required bandwidth
+
+
 class Inputs(_Frozen):
     """Everything a deployment starts from. Secrets are `Secret`; nothing else is secret."""
 
@@ -81,6 +98,7 @@ class Inputs(_Frozen):
     grafana_bind_address: str | None = None
     prometheus_listen_address: str | None = None
     shared_gpu_allowance: bool | None = None
+    workload: Workload = Workload()
 
     def secrets(self) -> list[Secret]:
         """Every secret value held, for redaction and leak scans."""

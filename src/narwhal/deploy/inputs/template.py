@@ -53,6 +53,19 @@ NARWHAL_UCX_TCP_PORT_RANGE=30000-30100
 NARWHAL_TTFT_S=10
 NARWHAL_TPOT_S=0.125
 
+# Workload the fleet is sized for (optional; the defaults are shown). Gate D budgets every
+# directed fabric edge from it: a changed value makes that budget stale.
+# Typical prompt length in tokens (1 to 10000000).
+# NARWHAL_WORKLOAD_PROMPT_TOKENS=1024
+# Mean KV handoffs (prefill to decode) per second, above 0.
+# NARWHAL_WORKLOAD_HANDOFFS_PER_S=1
+# Peak rate over mean rate, at least 1 (1: a steady load).
+# NARWHAL_WORKLOAD_BURST=1
+# Milliseconds one handoff's KV transfer may take, above 0.
+# NARWHAL_WORKLOAD_TRANSFER_BUDGET_MS=1000
+# Margin on the required bandwidth, at least 1.
+# NARWHAL_WORKLOAD_HEADROOM=1.25
+
 # Secrets (optional): API key the engines require.
 # NARWHAL_ENGINE_KEY=
 """

@@ -68,6 +68,18 @@ OPTIONAL_TYPED: dict[str, tuple[str, Any]] = {
 }
 
 
+# The workload the fleet is sized for (Gate D's budget, the trial): full name -> (Workload
+# attribute, field type). Optional and fleet-wide; the defaults live on model.Workload.
+WORKLOAD_TYPED: dict[str, tuple[str, Any]] = {
+    "NARWHAL_WORKLOAD_PROMPT_TOKENS": ("prompt_tokens", f.PromptTokens),
+    "NARWHAL_WORKLOAD_HANDOFFS_PER_S": ("handoffs_per_s", f.AboveZero),
+    "NARWHAL_WORKLOAD_BURST": ("burst", f.AtLeastOne),
+    "NARWHAL_WORKLOAD_TRANSFER_BUDGET_MS": ("transfer_budget_ms", f.AboveZero),
+    "NARWHAL_WORKLOAD_HEADROOM": ("headroom", f.AtLeastOne),
+}
+GLOBAL_ONLY |= {name.removeprefix("NARWHAL_") for name in WORKLOAD_TYPED}
+
+
 class EngineFieldValues(BaseModel):
     """Validation of one engine's merged string values; errors come back per field."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -10,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from narwhal.core.documents import sha256_bytes, stamp
 from narwhal.core.errors import GateBlocked, LedgerError
-from narwhal.deploy.hosts.base import Host, ProcessRef, RunResult
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host, ProcessRef, Recorder, RunResult
 from narwhal.deploy.ledger.evidence import EvidenceWriter, private_dir
 
 if TYPE_CHECKING:
@@ -36,36 +38,56 @@ class Attempt:
         self.start_doc = start_doc
         self.artifacts: dict[str, str] = {}
         self._seq = 0
-        self._hosts: list[Host] = []
+        # Hosts are driven from several threads at once (concurrent inspection, engine starts,
+        # attestation): numbering, the out/ files and the commands.jsonl row of one command
+        # happen under this lock, so no two commands share a number and rows stay in seq order.
+        self._lock = threading.Lock()
+        # id(host) -> (host, its recorder before this attempt bound it, how many binds hold it)
+        self._bound: dict[int, tuple[Host, Recorder | None, int]] = {}
         private_dir(folder / "out")
 
     # Recording ---------------------------------------------------------------
 
     def record_command(self, result: RunResult, transport: str) -> None:
-        self._seq += 1
-        row: dict[str, Any] = {
-            "seq": self._seq, "host": result.alias, "transport": transport,
-            "argv": list(result.argv), "start": iso(result.started), "end": iso(result.ended),
-            "duration_s": round(result.ended - result.started, 6),
-            "exit_status": result.exit_status,
-        }
-        for name, data in (("stdout", result.stdout), ("stderr", result.stderr)):
-            rel = f"out/{self._seq:05d}.{name}" if data else None
-            clean = self.writer.create(self.folder / rel, data) if rel else b""
-            row[name] = {"bytes": len(clean), "sha256": sha256_bytes(clean), "path": rel}
-        self.writer.append_row(self.folder / "commands.jsonl", row)
+        """Number the command, keep its output under out/ and append its row (thread-safe)."""
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            row: dict[str, Any] = {
+                "seq": seq, "host": result.alias, "transport": transport,
+                "argv": list(result.argv), "start": iso(result.started), "end": iso(result.ended),
+                "duration_s": round(result.ended - result.started, 6),
+                "exit_status": result.exit_status,
+            }
+            for name, data in (("stdout", result.stdout), ("stderr", result.stderr)):
+                rel = f"out/{seq:05d}.{name}" if data else None
+                clean = self.writer.create(self.folder / rel, data) if rel else b""
+                row[name] = {"bytes": len(clean), "sha256": sha256_bytes(clean), "path": rel}
+            self.writer.append_row(self.folder / "commands.jsonl", row)
 
     @contextmanager
     def bind(self, *hosts: Host) -> Iterator[None]:
-        """Every call through these hosts is recorded in this attempt while bound."""
-        previous = [h.recorder for h in hosts]
-        for host in hosts:
-            host.recorder = self
+        """Every call through these hosts is recorded in this attempt while bound.
+
+        Threads may bind one host at once (engines that share a physical host start
+        concurrently through its one session): the host records here until the last of them
+        unbinds, never reverting to its previous recorder while another thread still runs."""
+        with self._lock:
+            for host in hosts:
+                _, previous, count = self._bound.get(id(host), (host, host.recorder, 0))
+                self._bound[id(host)] = (host, previous, count + 1)
+                host.recorder = self
         try:
             yield
         finally:
-            for host, rec in zip(hosts, previous, strict=True):
-                host.recorder = rec
+            with self._lock:
+                for host in hosts:
+                    _, previous, count = self._bound[id(host)]
+                    if count > 1:
+                        self._bound[id(host)] = (host, previous, count - 1)
+                    else:
+                        del self._bound[id(host)]
+                        host.recorder = previous
 
     def _own(self, row: dict[str, Any]) -> None:
         self.writer.append_row(self.folder / "owned.jsonl", {"at": iso(time.time()), **row})
@@ -98,6 +120,22 @@ class Attempt:
                    "start_ticks": ref.start_ticks, "argv0": argv[0]})
         return ref
 
+    def own_container(self, host: Host, runtime: str, container_id: str, created: str) -> None:
+        """Own a container this attempt created, by full id and the runtime's creation time
+        (as `<runtime> inspect --format '{{.Id}} {{.Created}}'` prints it), so recovery can
+        tell it from a later container with the same id."""
+        if runtime not in cl.CONTAINER_RUNTIMES:
+            raise LedgerError(f"{host.alias}: container runtime {runtime!r} is not one of "
+                              f"{', '.join(cl.CONTAINER_RUNTIMES)}; recovery could not remove it")
+        if not cl.CONTAINER_ID_RE.fullmatch(container_id):
+            raise LedgerError(f"{host.alias}: container id {container_id[:80]!r} is not the full "
+                              "64-hex id; pass the id `run -d` printed, not a name or prefix")
+        if not created.strip():
+            raise LedgerError(f"{host.alias}: container {container_id[:12]} has no creation "
+                              "time; read it with hosts.containers.inspect_container")
+        self._own({"kind": "container", "host": host.alias, "runtime": runtime,
+                   "id": container_id, "created": created})
+
     def add_artifact(self, name: str, data: bytes) -> Path:
         """Write a gate artifact into the attempt folder; its sha256 goes into attempt.json."""
         if "/" in name or name.startswith(".") or name in ("attempt.json", "start.json",
@@ -115,10 +153,12 @@ class Attempt:
 
     def finish(self, verdict: str, cause: str = "") -> dict[str, Any]:
         ended = time.time()
+        with self._lock:
+            commands = self._seq
         doc = stamp(ATTEMPT_SCHEMA, 1, {
             **self.start_doc, "verdict": verdict, "cause": cause, "ended": iso(ended),
             "duration_s": round(ended - float(self.start_doc["started_epoch"]), 3),
-            "commands": self._seq, "artifacts": dict(sorted(self.artifacts.items())),
+            "commands": commands, "artifacts": dict(sorted(self.artifacts.items())),
         })
         self.writer.create_json(self.folder / "attempt.json", doc)
         return doc

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -49,10 +50,14 @@ def private_dir(path: Path) -> Path:
 
 
 class EvidenceWriter:
-    """Writes the files of one deployment record."""
+    """Writes the files of one deployment record; safe to share between threads."""
 
     def __init__(self, redactor: Redactor) -> None:
         self.redactor = redactor
+        # One append at a time: a short write is finished by a second write(), which O_APPEND
+        # alone would let another thread's row slip in front of (and NFS does not make O_APPEND
+        # atomic at all).
+        self._append_lock = threading.Lock()
 
     def create(self, path: Path, data: bytes) -> bytes:
         """Write a new file exclusively with mode 0600; an existing file is an error.
@@ -73,14 +78,16 @@ class EvidenceWriter:
         return self.create(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
 
     def append_row(self, path: Path, row: dict[str, Any]) -> None:
-        """Append one JSON line; the file is created 0600 on first use."""
-        line = (canonical_json(row) + "\n").encode()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
-        try:
-            os.write(fd, self.redactor.bytes(line))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Append one whole JSON line; the file is created 0600 on first use."""
+        line = memoryview(self.redactor.bytes((canonical_json(row) + "\n").encode()))
+        with self._append_lock:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+            try:
+                while line:
+                    line = line[os.write(fd, line):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def replace_json(self, path: Path, document: Any) -> None:
         """Atomically replace an index file (not evidence): unique temp file, fsync, rename."""

@@ -2,7 +2,8 @@
 
 A file is removed only if its inode and sha256 still match; a directory only if its inode
 matches and it is empty by then; a process only if its pid still has the same kernel start
-time. Everything else is kept and reported. The failed attempt's evidence is never touched.
+time; a container only if its id still has the same creation time. Everything else is kept
+and reported. The failed attempt's evidence is never touched.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from narwhal.core.errors import HostError, LedgerError
+from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.containers import inspect_container, remove_container
 from narwhal.deploy.ledger.evidence import read_rows
 from narwhal.deploy.ledger.store import Ledger
 
@@ -75,8 +78,26 @@ def _process(host: Host, item: dict[str, Any]) -> str:
     return "killed after it ignored TERM"
 
 
+def _container(host: Host, item: dict[str, Any]) -> str:
+    runtime, container_id = item.get("runtime", ""), str(item.get("id", ""))
+    created = str(item.get("created", ""))
+    if runtime not in cl.CONTAINER_RUNTIMES or not cl.CONTAINER_ID_RE.fullmatch(container_id) \
+            or not created:
+        return "kept: the row lacks a known runtime, a full container id or a creation time"
+    now = inspect_container(host, runtime, container_id)
+    if now is None:
+        return "already gone"
+    if (now.id, now.created) != (container_id, created):
+        return (f"kept: a container with this id was created at {now.created}, not at "
+                f"{created} when the attempt created its own; remove it by hand "
+                f"(`{runtime} rm -f {container_id}`) if it is not wanted")
+    if not remove_container(host, runtime, container_id):
+        return "already gone"
+    return "removed"
+
+
 ACTIONS: dict[str, Callable[[Host, dict[str, Any]], str]] = {
-    "file": _file, "dir": _dir, "process": _process}
+    "file": _file, "dir": _dir, "process": _process, "container": _container}
 
 
 def recover(ledger: Ledger, gate: str, host_for: Callable[[str], Host],
