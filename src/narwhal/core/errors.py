@@ -84,9 +84,11 @@ class TransferMismatch(HostError):
 class GateBlocked(NarwhalError):
     """A gate cannot pass; the ledger records this before any state changes."""
 
-    def __init__(self, gate: str, cause: str) -> None:
+    def __init__(self, gate: str, cause: str, problems: list[Problem] | tuple[Problem, ...] = (),
+                 ) -> None:
         self.gate = gate
         self.cause = cause
+        self.problems = tuple(problems)  # every problem found, each naming host, field and fix
         super().__init__(f"gate {gate} blocked: {cause}")
 
 

@@ -1,0 +1,170 @@
+"""Gate A: freeze the inputs and discover the real deployment (`narwhal discover`).
+
+Plan: which hosts to inspect and what to ask each (the probe request), recorded as plan.json
+before any host is touched. Execute: every physical host and the workstation inspected at
+once by one stdlib-only probe (node/host_probe.py, shipped as a file over the host's session,
+its request on stdin, one result line back), each host's facts kept as evidence, then every
+engine's allocation checked against its own host's facts. Only when nothing is wrong is the
+generated configuration written: per-engine launch records, the derived plan and a draft
+fleet document. A blocked attempt writes the problems, never a generated file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.documents import canonical_json, sha256_bytes, stamp
+from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
+from narwhal.core.host_facts import parse_host_facts
+from narwhal.deploy.gates import discover_checks as checks
+from narwhal.deploy.gates.generated import fleet_draft, launch_record
+from narwhal.deploy.gates.parallel import each
+from narwhal.deploy.gates.spec import GateSpec, Spread
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.sessions import PhysicalHost, Sessions, physical_hosts
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger.attempt import Attempt
+
+SPEC = GateSpec("discover", Spread.PER_HOST)
+PROBE_COMMAND = "narwhal-host-probe"
+# The probe is shipped to hosts as a file and run there; deploy never imports node code.
+PROBE_FILE = Path(__file__).resolve().parents[2] / "node" / "host_probe.py"
+PROBE_TIMEOUT_S = 900.0  # hashing a large checkpoint is the long part
+REQUEST_SCHEMA = "narwhal.host-probe-request"
+DISCOVERY_SCHEMA = "narwhal.discovery"
+Progress = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """One host to inspect and what to ask it."""
+
+    alias: str
+    role: str  # engine | router | workstation
+    request: dict[str, Any]
+
+
+def plan(inputs: Inputs) -> list[ProbeTarget]:
+    """Every physical host (engine hosts hash their checkpoint) and the workstation."""
+    targets = []
+    for host in physical_hosts(inputs):
+        engines = [e for e in inputs.engines if e.role in host.roles]
+        first = engines[0] if engines else None
+        ports = sorted({p for e in engines
+                        for p in (e.engine_port, e.attest_port, e.nixl_side_channel_port)})
+        targets.append(ProbeTarget(host.alias, "engine" if engines else "router", {
+            "schema": REQUEST_SCHEMA, "schema_version": 1,
+            "role": "engine" if engines else "router",
+            "run_dir": first.run_dir if first else None,
+            "model_dir": first.model_dir if first else None,
+            "fabric_interface": first.fabric_interface if first else None,
+            "ports": ports, "image": first.engine_image if first else None,
+            "runtime": "docker" if first else None, "hash_model": first is not None}))
+    targets.append(ProbeTarget("workstation", "workstation", {
+        "schema": REQUEST_SCHEMA, "schema_version": 1, "role": "workstation", "run_dir": None,
+        "model_dir": None, "fabric_interface": None, "ports": [], "image": None,
+        "runtime": None, "hash_model": False}))
+    return targets
+
+
+def _colocated_dirs(inputs: Inputs) -> list[Problem]:
+    """One probe per host reads one model and run dir; colocated engines must share them."""
+    problems = []
+    for host in physical_hosts(inputs):
+        engines = [e for e in inputs.engines if e.role in host.roles]
+        for e in engines[1:]:
+            for name, attr in (("MODEL_DIR", "model_dir"), ("RUN_DIR", "run_dir"),
+                               ("ENGINE_IMAGE", "engine_image"),
+                               ("FABRIC_INTERFACE", "fabric_interface")):
+                if getattr(e, attr) != getattr(engines[0], attr):
+                    problems.append(Problem(
+                        f"{host.alias}: NARWHAL_NODE_{e.n}_{name}",
+                        f"differs from {engines[0].role} on the same host",
+                        f"colocated engines share one {name.lower().replace('_', ' ')}"))
+    return problems
+
+
+def probe(host: Host, attempt: Attempt, target: ProbeTarget, code: bytes) -> dict[str, Any]:
+    """Ship the probe, run it with the request on stdin, remove it; the validated facts."""
+    # On the host, created exclusively (never through an existing name) and owned: recover
+    # removes it if the attempt dies before the line below does.
+    path = f"/tmp/narwhal-probe-{attempt.id}-{sha256_bytes(code)[:12]}.py"  # noqa: S108
+    attempt.create_file(host, path, code)
+    try:
+        run = host.run(["python3", path], stdin=json.dumps(target.request).encode(),
+                       timeout=PROBE_TIMEOUT_S)
+    finally:
+        host.run(["rm", "-f", "--", path])
+    if run.exit_status == 127:
+        raise ContractError(f"{target.alias}: python3 is not installed (the probe needs it)")
+    result = result_line.parse(run.text, PROBE_COMMAND)
+    if not result.ok:
+        raise ContractError(f"{target.alias}: the probe refused its request: {result.error}")
+    facts = parse_host_facts(result.data, target.alias)
+    return dict(facts.model_dump(mode="json", by_alias=True))
+
+
+def _host_error(alias: str, exc: Exception) -> Problem:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    fix = ("verify the new key out of band, then `narwhal hosts trust --replace " + alias + "`"
+           if "key" in type(exc).__name__.lower() else
+           "check the host is up and reachable over SSH (`narwhal hosts check`)")
+    return Problem(f"{alias}: ssh", text, fix)
+
+
+def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
+            targets: list[ProbeTarget], progress: Progress) -> dict[str, Any]:
+    code = PROBE_FILE.read_bytes()
+    problems = _colocated_dirs(inputs)
+
+    def one(target: ProbeTarget) -> dict[str, Any]:
+        progress(target.alias, "inspecting")
+        host = sessions.get(target.alias)
+        with attempt.bind(host):
+            facts = probe(host, attempt, target, code)
+        progress(target.alias, "inspected")
+        return facts
+
+    facts: dict[str, dict[str, Any]] = {}
+    for outcome in each(targets, one):
+        alias = outcome.item.alias
+        if outcome.error is not None:
+            if not isinstance(outcome.error, (HostError, ContractError)):
+                raise outcome.error
+            progress(alias, "failed")
+            problems.append(_host_error(alias, outcome.error))
+            continue
+        assert outcome.value is not None
+        facts[alias] = outcome.value
+        attempt.add_artifact(f"host-facts-{alias}.json",
+                             canonical_json(outcome.value).encode() + b"\n")
+    host_of = {role: h.alias for h in physical_hosts(inputs) for role in h.roles}
+    engine_facts = {a: f for a, f in facts.items() if a != "workstation"}
+    found, plans = checks.all_problems(inputs, engine_facts, host_of)
+    problems += found
+    if problems:
+        attempt.add_artifact("problems.json", canonical_json(
+            [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]).encode())
+        raise GateBlocked("discover", f"{len(problems)} problem(s): " + "; ".join(
+            f"{p.field}: {p.problem}" for p in problems[:3]) + (" ..." if len(problems) > 3
+                                                                 else ""), problems=problems)
+    discovery = stamp(DISCOVERY_SCHEMA, 1, {
+        "deployment": inputs.deployment, "engines": [p.as_json() for p in plans],
+        "workstation": {k: facts["workstation"].get(k) for k in ("hostname", "python", "tools")}
+        if "workstation" in facts else None})
+    attempt.add_artifact("discovery.json", canonical_json(discovery).encode() + b"\n")
+    for p in plans:
+        attempt.add_artifact(f"launch-{p.engine.role}.json",
+                             canonical_json(launch_record(inputs, p)).encode() + b"\n")
+    attempt.add_artifact("fleet-draft.json", canonical_json(fleet_draft(inputs, plans))
+                         .encode() + b"\n")
+    return discovery
+
+
+def hosts_of(inputs: Inputs) -> list[PhysicalHost]:
+    return physical_hosts(inputs)

@@ -1,0 +1,75 @@
+"""The configuration discovery generates: one launch record per engine and a draft fleet.
+
+Written only after every check passed (discover.py); built from the measured facts (GPU
+UUIDs and bus ids, the fabric address, image Id, checkpoint digest), never from what was typed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from narwhal.core import launch_record as lr
+from narwhal.core.documents import stamp
+from narwhal.core.secret import Secret
+from narwhal.deploy.gates.discover_checks import EnginePlan
+from narwhal.deploy.inputs.model import Inputs
+
+KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+FLEET_SCHEMA = "narwhal.fleet"
+
+
+def engine_url(plan: EnginePlan) -> str:
+    e = plan.engine
+    return e.url or f"http://{plan.fabric_address}:{e.engine_port}"
+
+
+def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
+    """The stamped `narwhal.launch-record` v1 document for one engine (validated here)."""
+    e = plan.engine
+    env: dict[str, str] = {"VLLM_NIXL_SIDE_CHANNEL_HOST": plan.fabric_address,
+                           "VLLM_NIXL_SIDE_CHANNEL_PORT": str(e.nixl_side_channel_port)}
+    secret_names: list[str] = []
+    for name, value in (e.engine_env or {}).items():
+        if isinstance(value, Secret):
+            secret_names.append(name)
+        else:
+            env[name] = value
+    args = ["--served-model-name", e.model_name, "--port", str(e.engine_port),
+            "--tensor-parallel-size", str(plan.tensor_parallel_size),
+            "--block-size", str(e.block_size)]
+    if e.model_dtype:
+        args += ["--dtype", e.model_dtype]
+    if e.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
+    args += list(e.engine_args or ())
+    doc = stamp(lr.SCHEMA, lr.VERSION, {
+        "engine": e.role, "host": plan.host, "runtime": "docker",
+        "image": {"ref": e.engine_image, "id": plan.image.get("id"),
+                  "repo_digests": list(plan.image.get("repo_digests") or [])},
+        "devices": [{"index": int(g["index"]), "uuid": g["uuid"], "pci_bus_id": g["pci_bus_id"]}
+                    for g in plan.gpus],
+        "tensor_parallel_size": plan.tensor_parallel_size, "model_dir": e.model_dir,
+        "model_tree_sha256": plan.model.get("model_tree_sha256"),
+        "served_model_name": e.model_name, "run_dir": e.run_dir,
+        "fabric_interface": e.fabric_interface, "fabric_address": plan.fabric_address,
+        "ports": {"engine": e.engine_port, "attest": e.attest_port,
+                  "nixl_side_channel": e.nixl_side_channel_port,
+                  "ucx_tcp": list(e.ucx_tcp_port_range)},
+        "kv_transfer_config": KV_BOTH, "environment": env,
+        "secret_environment": sorted(secret_names), "vllm_args": args,
+    })
+    lr.LaunchRecord.model_validate_json(json.dumps(doc))  # the contract every role reads
+    return doc
+
+
+def fleet_draft(inputs: Inputs, plans: list[EnginePlan]) -> dict[str, Any]:
+    """A `narwhal.fleet` v1 draft: every engine `both` (kv_both), the SLO from the inputs.
+    Gate E completes it (attestation URLs); the router host reads it after Gate B."""
+    return {
+        "schema": FLEET_SCHEMA, "schema_version": 1, "model": inputs.engines[0].model_name,
+        "engines": [{"id": p.engine.role, "url": engine_url(p), "role": "both"} for p in plans],
+        "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
+        "journal": {"path": "journal.jsonl"},
+    }
+

@@ -1,0 +1,86 @@
+"""Artifact hand-off: "the passed attempt of gate X, artifact Y", through one ledger call.
+
+A gate never reads another gate's files by path. It asks for the artifact of the gate's last
+passed attempt; the digest recorded in that attempt's `attempt.json` is checked against the
+bytes on disk (evidence is written once; a changed file is a broken record, not an input), and
+the digest joins the reading gate's fingerprint, so when the upstream gate passes again with
+different output the reading gate becomes stale.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from narwhal.core.documents import sha256_bytes
+from narwhal.core.errors import GateBlocked, LedgerError
+from narwhal.deploy.gates.spec import Reads
+from narwhal.deploy.ledger import Ledger
+
+
+@dataclass(frozen=True)
+class Artifact:
+    gate: str
+    name: str
+    attempt: str
+    path: Path
+    sha256: str
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+    def json(self) -> Any:
+        return json.loads(self.read_bytes())
+
+
+def passed_attempt(ledger: Ledger, gate: str) -> str | None:
+    """The id of the gate's last passed attempt, or None."""
+    if not ledger.exists():
+        return None
+    entry = ledger.load().get("gates", {}).get(gate, {})
+    if entry.get("state") != "passed":
+        return None
+    last = entry.get("last") or (entry.get("attempts") or [""])[-1]
+    return str(last) or None
+
+
+def passed_artifact(ledger: Ledger, reader: str, read: Reads) -> Artifact:
+    """The artifact, verified; GateBlocked (for `reader`) when the upstream gate has not passed."""
+    attempt = passed_attempt(ledger, read.gate)
+    if attempt is None:
+        raise GateBlocked(reader, f"gate {read.gate} has not passed; run `narwhal {read.gate}` "
+                                  f"first (this gate reads its {read.artifact})")
+    folder = ledger.attempt_folder(read.gate, attempt)
+    try:
+        recorded = json.loads((folder / "attempt.json").read_text())["artifacts"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise LedgerError(f"{folder}/attempt.json is unreadable ({exc})") from None
+    sha = recorded.get(read.artifact)
+    if sha is None:
+        raise LedgerError(f"gate {read.gate} attempt {attempt} recorded no artifact "
+                          f"{read.artifact!r} (it has: {', '.join(sorted(recorded)) or 'none'})")
+    path = folder / read.artifact
+    if sha256_bytes(path.read_bytes()) != sha:
+        raise LedgerError(f"{path} no longer matches the sha256 recorded when it was written; "
+                          "the deployment record was edited: restore it or run the gate again")
+    return Artifact(read.gate, read.artifact, attempt, path, sha)
+
+
+def read_digests(ledger: Ledger, reads: tuple[Reads, ...]) -> dict[str, str]:
+    """Fingerprint entries for what a gate reads now (missing upstream: no entry)."""
+    out: dict[str, str] = {}
+    for read in reads:
+        attempt = passed_attempt(ledger, read.gate)
+        if attempt is None:
+            continue
+        try:
+            doc = json.loads((ledger.attempt_folder(read.gate, attempt) / "attempt.json")
+                             .read_text())
+        except (OSError, ValueError):
+            continue
+        sha = doc.get("artifacts", {}).get(read.artifact)
+        if sha:
+            out[read.key] = sha
+    return out

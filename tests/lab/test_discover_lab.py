@@ -1,0 +1,187 @@
+"""Gate A on the lab, driven from the workstation namespace as an operator runs it.
+
+`narwhal discover` reaches the hosts only over SSH (pinned keys, one master per host); the
+facts it records must be the ones each lab host was built with (GPU UUIDs and bus ids differ
+per host, so nothing can fake them), and each bad case must block naming the host and a fix,
+with nothing generated.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from narwhal.lab import envfile, identity
+from narwhal.lab.faults import Faults
+from narwhal.lab.plan import LabPlan
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
+NARWHAL = str(Path(sys.executable).parent / "narwhal")
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class Operator:
+    """The workstation's view: a .env and a runs folder, commands run in its namespace."""
+
+    plan: LabPlan
+    env: Path
+    runs: Path
+
+    def narwhal(self, *args: str, env: Path | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [NARWHAL, "lab", "exec", "--", NARWHAL, *args, "--env", str(env or self.env),
+                "--runs", str(self.runs)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+
+    def discover(self, env: Path | None = None) -> tuple[int, dict[str, Any]]:
+        done = self.narwhal("discover", "--json", env=env)
+        try:
+            doc = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(done.stdout[-2000:] + done.stderr[-3000:]) from None
+        return done.returncode, doc
+
+    def variant(self, name: str, **values: str) -> Path:
+        """A copy of the .env with variables set (an operator's edit)."""
+        lines = [ln for ln in self.env.read_text().splitlines()
+                 if ln.split("=", 1)[0] not in values]
+        path = self.env.with_name(f"{name}.env")
+        path.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in values.items())]) + "\n")
+        path.chmod(0o600)
+        return path
+
+    def last_attempt(self) -> Path:
+        doc = json.loads((self.runs / "lab" / "ledger.json").read_text())
+        return self.runs / "lab" / "discover" / doc["gates"]["discover"]["last"]
+
+
+@pytest.fixture(scope="module")
+def operator(lab: LabPlan, tmp_path_factory: pytest.TempPathFactory) -> Operator:
+    work = tmp_path_factory.mktemp("discover")
+    env = work / ".env"
+    envfile.write(lab, env)
+    with env.open("a") as fh:
+        fh.write(f"NARWHAL_DEPLOYMENT=lab\nNARWHAL_DEPLOYMENT_REVISION={REVISION}\n")
+    op = Operator(lab, env, work / "runs")
+    done = op.narwhal("hosts", "trust", "--yes")
+    assert done.returncode == 0, done.stderr
+    return op
+
+
+def _facts(attempt: Path, alias: str) -> dict[str, Any]:
+    return dict(json.loads((attempt / f"host-facts-{alias}.json").read_text()))
+
+
+def test_discovery_of_the_default_lab_passes_with_each_hosts_own_facts(
+        operator: Operator) -> None:
+    code, doc = operator.discover()
+    assert code == 0 and doc["verdict"] == "passed", doc
+    attempt = operator.last_attempt()
+    trees = set()
+    for n, h in enumerate(operator.plan.engines(), start=1):
+        facts = _facts(attempt, f"node-{n}")
+        gpus = facts["accelerators"]["gpus"]
+        assert h.host.hardware is not None
+        declared = h.host.hardware.accelerators.devices
+        assert [g["uuid"] for g in gpus] == [d.uuid for d in declared]
+        assert [g["pci_bus_id"] for g in gpus] == [_bdf(d.pci_bus_id) for d in declared]
+        assert facts["image"]["id"] == identity.image_id(operator.plan.spec.image)
+        trees.add(facts["model"]["model_tree_sha256"])
+    assert len(trees) == 1 and None not in trees
+    assert (attempt / "fleet-draft.json").exists()
+    assert sorted(p.name for p in attempt.glob("launch-engine-*.json")) == [
+        f"launch-engine-{n}.json" for n in range(1, len(operator.plan.engines()) + 1)]
+    _probes_overlap(attempt)
+    status = operator.narwhal("status", "--json")
+    gates = {g["gate"]: g for g in json.loads(status.stdout)["gates"]}
+    assert gates["discover"]["state"] == "passed"
+    moved = operator.variant("moved-image", NARWHAL_ENGINE_IMAGE="sha256:" + "0" * 64)
+    gates = {g["gate"]: g for g in json.loads(
+        operator.narwhal("status", "--json", env=moved).stdout)["gates"]}
+    assert gates["discover"]["state"] == "stale"
+    assert "engine-image" in gates["discover"]["reason"]
+
+
+def _bdf(bus_id: str) -> str:
+    """nvidia-smi's 8-digit PCI domain as sysfs writes it (4 digits, lower case)."""
+    domain, rest = bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def _probes_overlap(attempt: Path) -> None:
+    rows = [json.loads(line) for line in (attempt / "commands.jsonl").read_text().splitlines()]
+    spans = [(datetime.fromisoformat(r["start"].replace("Z", "+00:00")),
+              datetime.fromisoformat(r["end"].replace("Z", "+00:00")), r["host"])
+             for r in rows if r["argv"][:1] == ["python3"] and r["host"].startswith("node-")]
+    assert len(spans) >= 3
+    first_end = min(end for _, end, _ in spans)
+    assert all(start < first_end for start, _, _ in spans), spans  # all were running at once
+
+
+def _blocked(operator: Operator, expected: str, env: Path | None = None) -> list[str]:
+    code, doc = operator.discover(env)
+    assert code != 0 and doc["verdict"] == "blocked", doc
+    lines = [f"{p['field']}: {p['problem']}; {p['fix']}" for p in doc["problems"]]
+    assert any(expected in line for line in lines), lines
+    attempt = operator.last_attempt()
+    assert not (attempt / "fleet-draft.json").exists()
+    assert not list(attempt.glob("launch-*.json"))
+    return lines
+
+
+@contextmanager
+def _edited(path: Path, data: bytes) -> Iterator[None]:
+    old = path.read_bytes()
+    path.write_bytes(data)
+    try:
+        yield
+    finally:
+        path.write_bytes(old)
+
+
+def test_one_changed_byte_in_one_hosts_tokenizer_config_blocks_naming_it(
+        operator: Operator) -> None:
+    eng2 = operator.plan.engines()[1]
+    path = eng2.dir / operator.plan.spec.model.dir.lstrip("/") / "tokenizer_config.json"
+    data = path.read_bytes()
+    with _edited(path, data[:-2] + bytes([data[-2] ^ 1]) + data[-1:]):
+        _blocked(operator, "node-2: NARWHAL_NODE_2_MODEL_DIR: checkpoint differs from node-1's: "
+                 "first differing file tokenizer_config.json")
+
+
+def test_nvidia_smi_failing_without_a_driver_blocks_with_its_message(
+        operator: Operator, faults: Faults) -> None:
+    faults.tool("eng1", "nvidia-smi", 9, "NVIDIA-SMI has failed because it couldn't "
+                "communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver "
+                "is installed and running.")
+    _blocked(operator, "node-1: accelerators: GPU inspection failed")
+
+
+def test_gpu_ids_that_do_not_exist_block_naming_the_gpus_found(operator: Operator) -> None:
+    env = operator.variant("bad-gpus", NARWHAL_NODE_2_GPU_IDS="0,7")
+    _blocked(operator, "node-2: NARWHAL_NODE_2_GPU_IDS: GPU(s) 7 do not exist", env)
+
+
+def test_a_missing_run_dir_and_fabric_interface_block(operator: Operator) -> None:
+    env = operator.variant("bad-dirs", NARWHAL_NODE_1_RUN_DIR="/srv/nowhere",
+                           NARWHAL_NODE_3_FABRIC_INTERFACE="fab9")
+    lines = _blocked(operator, "node-1: NARWHAL_NODE_1_RUN_DIR: /srv/nowhere does not exist",
+                     env)
+    assert any("node-3: NARWHAL_NODE_3_FABRIC_INTERFACE: interface 'fab9'" in ln
+               for ln in lines), lines
+
+
+def test_a_re_keyed_host_blocks_with_both_fingerprints(operator: Operator,
+                                                      faults: Faults) -> None:
+    faults.rekey("eng3")
+    lines = _blocked(operator, "node-3: ssh")
+    assert any("SHA256:" in ln and ln.count("SHA256:") >= 2 for ln in lines), lines

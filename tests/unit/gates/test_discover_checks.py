@@ -1,0 +1,141 @@
+"""Gate A's relations on plain facts: every bad allocation names the host, the field and a fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from narwhal.deploy.gates.discover_checks import all_problems
+from narwhal.deploy.inputs import parse_inputs
+from tests.envtext import valid_env
+
+IMAGE_ID = "sha256:" + "cd" * 32
+TREE = "ab" * 32
+ROWS = [["config.json", 10, "11" * 32], ["tokenizer_config.json", 20, "22" * 32]]
+
+
+def _gpu(k: int, host: int) -> dict[str, Any]:
+    return {"index": k, "name": "NVIDIA H200", "uuid": f"GPU-{host:08x}-0000-4000-8000-{k:012x}",
+            "pci_bus_id": f"0000:{host:02x}:{k:02x}.0", "memory_total_mib": 143771,
+            "numa_node": 0}
+
+
+def _facts(host: int, ip: str) -> dict[str, Any]:
+    return {
+        "hostname": f"eng{host}", "python": {"version": "3.11.7", "has_venv": True},
+        "tools": {t: {"path": f"/usr/bin/{t}", "version": "1"} for t in ("git", "make", "curl")},
+        "accelerators": {"vendor": "nvidia", "gpus": [_gpu(k, host) for k in range(2)],
+                         "driver_version": "570", "error": None},
+        "interfaces": [{"name": "fab0", "mtu": 9000}],
+        "fabric_interface": {"name": "fab0", "mtu": 9000, "operstate": "UP", "addresses": [
+            {"family": "inet", "address": ip, "prefixlen": 24, "scope": "global"}]},
+        "listeners": [],
+        "disk": {"/srv/narwhal/run": {"exists": True, "is_dir": True, "writable": True,
+                                      "free_bytes": 10**10}},
+        "image": {"ref": "x", "id": IMAGE_ID, "repo_digests": [], "found": True, "error": None,
+                  "packages": {}},
+        "model": {"dir": "/srv/models/qwen", "exists": True, "model_tree_sha256": TREE,
+                  "config_sha256": "11" * 32, "rows": copy.deepcopy(ROWS), "error": None},
+    }
+
+
+def _run(env: str, mutate: Any = None) -> list[str]:
+    inputs = parse_inputs(env, Path(".env"))
+    facts = {"node-1": _facts(1, "10.20.0.11"), "node-2": _facts(2, "10.20.0.12"),
+             "router": {"python": {"version": "3.11.7", "has_venv": True}}}
+    if mutate is not None:
+        mutate(facts)
+    host_of = {"engine-1": "node-1", "engine-2": "node-2"}
+    problems, _ = all_problems(inputs, facts, host_of)
+    return [p.line() for p in problems]
+
+
+BASE = dict(NARWHAL_FABRIC_INTERFACE="fab0", NARWHAL_NODE_1_IP="10.20.0.11",
+            NARWHAL_NODE_2_IP="10.20.0.12")
+
+
+def test_matching_facts_pass_and_plan_every_engine() -> None:
+    inputs = parse_inputs(valid_env(**BASE), Path(".env"))
+    facts = {"node-1": _facts(1, "10.20.0.11"), "node-2": _facts(2, "10.20.0.12")}
+    problems, plans = all_problems(inputs, facts, {"engine-1": "node-1", "engine-2": "node-2"})
+    assert problems == []
+    assert [p.as_json()["gpus"][0]["uuid"] for p in plans] == [
+        "GPU-00000001-0000-4000-8000-000000000000", "GPU-00000002-0000-4000-8000-000000000000"]
+    assert plans[0].tensor_parallel_size == 2 and plans[1].fabric_address == "10.20.0.12"
+
+
+def _set(path: list[Any], value: Any, host: str = "node-2") -> Any:
+    def mutate(facts: dict[str, Any]) -> None:
+        node = facts[host]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return mutate
+
+
+CASES: list[tuple[str, dict[str, str], Any, str]] = [
+    ("changed checkpoint byte", {}, lambda f: (
+        f["node-2"]["model"].update(model_tree_sha256="ff" * 32),
+        f["node-2"]["model"]["rows"][1].__setitem__(2, "99" * 32)),
+     "node-2: NARWHAL_NODE_2_MODEL_DIR: checkpoint differs from node-1's: first differing "
+     "file tokenizer_config.json"),
+    ("nvidia-smi without driver", {}, _set(["accelerators"], {
+        "vendor": None, "gpus": [], "driver_version": None,
+        "error": "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate "
+                 "with the NVIDIA driver."}),
+     "node-2: accelerators: GPU inspection failed: nvidia-smi exited 9"),
+    ("GPU ids that do not exist", {"NARWHAL_NODE_2_GPU_IDS": "0,5"}, None,
+     "node-2: NARWHAL_NODE_2_GPU_IDS: GPU(s) 5 do not exist on this host"),
+    ("TP larger than GPUs", {"NARWHAL_NODE_2_TENSOR_PARALLEL_SIZE": "4"}, None,
+     "node-2: NARWHAL_NODE_2_TENSOR_PARALLEL_SIZE: TP 4 is larger than the 2 GPU(s)"),
+    ("mixed products", {}, lambda f: [g.update(name="NVIDIA H100")
+                                      for g in f["node-2"]["accelerators"]["gpus"]],
+     "engines: mixed GPU products"),
+    ("image missing on one host", {}, _set(["image"], {"found": False, "error": "No such image"}),
+     "node-2: NARWHAL_NODE_2_ENGINE_IMAGE: image"),
+    ("image differs", {}, _set(["image", "id"], "sha256:" + "ee" * 32),
+     "node-2: NARWHAL_NODE_2_ENGINE_IMAGE: image id sha256:eeee"),
+    ("fabric interface missing", {}, _set(["fabric_interface"], None),
+     "node-2: NARWHAL_NODE_2_FABRIC_INTERFACE: interface 'fab0' does not exist"),
+    ("IP not on the interface", {"NARWHAL_NODE_2_IP": "10.20.0.99"}, None,
+     "node-2: NARWHAL_NODE_2_IP: 10.20.0.99 is not an address of fab0"),
+    ("port already listening", {}, _set(["listeners"], [
+        {"port": 8000, "address": "0.0.0.0", "process": "nginx", "pid": 4242}]),
+     "node-2: NARWHAL_NODE_2_ENGINE_PORT: port 8000 is already listening on 0.0.0.0, owned by "
+     "nginx (pid 4242)"),
+    ("run dir missing", {}, _set(["disk", "/srv/narwhal/run"], {"exists": False}),
+     "node-2: NARWHAL_NODE_2_RUN_DIR: /srv/narwhal/run does not exist"),
+    ("Python 3.10", {}, _set(["python", "version"], "3.10.12"),
+     "node-2: python3: Python 3.10.12 (needs 3.11 or newer)"),
+    ("git missing", {}, _set(["tools", "git"], {"path": None, "version": None}),
+     "node-2: git: git is not installed"),
+    ("model dir missing", {}, _set(["model"], {"exists": False}),
+     "node-2: NARWHAL_NODE_2_MODEL_DIR: /srv/models/qwen does not exist"),
+    ("config pin differs", {"NARWHAL_MODEL_CONFIG_SHA256": "33" * 32}, None,
+     "NARWHAL_NODE_1_MODEL_CONFIG_SHA256: config.json has sha256"),
+    ("engine shapes differ", {"NARWHAL_NODE_2_GPU_IDS": "0"}, None,
+     "engines: engines differ in shape"),
+]
+
+
+@pytest.mark.parametrize(("case", "env", "mutate", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_a_bad_deployment_names_the_host_the_field_and_a_fix(
+        case: str, env: dict[str, str], mutate: Any, expected: str) -> None:
+    lines = _run(valid_env(**{**BASE, **env}), mutate)
+    assert any(expected in line for line in lines), lines
+    assert all("; " in line for line in lines)  # every problem carries its fix
+
+
+def test_colocated_engines_sharing_a_gpu_are_refused() -> None:
+    env = valid_env(**{**BASE, "NARWHAL_NODE_2_SSH": "root@10.213.0.11",
+                       "NARWHAL_NODE_2_SSH_PASSWORD": None, "NARWHAL_NODE_1_GPU_IDS": "0",
+                       "NARWHAL_NODE_2_GPU_IDS": "GPU-00000001-0000-4000-8000-000000000000", "NARWHAL_NODE_2_IP": "10.20.0.11",
+                       "NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8011",
+                       "NARWHAL_NODE_2_NIXL_SIDE_CHANNEL_PORT": "5601"})
+    inputs = parse_inputs(env, Path(".env"))
+    facts = {"node-1": _facts(1, "10.20.0.11")}
+    problems, _ = all_problems(inputs, facts, {"engine-1": "node-1", "engine-2": "node-1"})
+    assert any("is also allocated to engine-1" in p.line() for p in problems), problems
