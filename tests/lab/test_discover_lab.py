@@ -185,3 +185,48 @@ def test_a_re_keyed_host_blocks_with_both_fingerprints(operator: Operator,
     faults.rekey("eng3")
     lines = _blocked(operator, "node-3: ssh")
     assert any("SHA256:" in ln and ln.count("SHA256:") >= 2 for ln in lines), lines
+
+
+def _env_value(operator: Operator, key: str) -> str:
+    for line in operator.env.read_text().splitlines():
+        if line.startswith(key + "="):
+            return line.split("=", 1)[1].strip("'\"")
+    raise AssertionError(f"{key} not in the lab .env")
+
+
+def test_tp_larger_than_the_gpus_and_an_ip_off_the_interface_block(operator: Operator) -> None:
+    env = operator.variant("bad-tp-ip", NARWHAL_NODE_1_TENSOR_PARALLEL_SIZE="8",
+                           NARWHAL_NODE_2_IP="10.99.0.200")
+    lines = _blocked(operator, "node-1: NARWHAL_NODE_1_TENSOR_PARALLEL_SIZE: TP 8 is larger "
+                     "than the 2 GPU(s)", env)
+    assert any("node-2: NARWHAL_NODE_2_IP: 10.99.0.200 is not an address of" in ln
+               for ln in lines), lines
+
+
+def test_a_port_already_listening_blocks_naming_its_owner(operator: Operator) -> None:
+    port = int(_env_value(operator, "NARWHAL_ENGINE_PORT"))
+    # It holds the port until its stdin closes: nsenter forks into the host's namespaces, so
+    # ending our child by PID would not end the listener; closing the pipe does.
+    squatter = subprocess.Popen(
+        [NARWHAL, "lab", "exec", "--host", "eng2", "--", "python3", "-c",
+         "import socket, sys\n"
+         "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+         f"s.bind(('0.0.0.0', {port})); s.listen(); print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert squatter.stdin is not None and squatter.stdout is not None
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        _blocked(operator, f"node-2: NARWHAL_NODE_2_ENGINE_PORT: port {port} is already "
+                 "listening on 0.0.0.0, owned by python3")
+    finally:
+        squatter.stdin.close()
+        try:
+            squatter.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            squatter.kill()  # our own child, by PID
+            squatter.wait(timeout=10)
+
+
+def test_an_unreachable_host_blocks_naming_it(operator: Operator, faults: Faults) -> None:
+    faults.block("eng3", 22)
+    _blocked(operator, "node-3: ssh")

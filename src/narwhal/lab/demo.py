@@ -123,6 +123,9 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "trust", "--yes", *common])
         _say("access: one SSH master per physical host, every command recorded")
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "check", *common])
+        _say("gate A: discover every host at once (GPUs, image, checkpoint digest, fabric, "
+             "ports) and check each engine's allocation against its own host")
+        _run([narwhal, "lab", "exec", "--", narwhal, "discover", *common])
         _say("engines: emulated vLLM engines hand KV to each other across the lab fabric")
         _handoffs(work)
         _say("gate F tools: profile the lab fleet, then preflight it (every ordered pair's KV proven moved)")
@@ -133,7 +136,8 @@ def main() -> int:
         _say("lab down")
         _run([narwhal, "lab", "down"], check=False)
     _say("not built yet in this revision: " + ", ".join(
-        f"{g.letter} {g.name}" for g in GATES) + " (each says so when run)")
+        f"{g.letter} {g.name}" for g in GATES if g.name != "discover") +
+         " (each says so when run)")
     _say("status")
     _run([narwhal, "status", *common])
     return 0

@@ -14,6 +14,8 @@ from rich.table import Table
 from narwhal.core.cli_common import EXIT_OK
 from narwhal.core.gates import GATE_NAMES, gate
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.gates.registry import SPECS
+from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.ledger.export import export
 from narwhal.deploy.ledger.recover import recover
 from narwhal.deploy.ledger.status import compute
@@ -46,7 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_status(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     ledger = ctx.ledger.ensure()
-    rows = compute(ledger.load(), ctx.fingerprints())
+    rows = compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints()))
     if args.json:
         print(json.dumps({"deployment": ledger.deployment,
                           "gates": [r.as_dict() for r in rows]}, indent=2))
