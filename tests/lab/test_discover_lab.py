@@ -230,3 +230,22 @@ def test_a_port_already_listening_blocks_naming_its_owner(operator: Operator) ->
 def test_an_unreachable_host_blocks_naming_it(operator: Operator, faults: Faults) -> None:
     faults.block("eng3", 22)
     _blocked(operator, "node-3: ssh")
+
+
+def _host_json(operator: Operator, index: int) -> tuple[Path, dict[str, Any]]:
+    path = operator.plan.engines()[index].dir / "data" / "host.json"
+    return path, dict(json.loads(path.read_text()))
+
+
+def test_the_image_missing_on_one_host_blocks_naming_it(operator: Operator) -> None:
+    path, data = _host_json(operator, 2)
+    data["images"] = []  # as if the image was never loaded on eng3
+    with _edited(path, json.dumps(data).encode()):
+        _blocked(operator, "node-3: NARWHAL_NODE_3_ENGINE_IMAGE: image")
+
+
+def test_mixed_gpu_products_block(operator: Operator) -> None:
+    path, data = _host_json(operator, 1)
+    data["hardware"]["accelerators"]["product"] = "NVIDIA A100-SXM4-80GB"
+    with _edited(path, json.dumps(data).encode()):
+        _blocked(operator, "engines: mixed GPU products")
