@@ -25,6 +25,11 @@ from narwhal.deploy.ledger.revision import source_revision
 
 LEDGER_SCHEMA = "narwhal.ledger"
 START_SCHEMA = "narwhal.attempt-start"
+RUNBOOK_INDEX_SCHEMA = "narwhal.runbook-index"
+# The runbook's evidence names, each an attempt folder of ours: `runbook-index.json` maps one
+# to the other, so a reader (and the export) can follow the runbook's names.
+RUNBOOK_NAMES = {"discover": "discovery/{id}", "access": "access-{id}",
+                 "install": "deployment-env/{id}", "serve": "load-trial-{id}"}
 
 
 class Ledger:
@@ -117,6 +122,7 @@ class Ledger:
             entry.update(state="running", cause="", updated=iso(started))
             self.writer.replace_json(self.index_path, doc)
         attempt = Attempt(self, step, attempt_id, folder, start_doc)
+        self._name_for_runbook(step, attempt_id)
         try:
             yield attempt
         except GateBlocked as exc:
@@ -130,6 +136,21 @@ class Ledger:
             raise
         attempt.finish("passed")
         self._update(step, state="passed", cause="", fingerprint=fingerprint, last=attempt_id)
+
+    def _name_for_runbook(self, step: str, attempt_id: str) -> None:
+        """Record the runbook's name for this attempt folder in runbook-index.json."""
+        name = RUNBOOK_NAMES.get(step)
+        if name is None:
+            return
+        path = self.root / "runbook-index.json"
+        with self.lock():
+            try:
+                doc = expect(json.loads(path.read_text()), RUNBOOK_INDEX_SCHEMA, 1)
+            except FileNotFoundError:
+                doc = stamp(RUNBOOK_INDEX_SCHEMA, 1, {"deployment": self.deployment,
+                                                      "names": {}})
+            doc["names"][name.format(id=attempt_id)] = f"{step}/{attempt_id}"
+            self.writer.replace_json(path, doc)
 
     def attempt_folder(self, step: str, attempt_id: str) -> Path:
         return self.root / step / attempt_id
