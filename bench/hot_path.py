@@ -29,10 +29,10 @@ from typing import Any
 
 import uvloop
 
+from narwhal.core.fleet import parse_fleet
+from narwhal.core.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow, now_utc
 from narwhal.serve.app import Router
-from narwhal.serve.fleet import parse_fleet
 from narwhal.serve.front import ClientConnection
-from narwhal.serve.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow, now_utc
 from narwhal.serve.scheduler import CurvePriced
 from narwhal.serve.settings import settle
 

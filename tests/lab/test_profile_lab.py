@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from narwhal.core.profiles import load_profiles
 from narwhal.lab.hosted_engines import MODEL_NAME
 from narwhal.lab.lab_fleet import lab_fleet
 from narwhal.lab.plan import LabPlan
-from narwhal.serve.profiles import load_profiles
 
 pytestmark = pytest.mark.timeout(400)
 BUDGET_S = 120.0

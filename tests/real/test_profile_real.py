@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from narwhal.core.profiles import Generation, load_profiles
 from narwhal.serve.engine_client import EngineClient
-from narwhal.serve.profiles import Generation, load_profiles
 from tests.fidelity.requests import SERVED_NAME
 from tests.real.session import Pair
 

@@ -93,7 +93,7 @@ def test_the_lab_check_sees_what_the_import_check_cannot(tmp_path: Path) -> None
         "LAB = 'narwhal.lab.cli'\n"
         "importlib.import_module(LAB)\n"
         "__import__('narwhal.' + 'lab')\n"
-        "importlib.import_module('narwhal.serve.fleet')\n"
+        "importlib.import_module('narwhal.serve.settings')\n"
         "importlib.import_module('narwhal.deploy.cli.inputs_cmd')\n"
         "importlib.util.find_spec('narwhal.lab')\n"
         "[importlib.util.find_spec(m) for m in ('venv', 'ensurepip')]\n")

@@ -91,7 +91,7 @@ class Router:
             chooser = (CurvePriced(self.engines, settings.ttft_s, settings.tpot_s,
                                    weights=settings.tenants.weights)
                        if self.binder is not None else LeastOutstanding(self.engines))
-        # Role flips need curves to price both pools' load; fleet.py refuses the section
+        # Role flips need curves to price both pools' load; core/fleet.py refuses the section
         # without a profiles store, so `binder` is set whenever role_flips is.
         self.roles: RoleController | None = None
         if settings.role_flips is not None and self.binder is not None:

@@ -23,13 +23,13 @@ from typing import Any
 import aiohttp
 
 from narwhal.core import result_line
+from narwhal.core.calibration import load_calibration
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import number
+from narwhal.core.fleet import beside, load_fleet
 from narwhal.core.private_file import write_private_json
-from narwhal.serve.calibration import load_calibration
 from narwhal.serve.engine_client import clients
-from narwhal.serve.fleet import beside, load_fleet
 from narwhal.serve.preflight import report
 from narwhal.serve.preflight.calibrate import CalibrationFailed, calibrate
 from narwhal.serve.preflight.options import CalibrateOptions, CheckOptions

@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from narwhal.core.profiles import Generation
 from narwhal.serve.generation import GenerationUnreadable, parse_start_time, parse_version
-from narwhal.serve.profiles import Generation
 
 # The producer leg of a P/D handoff: one token, and keep the KV for a remote decoder. vLLM
 # answers with the kv_transfer_params the consumer leg must carry unchanged.

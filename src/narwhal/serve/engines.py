@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from narwhal.serve.profiles import Generation, ProfileRow
+from narwhal.core.profiles import Generation, ProfileRow
 from narwhal.serve.settings import EngineSpec
 from narwhal.serve.upstream import EnginePool
 

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from narwhal.core.errors import InputError
+from narwhal.core.profiles import Generation, ProfileStore, load_profiles
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine
 from narwhal.serve.jsonio import loads
 from narwhal.serve.legs import LegFailed, LegTimedOut, exchange, request_bytes
-from narwhal.serve.profiles import Generation, ProfileStore, load_profiles
 from narwhal.serve.upstream import EngineUnreachable
 
 _log = logging.getLogger("narwhal.serve.generation")

@@ -26,7 +26,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from narwhal.serve.profiles import DecodeCurve
+from narwhal.core.profiles import DecodeCurve
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from narwhal.serve.profiles import DecodeCurve, PrefillCurve
+from narwhal.core.profiles import DecodeCurve, PrefillCurve
 
 K = TypeVar("K")
 

@@ -28,8 +28,9 @@ from rich.console import Console
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import increasing_ints, number
+from narwhal.core.fleet import FleetDocument, beside, load_fleet
+from narwhal.core.profiles import now_utc
 from narwhal.serve.engine_client import EngineCallFailed, EngineClient
-from narwhal.serve.fleet import FleetDocument, beside, load_fleet
 from narwhal.serve.profiler import plan as sweep_plan
 from narwhal.serve.profiler.plan import SweepPlan, SweepSettings, plan_for
 from narwhal.serve.profiler.progress import Reporter, reporter
@@ -43,7 +44,6 @@ from narwhal.serve.profiler.store_io import (
     write_all,
 )
 from narwhal.serve.profiler.sweep import EngineBusy, EngineFacts, measure, read_facts
-from narwhal.serve.profiles import now_utc
 
 DESCRIPTION = "Measures prefill and decode cost curves of each live engine for the router (gate F)."
 DEFAULT_TIMEOUT_S = 120.0

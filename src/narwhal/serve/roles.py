@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from narwhal.core.fleet import RoleFlips
 from narwhal.serve.engines import Engine
-from narwhal.serve.fleet import RoleFlips
 from narwhal.serve.planner import DemandWindow, PoolShape, plan_prefill, spread_step_s
 from narwhal.serve.scheduler import decode_step_s
 

@@ -25,9 +25,9 @@ import uvloop
 from narwhal.core import result_line
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError
+from narwhal.core.fleet import load_fleet
 from narwhal.serve.app import Router
-from narwhal.serve.calibration import check_fleet_deadline
-from narwhal.serve.fleet import load_fleet
+from narwhal.serve.calibrated_deadline import check_fleet_deadline
 from narwhal.serve.lease import LeaseHeld
 from narwhal.serve.settings import settle
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from narwhal.core.errors import InputError, Problem
+from narwhal.core.fleet import FleetDocument, RoleFlips, beside
 from narwhal.core.secret import Secret
-from narwhal.serve.fleet import FleetDocument, RoleFlips, beside
 
 
 @dataclass(frozen=True, slots=True)

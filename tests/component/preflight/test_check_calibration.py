@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.serve.calibration import load_calibration
+from narwhal.core.calibration import load_calibration
 from tests.component.preflight.check_fleet import CheckFleet, check_fleet, run_check
 from tests.component.serve.harness import Router, free_port
 

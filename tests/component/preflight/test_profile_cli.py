@@ -22,10 +22,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from narwhal.core.profiles import Generation, load_profiles
 from narwhal.lab.engine.testing import RunningEngine, free_port, start_engine, write_tiny_llama
 from narwhal.serve.engine_client import EngineClient
 from narwhal.serve.profile_cli import main
-from narwhal.serve.profiles import Generation, load_profiles
 
 pytestmark = pytest.mark.timeout(180)
 KV_BOTH = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'

@@ -85,7 +85,7 @@ def test_pair_with_a_hash_mismatch_exits_1_and_names_factor_and_fix(
     (["--attention-backend", "FLASHMLA"], "cannot serve this model"),
     (["--block-size", "8"], "no FLASH_ATTN kernel"),
     (["--headroom", "0.5"], "--headroom"),
-    (["--prompt-tokens", "0"], "--prompt_tokens"),
+    (["--prompt-tokens", "0"], "--prompt-tokens (prompt_tokens)"),
     (["--handoffs-per-s", "nan"], "handoffs_per_s"),
     (["--speculative-config", "{not json"], "--speculative-config"),
     (["--speculative-config", '{"method": "eagle", "typo": 1}'], "speculative.typo"),
@@ -158,3 +158,33 @@ def test_pair_of_two_documents_with_the_same_engine_name_exits_2(
                                   ["kv"]])
 def test_missing_files_and_malformed_flags_exit_2(argv: list[str]) -> None:
     assert run(argv) == 2
+
+
+def test_a_misspelt_launch_key_in_a_plan_document_is_named_with_the_keys_allowed_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = write_plan(tmp_path, capsys, "p"), write_plan(tmp_path, capsys, "d")
+    doc = json.loads(Path(b).read_text())
+    doc["launch"]["block_sise"] = doc["launch"].pop("block_size")
+    Path(b).write_text(json.dumps(doc))
+    assert run(["kv", "pair", a, b]) == 2
+    err = capsys.readouterr().err
+    assert "launch.block_sise: unknown key" in err
+    assert "allowed keys here: name, vllm_version, model" in err and "block_size" in err
+
+
+def test_a_bad_flag_names_the_flag_and_the_plan_field_it_sets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run(["kv", "plan", "--config", LLAMA_CFG, "--model", LLAMA, "--tp", "0"]) == 2
+    assert "--tp (tensor_parallel_size): input should be greater than or equal to 1; " \
+           "raise the value" in capsys.readouterr().err
+
+
+def test_a_config_that_is_not_json_names_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{\n  "model_type": }')
+    assert run(["kv", "plan", "--config", str(path), "--model", "m"]) == 2
+    assert "line 2 column 17: not JSON" in capsys.readouterr().err

@@ -10,14 +10,10 @@ from typing import Any
 
 import pytest
 
+from narwhal.core.calibration import load_calibration, parse_calibration
 from narwhal.core.errors import InputError
-from narwhal.serve.calibration import (
-    check_fleet_deadline,
-    deadline_problem,
-    load_calibration,
-    parse_calibration,
-)
-from narwhal.serve.fleet import EngineEntry, parse_fleet
+from narwhal.core.fleet import EngineEntry, parse_fleet
+from narwhal.serve.calibrated_deadline import check_fleet_deadline, deadline_problem
 from narwhal.serve.preflight.calibrate import p95
 from narwhal.serve.preflight.pairs import all_pairs, ring_pairs
 from narwhal.serve.preflight.report import evidence_path

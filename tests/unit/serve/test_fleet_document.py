@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from narwhal.core.errors import InputError
-from narwhal.serve.fleet import load_fleet, parse_fleet
+from narwhal.core.fleet import load_fleet, parse_fleet
 from narwhal.serve.settings import settle
 
 GOOD: dict[str, Any] = {
@@ -167,4 +167,11 @@ def test_an_unreadable_or_malformed_file_is_an_input_error(tmp_path: Path) -> No
         load_fleet(bad)
     bad.write_text("[1, 2]")
     with pytest.raises(InputError, match="not a JSON object"):
+        load_fleet(bad)
+
+
+def test_a_file_that_is_not_utf8_is_an_input_error_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.json"
+    bad.write_bytes(b'{"model": "caf\xe9"}')
+    with pytest.raises(InputError, match="is not UTF-8 text"):
         load_fleet(bad)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from narwhal.serve.fleet import RoleFlips
+from narwhal.core.fleet import RoleFlips
+from narwhal.core.profiles import DecodeCurve
 from narwhal.serve.planner import Demand, DemandWindow, PoolShape, plan_prefill
-from narwhal.serve.profiles import DecodeCurve
 from narwhal.serve.roles import DECODE, DRAINING, PREFILL, RoleController, decide
 from narwhal.serve.scheduler import CurvePriced, decode_ended, decode_started
 from tests.unit.serve.test_roles import m

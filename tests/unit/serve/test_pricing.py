@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from narwhal.core.profiles import DecodeCurve, PrefillCurve
 from narwhal.serve.pricing import (
     DecodeSeat,
     PrefillSeat,
@@ -15,7 +16,6 @@ from narwhal.serve.pricing import (
     prefill_load,
     retry_after_s,
 )
-from narwhal.serve.profiles import DecodeCurve, PrefillCurve
 
 FIT = {"fit_error": 0.02, "loo_error": 0.03, "samples": 12}
 

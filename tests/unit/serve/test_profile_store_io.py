@@ -10,6 +10,7 @@ import pytest
 
 from narwhal.core.errors import InputError
 from narwhal.core.private_file import write_private
+from narwhal.core.profiles import parse_profiles
 from narwhal.serve.profiler.store_io import (
     check_target,
     render_store,
@@ -17,7 +18,6 @@ from narwhal.serve.profiler.store_io import (
     store_document,
     write_all,
 )
-from narwhal.serve.profiles import parse_profiles
 from tests.unit.serve.test_profiles import ROW
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from narwhal.core.errors import InputError
+from narwhal.core.profiles import Generation, load_profiles, parse_profiles
 from narwhal.serve.generation import GenerationUnreadable, parse_start_time, parse_version
-from narwhal.serve.profiles import Generation, load_profiles, parse_profiles
 from narwhal.serve.serve_cli import main
 from tests.unit.serve.test_fleet_document import GOOD
 
@@ -94,6 +94,16 @@ def test_an_unknown_key_lists_the_keys_allowed_there() -> None:
         parse_profiles(_doc(row), "p.json")
     (problem,) = info.value.problems
     assert problem.field == "profiles[0].decode.slope" and "base_s" in problem.fix
+
+
+def test_a_validators_own_words_are_kept_and_the_fix_names_the_profile_docs() -> None:
+    row = copy.deepcopy(ROW)
+    row["generation"]["attestation_digest"] = "md5:abc"
+    with pytest.raises(InputError) as info:
+        parse_profiles(_doc(row), "p.json")
+    (problem,) = info.value.problems
+    assert problem.problem == "must be sha256: followed by 64 lowercase hex digits"
+    assert "docs/profile.md" in problem.fix
 
 
 def test_rows_must_be_unique_for_the_fleets_engines_and_model() -> None:

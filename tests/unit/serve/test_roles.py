@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from narwhal.core.errors import InputError
+from narwhal.core.fleet import RoleFlips, parse_fleet
 from narwhal.serve.engines import Engine, Placement
-from narwhal.serve.fleet import RoleFlips, parse_fleet
 from narwhal.serve.roles import (
     DECODE,
     DRAINING,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import InputError
+from narwhal.core.fleet import parse_fleet
+from narwhal.core.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow
 from narwhal.serve.call import Call
 from narwhal.serve.engines import Engine, Placement, Refusal
-from narwhal.serve.fleet import parse_fleet
 from narwhal.serve.pricing import DecodeSeat, PrefillSeat, best_decode, best_prefill
-from narwhal.serve.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow
 from narwhal.serve.scheduler import (
     CurvePriced,
     decode_ended,

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from narwhal.core.document_io import problems_from
 from narwhal.core.documents import digest, stamp
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.kv.budget import Workload, edge_budget
@@ -22,16 +23,7 @@ from narwhal.core.kv.transfer import request_transfer
 
 SCHEMA = "narwhal.kv-plan"
 VERSION = 1
-
-
-def problems_from(exc: ValidationError, prefix: str = "") -> list[Problem]:
-    """One Problem per pydantic error, under its dotted field path."""
-    out = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "document"
-        out.append(Problem(f"{prefix}{where}", err["msg"],
-                           "fix the value; unknown keys are refused so a typo cannot pass"))
-    return out
+REFERENCE = "docs/kv-contract.md"  # where the launch plan's fields are described
 
 
 def plan_document(
@@ -68,7 +60,8 @@ def load_plan_document(document: Any, source: str) -> tuple[dict[str, Any], Geom
     try:
         plan = LaunchPlan.model_validate(document.get("launch"))
     except ValidationError as exc:
-        raise InputError(source, problems_from(exc, "launch.")) from None
+        raise InputError(source, problems_from(exc, LaunchPlan, reference=REFERENCE,
+                                               at=("launch",))) from None
     geometry = plan_geometry(config, plan)
     stored = document.get("geometry")
     if stored is not None and stored != geometry.model_dump(mode="json", exclude={"plan"}):

@@ -15,15 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
+from narwhal.core.document_io import problems_from, read_json_document
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.kv.budget import Workload, edge_budget
-from narwhal.core.kv.document import load_plan_document, plan_document, problems_from
+from narwhal.core.kv.document import REFERENCE, load_plan_document, plan_document
 from narwhal.core.kv.geometry import Geometry, plan_geometry
 from narwhal.core.kv.pair import PairReport, check_pair
 from narwhal.core.kv.plan import LaunchPlan
@@ -82,15 +83,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pair.set_defaults(handler=_pair)
 
 
-def _read_json(path: str, what: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, [Problem(what, "file not found", "check the path")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, [Problem(what, f"cannot read: {exc}", "check the file")]) from None
-    except ValueError as exc:
-        raise InputError(path, [Problem(what, f"is not JSON: {exc}", "fix the JSON")]) from None
+def _flag_problems(exc: ValidationError, model: type[BaseModel], flags: Flags) -> list[Problem]:
+    """The document translator's problems, each under the flag the user typed and the field
+    that flag sets (`--tp (tensor_parallel_size)`)."""
+    flag_of = {dest: flag for flag, dest, _kind, _text in flags}
+    flag_of["speculative"] = "--speculative-config"
+    out = []
+    for p in problems_from(exc, model, reference=REFERENCE):
+        flag = flag_of.get(p.field.split(".")[0].split("[")[0])
+        out.append(Problem(f"{flag} ({p.field})", p.problem, p.fix) if flag else p)
+    return out
 
 
 def _picked(args: argparse.Namespace, flags: Flags) -> dict[str, Any]:
@@ -117,18 +119,18 @@ def _build_plan(args: argparse.Namespace) -> LaunchPlan:
     try:
         return LaunchPlan.model_validate(fields)
     except ValidationError as exc:
-        raise InputError("narwhal kv plan", problems_from(exc)) from None
+        raise InputError("narwhal kv plan", _flag_problems(exc, LaunchPlan, _PLAN_FLAGS)) from None
 
 
 def _workload(fields: dict[str, Any]) -> Workload:
     try:
         return Workload.model_validate(fields)
     except ValidationError as exc:
-        raise InputError("workload", problems_from(exc, "--")) from None
+        raise InputError("workload", _flag_problems(exc, Workload, _WORKLOAD_FLAGS)) from None
 
 
 def _plan(args: argparse.Namespace) -> int:
-    config = _read_json(args.config, "--config")
+    config = read_json_document(Path(args.config), "pass the model's config.json (--config)")
     if not isinstance(config, dict):
         raise InputError(args.config, [Problem("--config", "is not a JSON object",
                                                "pass the model's config.json")])
@@ -177,8 +179,9 @@ def _render_plan(document: dict[str, Any], g: Geometry) -> None:
 
 
 def _pair(args: argparse.Namespace) -> int:
-    _, first = load_plan_document(_read_json(args.first, "document"), args.first)
-    _, second = load_plan_document(_read_json(args.second, "document"), args.second)
+    fix = "pass a document written by `narwhal kv plan --json`"
+    _, first = load_plan_document(read_json_document(Path(args.first), fix), args.first)
+    _, second = load_plan_document(read_json_document(Path(args.second), fix), args.second)
     if first.engine == second.engine:
         raise InputError(args.second, [Problem("engine", f"both documents name {first.engine!r}",
                                                "give each engine its own --name")])

@@ -12,7 +12,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from narwhal.serve.calibration import SCHEMA, VERSION, Calibration, parse_calibration
+from narwhal.core.calibration import SCHEMA, VERSION, Calibration, parse_calibration
 from narwhal.serve.engine_client import EngineCallFailed, handoff
 from narwhal.serve.preflight.kv_gate import DECODE_TOKENS
 from narwhal.serve.preflight.options import CalibrateOptions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from narwhal.serve.fleet import EngineEntry
+from narwhal.core.fleet import EngineEntry
 
 
 def producers(engines: Sequence[EngineEntry]) -> list[str]:

@@ -8,11 +8,11 @@ fit with a large error (or leave-one-out error, which catches an over-fit) would
 from __future__ import annotations
 
 from narwhal.core.errors import InputError
+from narwhal.core.fleet import beside
+from narwhal.core.profiles import load_profiles
 from narwhal.serve.engine_client import EngineCallFailed
-from narwhal.serve.fleet import beside
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.preflight.verdicts import Verdict, failed, passed, seconds, skipped
-from narwhal.serve.profiles import load_profiles
 
 
 def _store_problem(state: CheckState) -> str | None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from narwhal.serve.calibration import Calibration
+from narwhal.core.calibration import Calibration
+from narwhal.core.fleet import EngineEntry, FleetDocument
+from narwhal.core.profiles import Generation, ProfileStore
 from narwhal.serve.engine_client import EngineClient
-from narwhal.serve.fleet import EngineEntry, FleetDocument
 from narwhal.serve.preflight.options import CheckOptions
-from narwhal.serve.profiles import Generation, ProfileStore
 
 # Which earlier gates an engine must have passed for a later gate to measure it.
 NEEDS: dict[str, tuple[str, ...]] = {

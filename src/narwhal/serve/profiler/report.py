@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from narwhal.core.profiles import ProfileRow
 from narwhal.serve.profiler.sweep import MIN_OVERLAP, Measurement
-from narwhal.serve.profiles import ProfileRow
 
 RESULT_SCHEMA = "narwhal.profile-result"
 RESULT_VERSION = 1

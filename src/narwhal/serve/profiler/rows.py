@@ -16,9 +16,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from narwhal.core.document_io import problems_from
+from narwhal.core.profiles import REFERENCE, ProfileRow
 from narwhal.serve.profiler.fit import MIN_POINTS, Fit, FitRefused, fit_curve
 from narwhal.serve.profiler.sweep import Measurement
-from narwhal.serve.profiles import DecodeCurve, PrefillCurve, ProfileRow
 
 MAX_RECORDED_ERROR = 10.0  # the store's ceiling for fit and LOO errors (relative)
 
@@ -70,20 +71,23 @@ def build_row(engine_id: str, m: Measurement, measured_at: datetime) -> ProfileR
     pre = _fit(engine_id, "prefill", "--prefill-lengths", p_rows, p_secs)
     d_rows, d_secs = decode_points(m)
     dec = _fit(engine_id, "decode", "--decode-contexts / --decode-concurrency", d_rows, d_secs)
-    try:
-        return ProfileRow(
-            engine_id=engine_id, generation=m.before, measured_at=measured_at,
-            prefill=PrefillCurve(a_s=pre.coefficients[0], b_s_per_token=pre.coefficients[1],
-                                 c_s_per_token2=pre.coefficients[2], fit_error=pre.fit_error,
-                                 loo_error=pre.loo_error, samples=len(m.prefill),
-                                 max_prompt_tokens=max(s.prompt_tokens for s in m.prefill)),
-            decode=DecodeCurve(base_s=dec.coefficients[0], per_token_s=dec.coefficients[1],
-                               per_request_s=dec.coefficients[2], fit_error=dec.fit_error,
-                               loo_error=dec.loo_error, samples=len(m.decode),
-                               max_requests=max(math.ceil(p.running) for p in m.decode),
-                               max_resident_tokens=max(p.resident_tokens for p in m.decode)))
+    fitted = {
+        "engine_id": engine_id, "generation": m.before, "measured_at": measured_at,
+        "prefill": {"a_s": pre.coefficients[0], "b_s_per_token": pre.coefficients[1],
+                    "c_s_per_token2": pre.coefficients[2], "fit_error": pre.fit_error,
+                    "loo_error": pre.loo_error, "samples": len(m.prefill),
+                    "max_prompt_tokens": max(s.prompt_tokens for s in m.prefill)},
+        "decode": {"base_s": dec.coefficients[0], "per_token_s": dec.coefficients[1],
+                   "per_request_s": dec.coefficients[2], "fit_error": dec.fit_error,
+                   "loo_error": dec.loo_error, "samples": len(m.decode),
+                   "max_requests": max(math.ceil(p.running) for p in m.decode),
+                   "max_resident_tokens": max(p.resident_tokens for p in m.decode)},
+    }
+    try:  # the whole row at once, so every curve's problem is named under its full path
+        return ProfileRow.model_validate(fitted)
     except ValidationError as exc:
-        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        fields = "; ".join(f"{p.field}: {p.problem}"
+                           for p in problems_from(exc, ProfileRow, reference=REFERENCE))
         raise RowRefused(f"{engine_id}: the fitted curves are outside what the store accepts "
                          f"({fields})") from None
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from narwhal.core.document_io import read_json_document
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.private_file import write_private
-from narwhal.serve.fleet import read_json_document
-from narwhal.serve.profiles import SCHEMA, VERSION, ProfileRow, parse_profiles
+from narwhal.core.profiles import SCHEMA, VERSION, ProfileRow, parse_profiles
 
 SAMPLES_SCHEMA = "narwhal.profile-samples"
 SAMPLES_VERSION = 1

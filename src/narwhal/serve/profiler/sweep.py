@@ -21,11 +21,11 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from narwhal.core.profiles import Generation
 from narwhal.serve.engine_client import Completion, EngineCallFailed, EngineClient, MetricsPage
 from narwhal.serve.profiler.plan import EngineLimits, SweepPlan
 from narwhal.serve.profiler.prompts import PromptMaker
 from narwhal.serve.profiler.stream import TimedStream, timed_stream
-from narwhal.serve.profiles import Generation
 
 MIN_WINDOW_STEPS = 5
 MIN_OVERLAP = 0.75  # a try whose engine batch reaches this share of c is kept at once

@@ -1,11 +1,10 @@
-"""The first-token calibration (`narwhal.first-token-calibration` v1) and the router's use of it.
+"""The first-token calibration (`narwhal.first-token-calibration` v1).
 
 `narwhal-check --calibrate-first-token` measures, pair by pair and at several prompt lengths,
 how long a client waits for the first token of a P/D handoff (producer leg plus the consumer's
 first token) and derives a candidate deadline by a rule it writes into the document in words.
-A fleet that names the document (`calibration: {"path": ...}`) is refused by the router when
-its `serving.first_token_timeout_s` is below the candidate: such a deadline would cut off
-handoffs the fleet was measured to need, and every cut-off request is a user-visible error.
+What the router does with it (refuse a fleet whose first-token deadline is below the
+candidate) is serve/calibrated_deadline.py.
 """
 
 from __future__ import annotations
@@ -15,18 +14,12 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field
 
-from narwhal.core.errors import InputError, Problem
-from narwhal.serve.fleet import (
-    FleetDocument,
-    StrictModel,
-    beside,
-    read_json_document,
-    validate_document,
-)
-from narwhal.serve.profiles import Generation
+from narwhal.core.document_io import StrictModel, read_json_document, validate_document
+from narwhal.core.profiles import Generation
 
 SCHEMA = "narwhal.first-token-calibration"
 VERSION = 1
+REFERENCE = "docs/preflight.md"  # where the fields are described
 
 
 class LengthSamples(StrictModel):
@@ -71,7 +64,8 @@ def parse_calibration(raw: Any, source: str) -> Calibration:
     return validate_document(raw, source, Calibration, SCHEMA, VERSION,
                              f"write a {SCHEMA} v{VERSION} object (run narwhal-check "
                              "--calibrate-first-token)",
-                             f"re-run narwhal-check --calibrate-first-token (it writes v{VERSION})")
+                             f"re-run narwhal-check --calibrate-first-token (it writes v{VERSION})",
+                             reference=REFERENCE)
 
 
 def load_calibration(path: Path) -> Calibration:
@@ -80,32 +74,3 @@ def load_calibration(path: Path) -> Calibration:
     raw = read_json_document(path, "run narwhal-check --fleet FLEET.json --calibrate-first-token "
                                    "to write it, or remove the fleet's calibration section")
     return parse_calibration(raw, source)
-
-
-def deadline_problem(deadline_s: float, calibration: Calibration, path: Path,
-                     model: str) -> Problem | None:
-    """Why a fleet's first-token deadline may not be served under this calibration, if it may not."""
-    if calibration.model != model:
-        return Problem("calibration.path",
-                       f"{path} calibrated model {calibration.model!r}, the fleet serves {model!r}",
-                       "re-run narwhal-check --calibrate-first-token on this fleet")
-    if deadline_s < calibration.candidate_s:
-        return Problem(
-            "serving.first_token_timeout_s",
-            f"{deadline_s:g} s is below the calibrated candidate {calibration.candidate_s:g} s "
-            f"in {path} (rule: {calibration.rule})",
-            f"raise serving.first_token_timeout_s to at least {calibration.candidate_s:g}, or "
-            "re-calibrate if the fleet got faster")
-    return None
-
-
-def check_fleet_deadline(doc: FleetDocument, fleet_path: Path) -> Calibration | None:
-    """The router's startup check: InputError when the deadline is below the calibration's."""
-    if doc.calibration is None:
-        return None
-    path = beside(fleet_path, doc.calibration.path)
-    calibration = load_calibration(path)
-    problem = deadline_problem(doc.serving.first_token_timeout_s, calibration, path, doc.model)
-    if problem is not None:
-        raise InputError(str(fleet_path), [problem])
-    return calibration

@@ -25,12 +25,13 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field, field_validator
 
+from narwhal.core.document_io import StrictModel, read_json_document, validate_document
 from narwhal.core.documents import digest
 from narwhal.core.errors import InputError, Problem
-from narwhal.serve.fleet import StrictModel, read_json_document, validate_document
 
 SCHEMA = "narwhal.profiles"
 VERSION = 1
+REFERENCE = "docs/profile.md"  # where the fields are described
 _ATTESTATION = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -119,7 +120,8 @@ def parse_profiles(raw: Any, source: str, *, model: str | None = None,
     store = validate_document(
         raw, source, ProfileStore, SCHEMA, VERSION,
         f"write a {SCHEMA} v{VERSION} object (run narwhal-profile)",
-        f"re-run narwhal-profile from this revision (it writes version {VERSION})")
+        f"re-run narwhal-profile from this revision (it writes version {VERSION})",
+        reference=REFERENCE)
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for i, row in enumerate(store.profiles):

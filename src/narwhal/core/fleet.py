@@ -2,37 +2,30 @@
 
 The document is strict and closed: an unknown key is refused rather than ignored, because a typo
 (`max_concurent`) would otherwise fall back to a default without a word. Every problem in one
-document is reported at once, each naming the dotted field and the way out. Bearer keys never
-appear here: a tenant names the environment variable that holds its key.
+document is reported at once, each naming the dotted field and the way out (document_io.py).
+Bearer keys never appear here: a tenant names the environment variable that holds its key.
 
-This module depends on `narwhal.core` only, so it can move to `core/` unchanged when the deploy
-side starts writing fleet documents.
+It lives in core/ because every role reads it: deploy writes it, the router serves it, and
+narwhal-profile and narwhal-check read it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
+from narwhal.core.document_io import StrictModel, read_json_document, validate_document
 from narwhal.core.errors import InputError, Problem
-
-M = TypeVar("M", bound=BaseModel)
 
 SCHEMA = "narwhal.fleet"
 VERSION = 1
+REFERENCE = "docs/router.md"  # where the fields are described
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class StrictModel(BaseModel):
-    """Every document Narwhal reads: unknown keys, wrong types, NaN and Infinity refused."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class EngineEntry(StrictModel):
@@ -100,11 +93,18 @@ class Tenant(StrictModel):
     """A tenant and the environment variable that holds its bearer key (never the key).
 
     `weight` is its fair share of the fleet relative to the other tenants with requests in
-    flight; it matters only when the fleet is near capacity (scheduler.py)."""
+    flight; it matters only when the fleet is near capacity (serve/scheduler.py)."""
 
     name: str
     key_env: str
     weight: float = Field(default=1.0, gt=0, le=1000)
+
+    @classmethod
+    def unknown_key_fix(cls, key: str) -> str | None:
+        if "key" not in key.lower():
+            return None
+        return ("never put a key in the document: export it in an environment variable "
+                "and write that variable's name in key_env")
 
 
 class Journal(StrictModel):
@@ -137,14 +137,14 @@ class CalibrationRef(StrictModel):
     """Where the `narwhal.first-token-calibration` document is (narwhal-check writes it).
 
     With it, the router refuses to start when serving.first_token_timeout_s is below the
-    calibrated candidate deadline (calibration.py).
+    calibrated candidate deadline (serve/calibrated_deadline.py).
     """
 
     path: str
 
 
 class RoleFlips(StrictModel):
-    """The reactive role controller over the `both` engines (roles.py).
+    """The reactive role controller over the `both` engines (serve/roles.py).
 
     Every `interval_s` it compares SLO-relative prefill load (predicted queue wait over the
     TTFT budget) with decode load (predicted step time over the TPOT budget) and moves one
@@ -159,7 +159,7 @@ class RoleFlips(StrictModel):
     cooldown_s: float = Field(default=5.0, ge=0, le=3600)
     min_prefill: int = Field(default=1, ge=0, le=1024)
     min_decode: int = Field(default=1, ge=0, le=1024)
-    # `planner` (planner.py) sizes both pools from the demand of the last `window_s` seconds
+    # `planner` (serve/planner.py) sizes both pools from the demand of the last `window_s` seconds
     # instead of reacting to the marks; the two utilizations are the targets it sizes for.
     mode: Literal["reactive", "planner"] = "reactive"
     window_s: float = Field(default=4.0, ge=0.2, le=3600)
@@ -184,86 +184,6 @@ class FleetDocument(StrictModel):
     role_flips: RoleFlips | None = None
     calibration: CalibrationRef | None = None
     operations: Operations = Operations()
-
-
-_FIXES: dict[str, str] = {
-    "missing": "add it",
-    "literal_error": "use one of the listed values",
-    "float_type": "write a number, e.g. 2.5",
-    "int_type": "write a whole number without quotes or decimals",
-    "string_type": "write a JSON string",
-    "bool_type": "write true or false",
-    "finite_number": "write a finite number (NaN and Infinity pass every range check, so they are refused)",
-    "greater_than": "raise the value",
-    "greater_than_equal": "raise the value",
-    "less_than_equal": "lower the value",
-    "too_short": "add at least one entry",
-    "too_long": "shorten it",
-    "string_too_short": "write a non-empty value",
-    "string_too_long": "shorten it",
-    "model_type": "write a JSON object",
-    "tuple_type": "write a JSON array",
-}
-
-
-def _model_at(loc: tuple[str | int, ...], root: type[BaseModel]) -> type[BaseModel] | None:
-    """The model class that owns the field at loc[:-1], to list the keys allowed there."""
-    model: type[BaseModel] = root
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) or next(
-            (f for f in model.model_fields.values() if f.alias == part), None
-        )
-        if field is None:
-            return None
-        inner = field.annotation
-        args = getattr(inner, "__args__", ())
-        candidates = [inner, *args]
-        found = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-        if found is None:
-            return None
-        model = found
-    return model
-
-
-def _allowed_keys(model: type[BaseModel]) -> str:
-    return ", ".join(f.alias or name for name, f in model.model_fields.items())
-
-
-def _dotted(loc: tuple[str | int, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(document)"
-
-
-def problems_from(exc: ValidationError, root: type[BaseModel]) -> list[Problem]:
-    """Every pydantic error of a `root` document as a Problem naming the dotted field and a fix."""
-    problems = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            owner = _model_at(loc, root)
-            allowed = _allowed_keys(owner) if owner else "see docs/router.md"
-            fix = f"remove or rename it; allowed keys here: {allowed}"
-            if owner is Tenant and "key" in str(loc[-1]).lower():
-                fix = ("never put a key in the document: export it in an environment variable "
-                       "and write that variable's name in key_env")
-            problems.append(
-                Problem(
-                    _dotted(loc),
-                    "unknown key (a misspelt key would otherwise silently keep its default)",
-                    fix,
-                )
-            )
-            continue
-        fix = _FIXES.get(kind, "see docs/router.md for the field's meaning")
-        problems.append(Problem(_dotted(loc), err["msg"].lower(), fix))
-    return problems
 
 
 def _url_problem(url: str) -> str:
@@ -387,49 +307,15 @@ def _role_flip_problems(doc: FleetDocument) -> list[Problem]:
     return problems
 
 
-def validate_document(raw: Any, source: str, model: type[M], schema: str, version: int,
-                      fix_object: str, fix_version: str) -> M:
-    """A parsed JSON value as `model`: an object of this schema version, every problem named.
-
-    Validated in JSON mode (from its own JSON text) so strict rules apply as to a file read.
-    """
-    if not isinstance(raw, dict):
-        raise InputError(source, [Problem("(document)", "is not a JSON object", fix_object)])
-    if raw.get("schema") == schema and raw.get("schema_version") != version:
-        raise InputError(source, [Problem(
-            "schema_version", f"version {raw.get('schema_version')!r} is not readable by this build",
-            fix_version)])
-    try:
-        return model.model_validate_json(json.dumps(raw))
-    except ValidationError as exc:
-        raise InputError(source, problems_from(exc, model)) from None
-
-
 def parse_fleet(raw: Any, source: str) -> FleetDocument:
     """Validate an already-parsed JSON value; raise InputError listing every problem."""
     doc = validate_document(raw, source, FleetDocument, SCHEMA, VERSION,
                             f"write a {SCHEMA} v{VERSION} object",
-                            f"write schema_version {VERSION}")
+                            f"write schema_version {VERSION}", reference=REFERENCE)
     problems = _relations(doc)
     if problems:
         raise InputError(source, problems)
     return doc
-
-
-def read_json_document(path: Path, unreadable_fix: str) -> Any:
-    """The parsed JSON of a document a user or a tool wrote; InputError naming the file and,
-    for bad syntax, the line and column. Schema checks are the caller's (validate_document)."""
-    source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(source, [Problem("(file)", f"cannot be read ({exc.strerror})",
-                                          unreadable_fix)]) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
-                                          f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
 
 
 def beside(fleet_path: Path, text: str) -> Path:
