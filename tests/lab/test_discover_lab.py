@@ -249,3 +249,18 @@ def test_mixed_gpu_products_block(operator: Operator) -> None:
     data["hardware"]["accelerators"]["product"] = "NVIDIA A100-SXM4-80GB"
     with _edited(path, json.dumps(data).encode()):
         _blocked(operator, "engines: mixed GPU products")
+
+
+def test_colocated_engines_sharing_a_gpu_block(operator: Operator) -> None:
+    """engine-2 moved onto eng1 with its own ports; it names eng1's GPU 0 by UUID while
+    engine-1 names it by index, which the .env check cannot see and discovery must."""
+    eng1 = operator.plan.engines()[0]
+    assert eng1.host.hardware is not None
+    uuid = eng1.host.hardware.accelerators.devices[0].uuid
+    ports = {k: str(int(_env_value(operator, f"NARWHAL_{k}")) + 1)
+             for k in ("ENGINE_PORT", "ATTEST_PORT", "NIXL_SIDE_CHANNEL_PORT")}
+    env = operator.variant("colocated", NARWHAL_NODE_2_SSH=_env_value(operator, "NARWHAL_NODE_1_SSH"),
+                           NARWHAL_NODE_2_IP=eng1.fabric_ip, NARWHAL_NODE_1_GPU_IDS="0",
+                           NARWHAL_NODE_2_GPU_IDS=uuid,
+                           **{f"NARWHAL_NODE_2_{k}": v for k, v in ports.items()})
+    _blocked(operator, "is also allocated to engine-1", env)
