@@ -264,3 +264,15 @@ def test_colocated_engines_sharing_a_gpu_block(operator: Operator) -> None:
                            NARWHAL_NODE_2_GPU_IDS=uuid,
                            **{f"NARWHAL_NODE_2_{k}": v for k, v in ports.items()})
     _blocked(operator, "is also allocated to engine-1", env)
+
+
+def test_git_missing_on_one_host_blocks_naming_it(operator: Operator, faults: Faults) -> None:
+    faults.missing("eng2", "git")
+    _blocked(operator, "node-2: git: git is not installed")
+    assert subprocess.run(["git", "--version"], capture_output=True, check=False).returncode == 0
+    faults.clear()  # the host's git is back once the fault is undone
+
+    def host_git() -> int:
+        return subprocess.run([NARWHAL, "lab", "exec", "--host", "eng2", "--", "git",
+                               "--version"], capture_output=True, check=False).returncode
+    assert host_git() == 0

@@ -36,6 +36,8 @@ def _run(args: argparse.Namespace) -> int:
             result = {"killed": f.kill(args.host, args.pid, args.signal)}
         elif kind == "tool":
             result = f.tool(args.host, args.tool, args.exit_code, args.stderr)
+        elif kind == "missing":
+            result = f.missing(args.host, args.tool)
         elif kind == "clear":
             result = {"cleared": f.clear(args.id)}
         else:
@@ -72,6 +74,9 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     k.add_argument("tool")
     k.add_argument("--exit-code", type=int, default=1)
     k.add_argument("--stderr", default="")
+    k = kinds.add_parser("missing", help="make a real host tool (git, make, ...) absent there")
+    k.add_argument("host")
+    k.add_argument("tool")
     k = kinds.add_parser("clear", help="undo every fault (or one, with --id)")
     k.add_argument("--id", type=int)
     kinds.add_parser("list", help="active faults")

@@ -16,7 +16,7 @@ from typing import Any
 from narwhal.lab import boot, hostfs
 from narwhal.lab.lifecycle import boot_host, locked, plan_from_state
 from narwhal.lab.network import FABRIC_IF
-from narwhal.lab.plan import LabPlan
+from narwhal.lab.plan import SESSION_PATH, LabPlan
 from narwhal.lab.run import LabError, in_netns, run
 from narwhal.lab.state import LabState, alive
 
@@ -173,6 +173,28 @@ class Faults:
         path.write_text(json.dumps({"exit_code": exit_code, "stderr": stderr, "stdout": stdout}))
         return self._record({"kind": "tool", "host": host, "tool": tool, "exit_code": exit_code})
 
+    def missing(self, host: str, tool: str) -> dict[str, Any]:
+        """Make a real host tool (git, make, curl, ...) absent for the host's logins: /dev/null
+        is bound over every copy on the session PATH inside the host's own mount namespace.
+        Its mounts propagate one way (root -> host, `--propagation slave` in boot.py), so the
+        machine's own tool is untouched."""
+        if "/" in tool or not tool:
+            raise LabError(f"{tool!r} is not a tool name")
+        init = self._init(host)
+        root = Path(f"/proc/{init.pid}/root")
+        paths: list[str] = []  # each file once: /bin is often a link to /usr/bin
+        for d in SESSION_PATH.split(":"):
+            found = root / d.lstrip("/") / tool
+            if found.exists():
+                real = "/" + str(found.resolve().relative_to(root.resolve()))
+                if real not in paths:
+                    paths.append(real)
+        if not paths:
+            raise LabError(f"host {host} has no {tool} on its PATH to hide")
+        for path in paths:
+            run(["nsenter", "-t", str(init.pid), "-m", "--", "mount", "--bind", "/dev/null", path])
+        return self._record({"kind": "missing", "host": host, "tool": tool, "paths": paths})
+
     # undo ------------------------------------------------------------------
     def _undo(self, f: dict[str, Any]) -> None:
         kind = f["kind"]
@@ -196,6 +218,12 @@ class Faults:
                 (root / self.plan.spec.run_dir.lstrip("/") / FILL_NAME).unlink(missing_ok=True)
         elif kind == "tool":
             (self.plan.host(f["host"]).dir / "faults" / f"{f['tool']}.json").unlink(missing_ok=True)
+        elif kind == "missing":
+            hs = self.state.hosts[f["host"]]
+            if hs.init is not None and alive(hs.init):  # a rebooted host has none of it left
+                for path in f["paths"]:  # -p: umount reads the host's own /proc/self
+                    run(["nsenter", "-t", str(hs.init.pid), "-m", "-p", "--", "umount", path],
+                        check=False)
 
     def clear(self, fault_id: int | None = None) -> list[dict[str, Any]]:
         """Undo one fault, or all of them newest first; return what was undone."""
