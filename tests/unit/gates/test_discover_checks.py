@@ -139,3 +139,16 @@ def test_colocated_engines_sharing_a_gpu_are_refused() -> None:
     facts = {"node-1": _facts(1, "10.20.0.11")}
     problems, _ = all_problems(inputs, facts, {"engine-1": "node-1", "engine-2": "node-1"})
     assert any("is also allocated to engine-1" in p.line() for p in problems), problems
+
+
+def test_a_host_that_could_not_be_inspected_gets_the_fix_for_its_cause() -> None:
+    from narwhal.core.errors import ContractError, HostKeyChanged, HostUnreachable
+    from narwhal.deploy.gates.discover import _host_error
+
+    no_python = _host_error("node-2", ContractError("node-2: python3 is not installed (the "
+                                                    "probe needs it)"))
+    assert no_python.field == "node-2: probe" and "install python3" in no_python.fix
+    rekeyed = _host_error("node-3", HostKeyChanged("node-3", "SHA256:old", "SHA256:new"))
+    assert rekeyed.field == "node-3: ssh" and "--replace node-3" in rekeyed.fix
+    down = _host_error("node-1", HostUnreachable("node-1", "no route"))
+    assert "reachable over SSH" in down.fix

@@ -110,7 +110,13 @@ def probe(host: Host, attempt: Attempt, target: ProbeTarget, code: bytes) -> dic
 
 
 def _host_error(alias: str, exc: Exception) -> Problem:
+    """A host that could not be inspected: what went wrong there, and the way out."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, ContractError):
+        fix = ("install python3 (3.8 or newer runs the probe; engines need 3.11) on the host"
+               if "python3 is not installed" in text else
+               "run discovery from one Narwhal checkout; the probe and its reader must match")
+        return Problem(f"{alias}: probe", text, fix)
     fix = ("verify the new key out of band, then `narwhal hosts trust --replace " + alias + "`"
            if "key" in type(exc).__name__.lower() else
            "check the host is up and reachable over SSH (`narwhal hosts check`)")
