@@ -314,8 +314,13 @@ def main() -> int:
               "seconds": args.seconds, "seed": args.seed, "slo": slo, "timing": asdict(timing),
               "phases": [asdict(p) for p in PHASES], "split": "2 prefill + 2 decode (narwhal-planner / narwhal-flips: 4 kv_both, "
                        "roles moved by the planner / the reactive controller)",
-              "requests": len(trace), **meta, "results": results, "runs": raw}
-    path = args.out / f"goodput-{started.replace(':', '')}.json"
+              "requests": len(trace), **meta, "results": results}
+    stem = f"goodput-{started.replace(':', '')}"
+    rows_path = args.out / "rows" / f"{stem}.json"  # per-request rows: ignored by git
+    rows_path.parent.mkdir(parents=True, exist_ok=True)
+    rows_path.write_text(json.dumps(raw))
+    report["rows_file"] = str(rows_path.relative_to(args.out))
+    path = args.out / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1))
     print()
     print(table(results))

@@ -259,21 +259,18 @@ class Proxy:
         if not context or wanted is None:
             return True
         prompt = call.prompt_tokens
-        if prompt is None:
-            if wanted < context:
-                return True  # the engines judge it from the exact count
-            prompt = 1  # every prompt has a token; max_tokens alone is already too many
-            counted = "at least 1"
-        else:
-            counted = str(prompt)
-        if prompt + wanted <= context:
+        if prompt is None and wanted < context:
+            return True  # the engines judge it from the exact count
+        if prompt is not None and prompt + wanted <= context:
             return True
+        # Unknown length only when max_tokens alone fills the context: every prompt has a token.
+        counted = str(prompt) if prompt is not None else "at least 1"
+        total = f"{prompt + wanted}" if prompt is not None else f"at least {1 + wanted}"
+        where = "messages" if call.chat else "prompt"
         self._error(call, 400, f"This model's maximum context length is {context} tokens. "
-                    f"However, you requested {'at least ' if counted != str(prompt) else ''}"
-                    f"{prompt + wanted} tokens ({counted} in the "
-                    f"{'messages' if call.chat else 'prompt'}, {wanted} in the completion). "
-                    f"Please reduce the length of the {'messages' if call.chat else 'prompt'} "
-                    "or max_tokens.", "context_length_exceeded", "context_length_exceeded")
+                    f"However, you requested {total} tokens ({counted} in the {where}, {wanted} "
+                    f"in the completion). Please reduce the length of the {where} or max_tokens.",
+                    "context_length_exceeded", "context_length_exceeded")
         return False
 
     def _release(self, call: Call, engine: Engine, kv: bytes) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.core.fleet import FleetDocument, RoleFlips, beside
+from narwhal.core.fleet import FleetDocument, RoleFlips, Serving, beside
 from narwhal.core.secret import Secret
 
 
@@ -186,6 +187,12 @@ def _tenants(doc: FleetDocument, env: Mapping[str, str], source: str) -> Tenants
                    weights={t.name: t.weight for t in doc.tenants})
 
 
+def _same_names(cls: type, serving: Serving, **derived: Any) -> dict[str, Any]:
+    """A settled dataclass's fields copied from `serving` by name, plus the derived ones."""
+    names = [f.name for f in fields(cls) if f.name not in derived]
+    return {**{n: getattr(serving, n) for n in names}, **derived}
+
+
 def _ops(doc: FleetDocument, env: Mapping[str, str], source: str, tenants: Tenants) -> OpsAccess:
     ops = doc.operations
     if not ops.key_env:
@@ -220,28 +227,8 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         engines=tuple(_engine(e.id, e.url, e.role) for e in doc.engines),
         ttft_s=doc.slo.ttft_s,
         tpot_s=doc.slo.tpot_s,
-        limits=Limits(
-            max_request_bytes=s.max_request_bytes,
-            max_concurrent=s.max_concurrent,
-            connect_timeout_s=s.connect_timeout_s,
-            prefill_timeout_s=s.prefill_timeout_s,
-            first_token_timeout_s=s.first_token_timeout_s,
-            stream_idle_timeout_s=s.stream_idle_timeout_s,
-            drain_timeout_s=s.drain_timeout_s,
-            upstream_keepalive_s=s.upstream_keepalive_s,
-            tokenize=s.prompt_length == "tokenize",
-        ),
-        clients=ClientLimits(
-            max_request_line_bytes=s.max_request_line_bytes,
-            max_header_bytes=s.max_header_bytes,
-            max_header_count=s.max_header_count,
-            max_body_bytes=s.max_request_bytes,
-            max_connections=s.max_connections,
-            client_connection_share=s.client_connection_share,
-            header_timeout_s=s.header_timeout_s,
-            body_timeout_s=s.body_timeout_s,
-            idle_timeout_s=s.idle_timeout_s,
-        ),
+        limits=Limits(**_same_names(Limits, s, tokenize=s.prompt_length == "tokenize")),
+        clients=ClientLimits(**_same_names(ClientLimits, s, max_body_bytes=s.max_request_bytes)),
         health=HealthPolicy(
             eject_after_failures=doc.health.eject_after_failures,
             probe_interval_s=doc.health.probe_interval_s,

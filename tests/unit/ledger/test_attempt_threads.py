@@ -10,20 +10,13 @@ from pathlib import Path
 
 from narwhal.deploy.hosts.base import RunResult
 from narwhal.deploy.hosts.local import LocalHost
-from narwhal.deploy.inputs import load_inputs
-from narwhal.deploy.ledger import Ledger
-from tests.envtext import valid_env
+from tests.unit.ledger.records import ledger_for_valid_env
 
 THREADS = 16
 PER_THREAD = 50
 
 
-def _ledger(tmp_path: Path) -> Ledger:
-    env = tmp_path / ".env"
-    env.write_text(valid_env())
-    env.chmod(0o600)
-    inputs = load_inputs(env)
-    return Ledger(tmp_path / "runs", inputs.deployment, inputs.secrets())
+_ledger = ledger_for_valid_env
 
 
 def _all_at_once(work: Callable[[int], None]) -> list[BaseException]:

@@ -17,13 +17,12 @@ from narwhal.core.errors import LedgerError
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.containers import inspect_container
 from narwhal.deploy.hosts.local import LocalHost
-from narwhal.deploy.inputs import load_inputs
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.evidence import read_rows
 from narwhal.deploy.ledger.recover import recover
 from narwhal.lab.identity import image_document
 from narwhal.lab.spec import Image
-from tests.envtext import valid_env
+from tests.unit.ledger.records import ledger_for_valid_env
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 IMAGE = Image(repository="lab/engine", tag="v1", entrypoint=["sleep"], cmd=["300"])
@@ -47,12 +46,7 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return host_dir
 
 
-def _ledger(tmp_path: Path) -> Ledger:
-    env = tmp_path / ".env"
-    env.write_text(valid_env())
-    env.chmod(0o600)
-    inputs = load_inputs(env)
-    return Ledger(tmp_path / "runs", inputs.deployment, inputs.secrets())
+_ledger = ledger_for_valid_env
 
 
 def _failed_attempt_owning_a_container(ledger: Ledger, host: LocalHost) -> str:

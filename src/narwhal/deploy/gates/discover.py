@@ -26,7 +26,7 @@ from narwhal.deploy.gates.generated import fleet_draft, launch_record
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Spread
 from narwhal.deploy.hosts.base import Host
-from narwhal.deploy.hosts.sessions import PhysicalHost, Sessions, physical_hosts
+from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 
@@ -170,7 +170,3 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
     attempt.add_artifact("fleet-draft.json", canonical_json(fleet_draft(inputs, plans))
                          .encode() + b"\n")
     return discovery
-
-
-def hosts_of(inputs: Inputs) -> list[PhysicalHost]:
-    return physical_hosts(inputs)

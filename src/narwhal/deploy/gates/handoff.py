@@ -46,22 +46,31 @@ def passed_attempt(ledger: Ledger, gate: str) -> str | None:
     return str(last) or None
 
 
-def passed_artifact(ledger: Ledger, reader: str, read: Reads) -> Artifact:
-    """The artifact, verified; GateBlocked (for `reader`) when the upstream gate has not passed."""
-    attempt = passed_attempt(ledger, read.gate)
+def _recorded(ledger: Ledger, gate: str) -> tuple[str, dict[str, str]] | None:
+    """The gate's last passed attempt and the artifact digests its attempt.json recorded."""
+    attempt = passed_attempt(ledger, gate)
     if attempt is None:
-        raise GateBlocked(reader, f"gate {read.gate} has not passed; run `narwhal {read.gate}` "
-                                  f"first (this gate reads its {read.artifact})")
-    folder = ledger.attempt_folder(read.gate, attempt)
+        return None
+    folder = ledger.attempt_folder(gate, attempt)
     try:
-        recorded = json.loads((folder / "attempt.json").read_text())["artifacts"]
+        artifacts = json.loads((folder / "attempt.json").read_text())["artifacts"]
     except (OSError, ValueError, KeyError) as exc:
         raise LedgerError(f"{folder}/attempt.json is unreadable ({exc})") from None
-    sha = recorded.get(read.artifact)
+    return attempt, dict(artifacts)
+
+
+def passed_artifact(ledger: Ledger, reader: str, read: Reads) -> Artifact:
+    """The artifact, verified; GateBlocked (for `reader`) when the upstream gate has not passed."""
+    recorded = _recorded(ledger, read.gate)
+    if recorded is None:
+        raise GateBlocked(reader, f"gate {read.gate} has not passed; run `narwhal {read.gate}` "
+                                  f"first (this gate reads its {read.artifact})")
+    attempt, artifacts = recorded
+    sha = artifacts.get(read.artifact)
     if sha is None:
         raise LedgerError(f"gate {read.gate} attempt {attempt} recorded no artifact "
-                          f"{read.artifact!r} (it has: {', '.join(sorted(recorded)) or 'none'})")
-    path = folder / read.artifact
+                          f"{read.artifact!r} (it has: {', '.join(sorted(artifacts)) or 'none'})")
+    path = ledger.attempt_folder(read.gate, attempt) / read.artifact
     if sha256_bytes(path.read_bytes()) != sha:
         raise LedgerError(f"{path} no longer matches the sha256 recorded when it was written; "
                           "the deployment record was edited: restore it or run the gate again")
@@ -69,18 +78,11 @@ def passed_artifact(ledger: Ledger, reader: str, read: Reads) -> Artifact:
 
 
 def read_digests(ledger: Ledger, reads: tuple[Reads, ...]) -> dict[str, str]:
-    """Fingerprint entries for what a gate reads now (missing upstream: no entry)."""
+    """Fingerprint entries for what a gate reads now (an upstream not passed: no entry)."""
     out: dict[str, str] = {}
     for read in reads:
-        attempt = passed_attempt(ledger, read.gate)
-        if attempt is None:
-            continue
-        try:
-            doc = json.loads((ledger.attempt_folder(read.gate, attempt) / "attempt.json")
-                             .read_text())
-        except (OSError, ValueError):
-            continue
-        sha = doc.get("artifacts", {}).get(read.artifact)
+        recorded = _recorded(ledger, read.gate)
+        sha = recorded[1].get(read.artifact) if recorded is not None else None
         if sha:
             out[read.key] = sha
     return out
