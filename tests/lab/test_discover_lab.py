@@ -276,3 +276,17 @@ def test_git_missing_on_one_host_blocks_naming_it(operator: Operator, faults: Fa
         return subprocess.run([NARWHAL, "lab", "exec", "--host", "eng2", "--", "git",
                                "--version"], capture_output=True, check=False).returncode
     assert host_git() == 0
+
+
+def test_python_3_10_on_one_host_blocks_naming_it_and_the_version(operator: Operator,
+                                                                   faults: Faults) -> None:
+    """The probe runs under the host's own python3, which here reports 3.10.12 (the lab's
+    interpreter double: no real 3.10 can be installed on Debian 12 from a package index)."""
+    faults.python("eng1", "3.10.12")
+    try:
+        _blocked(operator, "node-1: python3: Python 3.10.12 (needs 3.11 or newer)")
+        facts = _facts(operator.last_attempt(), "node-1")
+        assert facts["python"]["version"] == "3.10.12"
+        assert _facts(operator.last_attempt(), "node-2")["python"]["version"].startswith("3.11.")
+    finally:
+        faults.clear()

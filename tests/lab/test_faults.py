@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from narwhal.lab.faults import Faults
+from narwhal.lab.run import LabError
 from narwhal.lab.testing import ssh
 
 
@@ -47,3 +48,16 @@ def test_kill_ends_one_process_by_its_pid_on_that_host(faults: Faults) -> None:
     pid = int(start.stdout.split()[0])
     faults.kill("eng3", pid)
     assert ssh(faults.plan, "eng3", f"sleep 0.2; kill -0 {pid}").returncode != 0
+
+
+@pytest.mark.lab
+def test_python_fault_changes_only_that_hosts_logins_and_clear_restores_them(faults: Faults) -> None:
+    ask = "python3 -c 'import platform, sys; print(platform.python_version(), sys.version_info[:2])'"
+    before = ssh(faults.plan, "eng3", ask).stdout.split()[0]
+    faults.python("eng3", "3.10.12")
+    assert ssh(faults.plan, "eng3", ask).stdout.strip() == "3.10.12 (3, 10)"
+    assert ssh(faults.plan, "eng1", ask).stdout.split()[0] == before  # other hosts untouched
+    with pytest.raises(LabError, match="not a version"):
+        faults.python("eng3", "3.10; reboot")
+    faults.clear()
+    assert ssh(faults.plan, "eng3", ask).stdout.split()[0] == before

@@ -38,6 +38,8 @@ def _run(args: argparse.Namespace) -> int:
             result = f.tool(args.host, args.tool, args.exit_code, args.stderr)
         elif kind == "missing":
             result = f.missing(args.host, args.tool)
+        elif kind == "python":
+            result = f.python(args.host, args.version)
         elif kind == "clear":
             result = {"cleared": f.clear(args.id)}
         else:
@@ -77,6 +79,9 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     k = kinds.add_parser("missing", help="make a real host tool (git, make, ...) absent there")
     k.add_argument("host")
     k.add_argument("tool")
+    k = kinds.add_parser("python", help="make the host's python3 report VERSION (e.g. 3.10.12)")
+    k.add_argument("host")
+    k.add_argument("version")
     k = kinds.add_parser("clear", help="undo every fault (or one, with --id)")
     k.add_argument("--id", type=int)
     kinds.add_parser("list", help="active faults")

@@ -195,6 +195,44 @@ class Faults:
             run(["nsenter", "-t", str(init.pid), "-m", "--", "mount", "--bind", "/dev/null", path])
         return self._record({"kind": "missing", "host": host, "tool": tool, "paths": paths})
 
+    def python(self, host: str, version: str) -> dict[str, Any]:
+        """Make the host's `python3` an interpreter that reports `version` (say 3.10.12).
+
+        The lab has no second CPython to install (Debian 12 ships 3.11 only; the portable
+        builds download from GitHub, out of reach), so this is a double, like nvidia-smi's: in
+        the host's own mount namespace the real interpreter is kept at a private path and a
+        wrapper is bound over it that runs it with a sitecustomize setting sys.version and
+        sys.version_info to `version` before any script. Only the host's logins see it; `-I`
+        runs (the lab's own doubles) ignore it and stay on the real version."""
+        parts = version.split(".")
+        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 3 for p in parts):
+            raise LabError(f"{version!r} is not a version like 3.10.12")
+        init = self._init(host)
+        root = Path(f"/proc/{init.pid}/root")
+        found = next((root / d.lstrip("/") / "python3" for d in SESSION_PATH.split(":")
+                      if (root / d.lstrip("/") / "python3").exists()), None)
+        if found is None:
+            raise LabError(f"host {host} has no python3 on its PATH")
+        real = "/" + str(found.resolve().relative_to(root.resolve()))
+        fdir = self.plan.host(host).dir / "faults"
+        keeper, wrapper, site = fdir / "python-real", fdir / "python3", fdir / "python-site"
+        site.mkdir(parents=True, exist_ok=True)
+        major, minor, micro = (int(p) for p in parts)
+        (site / "sitecustomize.py").write_text("\n".join([
+            f'"""Lab fault: this python3 reports {version}."""',
+            "import collections, sys",
+            "_info = collections.namedtuple('version_info', 'major minor micro releaselevel serial')",
+            f"sys.version = {version!r} + sys.version[sys.version.index(' '):]",
+            f"sys.version_info = _info({major}, {minor}, {micro}, 'final', 0)",
+            f"sys.hexversion = {(major << 24) | (minor << 16) | (micro << 8) | 0xF0}", ""]))
+        wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {keeper} \"$@\"\n")
+        wrapper.chmod(0o755)
+        keeper.write_text("")
+        for src, dst in ((real, str(keeper)), (str(wrapper), real)):
+            run(["nsenter", "-t", str(init.pid), "-m", "--", "mount", "--bind", src, dst])
+        return self._record({"kind": "python", "host": host, "version": version,
+                             "paths": [real, str(keeper)]})
+
     # undo ------------------------------------------------------------------
     def _undo(self, f: dict[str, Any]) -> None:
         kind = f["kind"]
@@ -218,7 +256,7 @@ class Faults:
                 (root / self.plan.spec.run_dir.lstrip("/") / FILL_NAME).unlink(missing_ok=True)
         elif kind == "tool":
             (self.plan.host(f["host"]).dir / "faults" / f"{f['tool']}.json").unlink(missing_ok=True)
-        elif kind == "missing":
+        elif kind in ("missing", "python"):
             hs = self.state.hosts[f["host"]]
             if hs.init is not None and alive(hs.init):  # a rebooted host has none of it left
                 for path in f["paths"]:  # -p: umount reads the host's own /proc/self

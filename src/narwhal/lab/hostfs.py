@@ -158,7 +158,8 @@ def _doubles(plan: LabPlan, h: HostPlan) -> None:
         ]), 0o755)
 
 
-def _devices_and_pci(h: HostPlan) -> None:
+def devices_and_pci(h: HostPlan) -> None:
+    """The host's device nodes (copied into its private /dev at boot) and PCI sysfs."""
     dev, pci = h.dir / "dev", h.dir / "pci"
     for d in (dev, pci):
         shutil.rmtree(d, ignore_errors=True)
@@ -166,17 +167,21 @@ def _devices_and_pci(h: HostPlan) -> None:
     if h.host.hardware is None:
         return
     acc = h.host.hardware.accelerators
-    names = (["nvidiactl", "nvidia-uvm"] + [f"nvidia{i}" for i in range(acc.count)]
+    # The nodes the NVIDIA driver makes (as on the captured H200: ctl, uvm, uvm-tools, the
+    # MIG capability nodes under nvidia-caps/), or the AMD driver's KFD and DRI nodes.
+    names = (["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps/nvidia-cap1",
+              "nvidia-caps/nvidia-cap2"] + [f"nvidia{i}" for i in range(acc.count)]
              if acc.vendor == "NVIDIA" else
              ["kfd"] + [f"dri/renderD{128 + i}" for i in range(acc.count)] + [f"dri/card{i}" for i in range(acc.count)])
     names += [f"infiniband/uverbs{i}" for i in range(len(h.host.hardware.rdma))]
     for name in names:
         _write(dev / name, "", 0o666)
     vendor, klass, device = identity.PCI_IDS[acc.vendor]
-    for row in identity.accelerator_rows(acc):
+    for row, gpu in zip(identity.accelerator_rows(acc), acc.devices, strict=True):
         node = pci / row["sysfs"]
+        numa = "-1" if gpu.numa_node is None else str(gpu.numa_node)
         for key, value in (("vendor", vendor), ("class", klass), ("device", device),
-                           ("subsystem_vendor", vendor), ("numa_node", "0")):
+                           ("subsystem_vendor", vendor), ("numa_node", numa)):
             _write(node / key, value + "\n")
 
 
@@ -219,6 +224,6 @@ def prepare_host(plan: LabPlan, h: HostPlan) -> None:
     make_host_key(h)
     _sshd_config(h, _etc(plan, h))
     _doubles(plan, h)
-    _devices_and_pci(h)
+    devices_and_pci(h)
     _inventory(plan, h)
     _model(plan, h)

@@ -35,6 +35,9 @@ class Gpu(_Strict):
 
     pci_bus_id: PciBusId
     uuid: Annotated[str, Field(pattern=r"^GPU-[0-9a-f-]{8,64}$")]
+    # The NUMA node sysfs gives the GPU's PCI device; None where it says -1 (a VM's GPU,
+    # like the captured H200's).
+    numa_node: Annotated[int, Field(ge=0, le=63)] | None = 0
 
 
 class Accelerators(_Strict):

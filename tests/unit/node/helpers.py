@@ -40,11 +40,13 @@ def capture(name: str, where: Path = H200) -> tuple[str, str, int]:
             int((where / f"{name}.rc").read_text()))
 
 
-def h200_hardware() -> Hardware:
-    """The lab spec of the captured H200 host: one GPU with the capture's (redacted) ids."""
+def h200_hardware(numa_node: int | None = None) -> Hardware:
+    """The lab spec of the captured H200 host: one GPU with the capture's (redacted) ids, on
+    no NUMA node (sysfs says -1: the capture is of a VM)."""
     return Hardware(accelerators=Accelerators(
         vendor="NVIDIA", product="NVIDIA H200", count=1, memory_mib=143771,
-        devices=[Gpu(pci_bus_id="00000000:00:06.0", uuid="GPU-00000000-0000-0000-0000-000000000001")]))
+        devices=[Gpu(pci_bus_id="00000000:00:06.0", uuid="GPU-00000000-0000-0000-0000-000000000001",
+                     numa_node=numa_node)]))
 
 
 def mi300x_hardware() -> Hardware:

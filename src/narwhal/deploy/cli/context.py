@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from narwhal.deploy.hosts.sessions import Sessions
@@ -34,8 +34,20 @@ class Context:
         ledger = Ledger(args.runs, inputs.deployment, inputs.secrets())
         return cls(inputs, ledger, args.runs, args.ssh_config)
 
+    _sessions: Sessions | None = field(default=None, init=False, repr=False)
+
     def sessions(self) -> Sessions:
-        return Sessions(self.inputs, self.runs, self.ssh_config)
+        """The run's sessions: every gate of one `narwhal` run shares them, so each physical
+        host keeps one ControlMaster from the first gate that reaches it until `close`."""
+        if self._sessions is None:
+            self._sessions = Sessions(self.inputs, self.runs, self.ssh_config)
+        return self._sessions
+
+    def close(self) -> None:
+        """End the run's sessions (their masters); a later `sessions()` opens new ones."""
+        if self._sessions is not None:
+            self._sessions.close()
+            self._sessions = None
 
     def fingerprints(self) -> dict[str, dict[str, str]]:
         return gate_fingerprints(self.inputs)

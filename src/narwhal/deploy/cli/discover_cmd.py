@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         _report_blocked(args, exc)
         return EXIT_FAILED
     finally:
-        sessions.close()
+        ctx.close()
     attempt = ctx.ledger.load()["gates"]["discover"]["last"]
     if args.json:
         print(json.dumps({"gate": "discover", "verdict": "passed", "attempt": attempt,

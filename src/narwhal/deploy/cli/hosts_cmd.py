@@ -85,7 +85,7 @@ def run_check(args: argparse.Namespace) -> int:
     except HostError:
         return EXIT_FAILED
     finally:
-        sessions.close()
+        ctx.close()
     return EXIT_OK
 
 

@@ -96,7 +96,7 @@ def run_recover(args: argparse.Namespace) -> int:
     try:
         report = recover(ctx.ledger, name, sessions.get, args.attempt)
     finally:
-        sessions.close()
+        ctx.close()
     for item in report:
         print(f"{item['host']}: {item['kind']} {_owned_name(item)}: {item['result']}")
     print(f"gate {name}: recovered; the failed attempt's evidence is kept")

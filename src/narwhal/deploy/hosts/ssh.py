@@ -172,5 +172,10 @@ class SshHost(Host):
             raise HostError(self.alias, f"port forward {verb} failed: "
                             f"{done.stderr.decode('utf-8', 'replace').strip()[:200]}")
 
+    @property
+    def master_pid(self) -> int | None:
+        """The live master connection's pid (None before the first command or after close)."""
+        return self._master.pid if self._master_alive() and self._master is not None else None
+
     def close(self) -> None:
         self._stop_master()
