@@ -10,58 +10,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.lab.operator import NARWHAL, Operator
 
 from narwhal.lab import envfile, identity
 from narwhal.lab.faults import Faults
 from narwhal.lab.plan import LabPlan
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
-NARWHAL = str(Path(sys.executable).parent / "narwhal")
 REVISION = "0123456789abcdef0123456789abcdef01234567"
-
-
-@dataclass
-class Operator:
-    """The workstation's view: a .env and a runs folder, commands run in its namespace."""
-
-    plan: LabPlan
-    env: Path
-    runs: Path
-
-    def narwhal(self, *args: str, env: Path | None = None) -> subprocess.CompletedProcess[str]:
-        argv = [NARWHAL, "lab", "exec", "--", NARWHAL, *args, "--env", str(env or self.env),
-                "--runs", str(self.runs)]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-
-    def discover(self, env: Path | None = None) -> tuple[int, dict[str, Any]]:
-        done = self.narwhal("discover", "--json", env=env)
-        try:
-            doc = json.loads(done.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(done.stdout[-2000:] + done.stderr[-3000:]) from None
-        return done.returncode, doc
-
-    def variant(self, name: str, **values: str) -> Path:
-        """A copy of the .env with variables set (an operator's edit)."""
-        lines = [ln for ln in self.env.read_text().splitlines()
-                 if ln.split("=", 1)[0] not in values]
-        path = self.env.with_name(f"{name}.env")
-        path.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in values.items())]) + "\n")
-        path.chmod(0o600)
-        return path
-
-    def last_attempt(self) -> Path:
-        doc = json.loads((self.runs / "lab" / "ledger.json").read_text())
-        return self.runs / "lab" / "discover" / doc["gates"]["discover"]["last"]
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,22 @@ from narwhal.commands import GROUPS, CommandGroup, load
 from narwhal.core.cli_common import EXIT_FAILED, not_built
 from narwhal.core.errors import InputError, NarwhalError
 from narwhal.core.gates import GATES
-from narwhal.deploy.cli import discover_cmd, hosts_cmd, inputs_cmd, kv_cmd, ledger_cmd
+from narwhal.deploy.cli import (
+    discover_cmd,
+    hosts_cmd,
+    inputs_cmd,
+    install_cmd,
+    kv_cmd,
+    ledger_cmd,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
 # Command groups that live in their own modules; each has register(subparsers). They are
 # imported by name here so the architecture test can check their direction.
-COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd)
+COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd)
 # Gates whose module registers its own command; the others answer "not built yet" (exit 3).
-BUILT_GATES = frozenset({"discover"})
+BUILT_GATES = frozenset({"discover", "install"})
 
 
 def _gate_stub(title: str, command: str) -> Handler:

@@ -114,3 +114,68 @@ def parse_container_identity(text: str) -> tuple[str, str]:
     if not CONTAINER_ID_RE.fullmatch(container_id) or not created:
         raise ValueError(f"not `{CONTAINER_IDENTITY_FORMAT}` output: {text.strip()[:120]!r}")
     return container_id, created
+
+
+# --- Gate B: the install steps on a host (every variable part a positional argument) -------
+
+# Take the install lock $1 with owner text $2: written aside, then hard-linked into place, so
+# the lock appears whole or not at all. Exit 3 and print the holder when it is held.
+LOCK_TAKE = ('umask 077; t="$1.$$"; printf "%s\\n" "$2" > "$t" || exit 1; '
+             'if ln -- "$t" "$1" 2>/dev/null; then rm -f -- "$t"; exit 0; fi; '
+             'rm -f -- "$t"; cat -- "$1"; exit 3')
+# Remove lock $1 only while its owner text is still $2 (never someone else's lock).
+LOCK_DROP = '[ "$(cat -- "$1" 2>/dev/null)" = "$2" ] && rm -f -- "$1"; exit 0'
+# Clone bundle $2 (branch $3) to $1 through a part folder, so a cut clone leaves no checkout.
+CLONE = ('rm -rf -- "$1.part" && git clone -q --branch "$3" -- "$2" "$1.part" && '
+         'mv -- "$1.part" "$1"')
+# Print "<HEAD> <changed path count>" of the checkout $1.
+CHECKOUT_STATE = 'h=$(git -C "$1" rev-parse HEAD) && n=$(git -C "$1" status --porcelain | ' \
+    'wc -l) && echo "$h $n"'
+# Print the venv $1's completion stamp, or nothing.
+VENV_STAMP = 'cat -- "$1/.narwhal-complete" 2>/dev/null; exit 0'
+# A fresh venv at $1 (an incomplete one from a cut attempt is removed first).
+VENV_CREATE = 'rm -rf -- "$1" && python3 -m venv -- "$1"'
+# Write text $2 to $1 through a part file (a marker is whole or absent).
+WRITE_MARKER = 'umask 077; printf "%s\\n" "$2" > "$1.part" && mv -f -- "$1.part" "$1"'
+# Print "$HOME": remote paths are absolute from here on.
+HOME = 'printf "%s" "$HOME"'
+
+
+def lock_take(path: str, owner: str) -> list[str]:
+    return sh(LOCK_TAKE, path, owner)
+
+
+def lock_drop(path: str, owner: str) -> list[str]:
+    return sh(LOCK_DROP, path, owner)
+
+
+def clone_bundle(checkout: str, bundle: str, branch: str) -> list[str]:
+    return sh(CLONE, checkout, bundle, branch)
+
+
+def checkout_state(checkout: str) -> list[str]:
+    return sh(CHECKOUT_STATE, checkout)
+
+
+def venv_stamp(venv: str) -> list[str]:
+    return sh(VENV_STAMP, venv)
+
+
+def venv_create(venv: str) -> list[str]:
+    return sh(VENV_CREATE, venv)
+
+
+def pip_install_offline(venv: str, wheel_dirs: Sequence[str], requirements: str) -> list[str]:
+    """pip from the wheel folders only, every wheel hash-checked: no index is ever asked."""
+    links = [arg for d in wheel_dirs for arg in ("--find-links", d)]
+    return [f"{venv}/bin/python", "-m", "pip", "install", "--quiet", "--no-index",
+            "--no-cache-dir", "--disable-pip-version-check", "--require-hashes",
+            "--only-binary=:all:", *links, "-r", requirements]
+
+
+def write_marker(path: str, text: str) -> list[str]:
+    return sh(WRITE_MARKER, path, text)
+
+
+def home() -> list[str]:
+    return sh(HOME)

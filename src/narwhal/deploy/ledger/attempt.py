@@ -112,6 +112,15 @@ class Attempt:
             inode = host.stat_dir(path)
         self._own({"kind": "dir", "host": host.alias, "path": path, "inode": inode})
 
+    def own_tree(self, host: Host, path: str) -> None:
+        """Own a directory tree a command of this attempt just made (a clone, a venv) by its
+        inode: recovery removes it whole, but only while that inode still has the path."""
+        with self.bind(host):
+            inode = host.stat_dir(path)
+        if inode is None:
+            raise LedgerError(f"{host.alias}: {path} is not a directory right after it was made")
+        self._own({"kind": "tree", "host": host.alias, "path": path, "inode": inode})
+
     def start_process(self, host: Host, argv: Sequence[str], log_path: str) -> ProcessRef:
         """Start a detached process and own it by pid and kernel start time."""
         with self.bind(host):

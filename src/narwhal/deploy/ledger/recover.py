@@ -1,7 +1,8 @@
 """Remove exactly what a failed attempt created, and only while it still is what was created.
 
 A file is removed only if its inode and sha256 still match; a directory only if its inode
-matches and it is empty by then; a process only if its pid still has the same kernel start
+matches and it is empty by then; a tree a command made (a clone, a venv) whole, only if its
+inode matches; a process only if its pid still has the same kernel start
 time; a container only if its id still has the same creation time. Everything else is kept
 and reported. The failed attempt's evidence is never touched.
 """
@@ -62,6 +63,16 @@ def _dir(host: Host, item: dict[str, Any]) -> str:
     return "removed"
 
 
+def _tree(host: Host, item: dict[str, Any]) -> str:
+    inode = host.stat_dir(item["path"])
+    if inode is None:
+        return "already gone"
+    if inode != item["inode"]:
+        return "kept: a different directory now has this path"
+    host.run(["rm", "-rf", "--", item["path"]], check=True)
+    return "removed"
+
+
 def _process(host: Host, item: dict[str, Any]) -> str:
     ticks = host.process_start(item["pid"])
     if ticks is None:
@@ -97,7 +108,7 @@ def _container(host: Host, item: dict[str, Any]) -> str:
 
 
 ACTIONS: dict[str, Callable[[Host, dict[str, Any]], str]] = {
-    "file": _file, "dir": _dir, "process": _process, "container": _container}
+    "file": _file, "dir": _dir, "tree": _tree, "process": _process, "container": _container}
 
 
 def recover(ledger: Ledger, gate: str, host_for: Callable[[str], Host],

@@ -1,0 +1,285 @@
+"""Gate B on the lab, driven from the workstation namespace as an operator runs it.
+
+The lab hosts have no route off the machine, so the install can only pass offline: from the
+wheelhouse built here in the root namespace (where a package index is reachable, as on an
+operator's workstation) and the revision's bundle, both sent over SSH. The checkout is a
+clean clone of this repository's HEAD: the approved revision is whatever was committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.lab.operator import NARWHAL, Operator
+
+from narwhal.deploy.package import wheelhouse
+from narwhal.deploy.package.lock import load_lock
+from narwhal.lab import envfile
+from narwhal.lab.faults import Faults
+from narwhal.lab.plan import LabPlan
+from narwhal.lab.testing import ssh
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Installer:
+    op: Operator
+    checkout: Path
+    wheels: Path
+    revision: str
+    token: str
+
+    def install(self, *extra: str, env: Path | None = None,
+                wheels: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return self.op.narwhal("install", "--json", "--checkout", str(self.checkout),
+                               "--wheelhouse", str(wheels or self.wheels), *extra, env=env)
+
+    def doc(self, done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+        try:
+            return dict(json.loads(done.stdout))
+        except json.JSONDecodeError:
+            raise AssertionError(done.stdout[-2000:] + done.stderr[-3000:]) from None
+
+    @property
+    def remote(self) -> str:
+        return f"/root/Narwhal-deploy/lab-{self.revision[:12]}"
+
+    def lab_host(self, alias: str) -> str:
+        plan = self.op.plan
+        if alias == "router":
+            return str(next(h.name for h in plan.hosts if h.host.role == "router"))
+        return str(plan.engines()[int(alias.split("-")[1]) - 1].name)
+
+    def attempts(self) -> list[str]:
+        doc = json.loads((self.op.runs / "lab" / "ledger.json").read_text())
+        return list(doc["gates"].get("install", {}).get("attempts", []))
+
+
+def _rows(attempt: Path) -> list[dict[str, Any]]:
+    path = attempt / "commands.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _pip_rows(attempt: Path) -> list[dict[str, Any]]:
+    return [r for r in _rows(attempt) if r["argv"][1:4] == ["-m", "pip", "install"]]
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def installer(lab: LabPlan, tmp_path_factory: pytest.TempPathFactory) -> Installer:
+    work = tmp_path_factory.mktemp("install")
+    checkout = work / "checkout"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(checkout)], check=True)
+    revision = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    lock_path = checkout / "runtime.lock"
+    wheels = REPO / ".cache" / f"wheelhouse-{hashlib.sha256(lock_path.read_bytes()).hexdigest()[:16]}"
+    wheelhouse.build(wheels, lock_path, load_lock(lock_path))  # root namespace: an index answers
+    token = "hf_" + secrets.token_hex(16)
+    env = work / ".env"
+    envfile.write(lab, env)
+    with env.open("a") as fh:
+        fh.write(f"NARWHAL_DEPLOYMENT=lab\nNARWHAL_DEPLOYMENT_REVISION={revision}\n"
+                 f"NARWHAL_HF_TOKEN={token}\n")
+    op = Operator(lab, env, work / "runs")
+    assert op.narwhal("hosts", "trust", "--yes").returncode == 0
+    code, doc = op.discover()
+    assert code == 0, doc
+    return Installer(op, checkout, wheels, revision, token)
+
+
+def test_install_puts_the_revision_on_every_host_offline_at_once(installer: Installer) -> None:
+    done = installer.install()
+    doc = installer.doc(done)
+    assert done.returncode == 0 and doc["verdict"] == "passed", doc
+    assert sorted(doc["hosts"]) == ["node-1", "node-2", "node-3", "router"]
+    attempt = installer.op.last_attempt("install")
+    for alias, result in doc["hosts"].items():
+        assert result["outcome"] == "installed" and result["pip_ran"], result
+        command = "narwhal-serve" if alias == "router" else "narwhal-engine"
+        out = ssh(installer.op.plan, installer.lab_host(alias),
+                  f"cat {installer.remote}/installed; git -C {installer.remote}/checkout "
+                  f"rev-parse HEAD; {installer.remote}/venv/bin/{command} --help >/dev/null && "
+                  "echo runs; ip route get 192.0.2.1 >/dev/null 2>&1 || echo no-route-out")
+        assert out.stdout.split() == [installer.revision, installer.revision, "runs",
+                                      "no-route-out"], out
+    pips = _pip_rows(attempt)
+    assert sorted(r["host"] for r in pips) == ["node-1", "node-2", "node-3", "router"]
+    assert all("--no-index" in r["argv"] and "--require-hashes" in r["argv"] for r in pips)
+    spans = [(datetime.fromisoformat(r["start"].replace("Z", "+00:00")),
+              datetime.fromisoformat(r["end"].replace("Z", "+00:00"))) for r in pips]
+    first_end = min(end for _, end in spans)
+    assert all(start < first_end for start, _ in spans), spans  # the hosts' pips overlapped
+
+
+def test_the_token_reaches_hosts_only_as_a_0600_secret_file(installer: Installer) -> None:
+    run = json.loads((installer.op.last_attempt("install") / "plan.json").read_text())
+    secret_file = f"{installer.remote}/runs/{run['prepared_run']}/secrets/NARWHAL_HF_TOKEN"
+    for alias in ("node-1", "router"):
+        out = ssh(installer.op.plan, installer.lab_host(alias),
+                  f"stat -c %a {secret_file}; cat {secret_file}; echo; grep -rlF "
+                  f"'{installer.token}' {installer.remote} || true")
+        lines = out.stdout.split()
+        assert lines[:2] == ["600", installer.token], out
+        assert lines[2:] == [secret_file], lines  # no other file on the host holds it
+    leaked = [str(p) for p in installer.op.runs.rglob("*") if p.is_file()
+              and installer.token.encode() in p.read_bytes()]
+    assert leaked == []
+
+
+def test_a_second_install_verifies_every_host_and_runs_no_pip(installer: Installer) -> None:
+    done = installer.install()
+    doc = installer.doc(done)
+    assert done.returncode == 0, doc
+    assert {r["outcome"] for r in doc["hosts"].values()} == {"verified"}
+    assert _pip_rows(installer.op.last_attempt("install")) == []
+
+
+def test_a_prepared_file_edited_after_planning_blocks_before_any_host_changes(
+        installer: Installer) -> None:
+    prepared = installer.doc(installer.install("--prepare-only"))
+    edited = Path(prepared["folder"]) / "node-1" / "env" / "engine-1.env"
+    original = edited.read_bytes()
+    edited.write_bytes(original + b"NARWHAL_TTFT_S=99\n")
+    try:
+        done = installer.install("--prepared", prepared["prepared_run"])
+        doc = installer.doc(done)
+        assert done.returncode != 0 and doc["verdict"] == "blocked"
+        assert "prepared input changed" in doc["cause"] and str(edited) in doc["cause"]
+        assert _rows(installer.op.last_attempt("install")) == []  # no host was asked anything
+    finally:
+        edited.write_bytes(original)
+
+
+def test_a_different_file_at_a_target_is_refused_and_left_as_it_was(installer: Installer) -> None:
+    env = installer.op.variant("slower", NARWHAL_TTFT_S="20")
+    prepared = installer.doc(installer.install("--prepare-only", env=env))
+    run = prepared["prepared_run"]
+    target = f"{installer.remote}/runs/{run}/env/engine-2.env"
+    host = installer.lab_host("node-2")
+    ssh(installer.op.plan, host, f"mkdir -p $(dirname {target}) && echo operator > {target}")
+    try:
+        done = installer.install("--prepared", run, env=env)
+        doc = installer.doc(done)
+        assert done.returncode != 0 and doc["verdict"] == "blocked"
+        assert any(target in p["problem"] and "left as it is" in p["problem"]
+                   for p in doc["problems"]), doc["problems"]
+        assert ssh(installer.op.plan, host, f"cat {target}").stdout == "operator\n"
+    finally:
+        ssh(installer.op.plan, host, f"rm -rf {installer.remote}/runs/{run}")
+
+
+def test_pip_killed_mid_install_is_recovered_and_resumed(installer: Installer,
+                                                         faults: Faults) -> None:
+    host = installer.lab_host("node-1")
+    ssh(installer.op.plan, host, f"rm -rf {installer.remote}/venv")  # the operator starts over
+    argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "install", "--json", "--checkout",
+            str(installer.checkout), "--wheelhouse", str(installer.wheels), "--env",
+            str(installer.op.env), "--runs", str(installer.op.runs)]
+    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = None
+        deadline = time.monotonic() + 120
+        while pid is None and time.monotonic() < deadline and running.poll() is None:
+            found = ssh(installer.op.plan, host, "pgrep -f -- '[-]m pip install' || true").stdout
+            pid = int(found.split()[0]) if found.split() else None
+            time.sleep(0.05)
+        assert pid is not None, "pip never started on node-1"
+        faults.kill(host, pid)
+        out, _ = running.communicate(timeout=300)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode != 0 and json.loads(out)["verdict"] == "blocked"
+    failed = installer.op.last_attempt("install")
+    before = _tree(failed)
+    recovered = installer.op.narwhal("recover", "install")
+    assert recovered.returncode == 0, recovered.stderr
+    assert "venv" in recovered.stdout and "removed" in recovered.stdout
+    assert ssh(installer.op.plan, host, f"test -e {installer.remote}/venv || "
+               "echo gone").stdout.strip() == "gone"
+    assert ssh(installer.op.plan, host, f"git -C {installer.remote}/checkout rev-parse HEAD"
+               ).stdout.strip() == installer.revision  # not the failed attempt's: kept
+    done = installer.install()
+    doc = installer.doc(done)
+    assert done.returncode == 0, doc
+    assert doc["hosts"]["node-1"]["pip_ran"] and doc["hosts"]["node-2"]["outcome"] == "verified"
+    assert _tree(failed) == before
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"NARWHAL_DEPLOYMENT_REVISION": "e80261ef"}, "NARWHAL_DEPLOYMENT_REVISION"),
+    ({"NARWHAL_DEPLOYMENT_REVISION": "f" * 40}, "is not a commit in"),
+    ({"NARWHAL_ENGINE_ENV": '{"SSHPASS":"hunter2"}'},
+     "NARWHAL_ENGINE_ENV: would carry the SSH variable SSHPASS"),
+])
+def test_bad_inputs_are_named_before_anything_is_sent(installer: Installer,
+                                                      values: dict[str, str],
+                                                      expected: str) -> None:
+    before = installer.attempts()
+    done = installer.install(env=installer.op.variant("bad", **values))
+    assert done.returncode != 0
+    assert expected in done.stdout + done.stderr, done.stdout + done.stderr
+    assert installer.attempts() == before
+
+
+def test_a_dirty_checkout_at_the_revision_is_refused(installer: Installer) -> None:
+    readme = installer.checkout / "README.md"
+    original = readme.read_bytes()
+    readme.write_bytes(original + b"\nan edit that is not committed\n")
+    try:
+        done = installer.install()
+        assert done.returncode != 0 and "uncommitted changes (README.md)" in done.stderr
+    finally:
+        readme.write_bytes(original)
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_wheelhouse_missing_a_pin_or_holding_a_wrong_hash_is_refused(
+        installer: Installer, tmp_path: Path, damage: str) -> None:
+    copy = tmp_path / "wheels"
+    shutil.copytree(installer.wheels, copy)
+    victim = next(copy.glob("pydantic-*.whl"))
+    if damage == "missing":
+        victim.unlink()
+    else:
+        victim.write_bytes(victim.read_bytes() + b"\0")
+    before = installer.attempts()
+    done = installer.install(wheels=copy)
+    assert done.returncode != 0
+    words = "pydantic==2.14.3: no wheel for this pin" if damage == "missing" else \
+        f"{victim.name}: sha256"
+    assert words in done.stderr, done.stderr
+    assert installer.attempts() == before
+
+
+def test_a_host_whose_python_the_wheelhouse_cannot_serve_blocks_naming_it(
+        installer: Installer, faults: Faults) -> None:
+    faults.python(installer.lab_host("node-2"), "3.12.4")
+    try:
+        code, doc = installer.op.discover()  # Gate A accepts 3.12; Gate B's wheels are cp311
+        assert code == 0, doc
+        done = installer.install()
+        doc = installer.doc(done)
+        assert done.returncode != 0 and doc["verdict"] == "blocked"
+        assert any(p["field"] == "node-2: python3" and "3.12.4" in p["problem"]
+                   for p in doc["problems"]), doc
+    finally:
+        faults.clear()
+        assert installer.op.discover()[0] == 0
