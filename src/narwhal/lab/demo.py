@@ -1,7 +1,8 @@
 """`make demo`: the main job on the embedded default lab, with the product's own commands.
 
 Brings the lab up, hands its `.env` to the product unchanged (plus the approved revision),
-pins host keys, checks access over SSH from the workstation namespace, exports the record,
+pins host keys, checks access over SSH from the workstation namespace, runs Gates A and B
+(discovery, then the install of the checkout's HEAD on every host), exports the record,
 takes the lab down and ends with `narwhal status`. Gates that are not built yet are named.
 """
 
@@ -126,6 +127,16 @@ def main() -> int:
         _say("gate A: discover every host at once (GPUs, image, checkpoint digest, fabric, "
              "ports) and check each engine's allocation against its own host")
         _run([narwhal, "lab", "exec", "--", narwhal, "discover", *common])
+        _say("gate B: prepare the install here (the lab hosts and workstation namespace have no "
+             "package index: the wheelhouse is built once where one answers), then install "
+             "every host at once from the workstation, offline and hash-checked")
+        checkout = work / "checkout"  # HEAD exactly: uncommitted edits are not the revision
+        _run(["git", "clone", "-q", ".", str(checkout)])
+        install = ["install", "--checkout", str(checkout), *common]
+        _run([narwhal, *install, "--prepare-only"])
+        _run([narwhal, "lab", "exec", "--", narwhal, *install])
+        _say("gate B again: every host verified, nothing reinstalled")
+        _run([narwhal, "lab", "exec", "--", narwhal, *install])
         _say("engines: emulated vLLM engines hand KV to each other across the lab fabric")
         _handoffs(work)
         _say("gate F tools: profile the lab fleet, then preflight it (every ordered pair's KV proven moved)")
@@ -136,7 +147,7 @@ def main() -> int:
         _say("lab down")
         _run([narwhal, "lab", "down"], check=False)
     _say("not built yet in this revision: " + ", ".join(
-        f"{g.letter} {g.name}" for g in GATES if g.name != "discover") +
+        f"{g.letter} {g.name}" for g in GATES if g.name not in ("discover", "install")) +
          " (each says so when run)")
     _say("status")
     _run([narwhal, "status", *common])

@@ -70,6 +70,7 @@ def resolve(checkout: Path, revision: str) -> str:
 
 def make_bundle(checkout: Path, revision: str, out: Path) -> None:
     """A verified bundle of revision's history as branch `deploy` (the checkout is untouched)."""
+    out = out.resolve()  # git runs in the temporary repository
     with tempfile.TemporaryDirectory(prefix="narwhal-bundle-") as tmp:
         bare = Path(tmp) / "repo.git"
         subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True, timeout=60)
@@ -81,6 +82,7 @@ def make_bundle(checkout: Path, revision: str, out: Path) -> None:
 
 def build_wheel(bundle: Path, revision: str, out: Path, *, compiled: bool) -> Path:
     """narwhal-fleet's wheel built from a clean clone of the bundle; cached in `out`."""
+    bundle, out = bundle.resolve(), out.resolve()
     existing = sorted(out.glob("narwhal_fleet-*.whl")) if out.is_dir() else []
     if len(existing) == 1:
         return existing[0]
