@@ -128,7 +128,7 @@ def test_install_puts_the_revision_on_every_host_offline_at_once(installer: Inst
     assert all(start < first_end for start, _ in spans), spans  # the hosts' pips overlapped
 
 
-def test_the_token_reaches_hosts_only_as_a_0600_secret_file(installer: Installer) -> None:
+def test_secrets_reach_hosts_only_as_0600_files_and_ssh_credentials_never(installer: Installer) -> None:
     run = json.loads((installer.op.last_attempt("install") / "plan.json").read_text())
     secret_file = f"{installer.remote}/runs/{run['prepared_run']}/secrets/NARWHAL_HF_TOKEN"
     for alias in ("node-1", "router"):
@@ -138,9 +138,17 @@ def test_the_token_reaches_hosts_only_as_a_0600_secret_file(installer: Installer
         lines = out.stdout.split()
         assert lines[:2] == ["600", installer.token], out
         assert lines[2:] == [secret_file], lines  # no other file on the host holds it
-    leaked = [str(p) for p in installer.op.runs.rglob("*") if p.is_file()
-              and installer.token.encode() in p.read_bytes()]
-    assert leaked == []
+    password = next(line.split("=", 1)[1].strip("'\"") for line in
+                    installer.op.env.read_text().splitlines()
+                    if "_SSH_PASSWORD=" in line)
+    for secret in (installer.token, password):
+        leaked = [str(p) for p in installer.op.runs.rglob("*") if p.is_file()
+                  and secret.encode() in p.read_bytes()]
+        assert leaked == []  # argv, outputs, evidence, prepared runs: none holds it
+    for alias in ("node-1", "node-2", "node-3", "router"):  # the SSH password goes nowhere
+        out = ssh(installer.op.plan, installer.lab_host(alias),
+                  f"grep -rlF -- '{password}' {installer.remote} || echo none")
+        assert out.stdout.split() == ["none"], out
 
 
 def test_a_second_install_verifies_every_host_and_runs_no_pip(installer: Installer) -> None:
@@ -221,6 +229,61 @@ def test_pip_killed_mid_install_is_recovered_and_resumed(installer: Installer,
     assert done.returncode == 0, doc
     assert doc["hosts"]["node-1"]["pip_ran"] and doc["hosts"]["node-2"]["outcome"] == "verified"
     assert _tree(failed) == before
+
+
+def test_a_connection_cut_mid_transfer_is_resumed_by_the_same_command(
+        installer: Installer, faults: Faults) -> None:
+    host = installer.lab_host("node-3")
+    wheels = f"{installer.remote}/wheelhouse"
+    ssh(installer.op.plan, host, f"rm -rf {wheels} {installer.remote}/venv")  # sent again
+    argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "install", "--json", "--checkout",
+            str(installer.checkout), "--wheelhouse", str(installer.wheels), "--env",
+            str(installer.op.env), "--runs", str(installer.op.runs)]
+    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sent = 0
+        deadline = time.monotonic() + 120
+        while not 2 <= sent < 20 and time.monotonic() < deadline and running.poll() is None:
+            out = ssh(installer.op.plan, host, f"ls {wheels} 2>/dev/null | wc -l").stdout
+            sent = int(out.strip() or 0)
+        assert 2 <= sent < 20, f"never caught node-3 mid-transfer ({sent} files)"
+        faults.crash(host)  # the power goes: the SSH connection is cut mid-transfer
+        out, _ = running.communicate(timeout=300)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode != 0 and json.loads(out)["verdict"] == "blocked"
+    failed = installer.op.last_attempt("install")
+    before = _tree(failed)
+    faults.clear()  # the host boots again
+    done = installer.install()
+    doc = installer.doc(done)
+    assert done.returncode == 0, doc
+    node3 = doc["hosts"]["node-3"]
+    assert node3["files_present"] >= 2 and node3["files_sent"] >= 1 and node3["pip_ran"]
+    assert _tree(failed) == before
+
+
+def test_a_role_shell_command_runs_in_the_checkout_with_the_role_env_and_venv(
+        installer: Installer) -> None:
+    script = 'echo "$PWD $NARWHAL_ROLE $VIRTUAL_ENV"; git rev-parse HEAD; command -v narwhal-engine'
+    done = subprocess.run([NARWHAL, "lab", "exec", "--", NARWHAL, "shell", "--env",
+                           str(installer.op.env), "--runs", str(installer.op.runs), "--role",
+                           "engine-2", "--", "sh", "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{installer.remote}/checkout engine-2 {installer.remote}/venv", installer.revision,
+        f"{installer.remote}/venv/bin/narwhal-engine"]
+    ledger = json.loads((installer.op.runs / "lab" / "ledger.json").read_text())
+    last = ledger["activities"]["shell"]["attempts"][-1]
+    rows = _rows(installer.op.runs / "lab" / "shell" / last)
+    assert rows[-1]["host"] == "node-2" and rows[-1]["argv"][-1] == script
+    bad = subprocess.run([NARWHAL, "lab", "exec", "--", NARWHAL, "shell", "--env",
+                          str(installer.op.env), "--runs", str(installer.op.runs), "--role",
+                          "engine-9", "--", "true"], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert bad.returncode == 2 and "'engine-9' is not a role" in bad.stderr
 
 
 @pytest.mark.parametrize("values, expected", [

@@ -70,6 +70,13 @@ def test_profile_then_check_passes_on_the_real_pair(pair: Pair, tmp_path: Path) 
     # measures them one after the other and neither records the other's load.
     done = run("narwhal.serve.check_cli", "--fleet", str(fleet), "--json")
     doc = json.loads(done.stdout)
+    failed = [v for v in doc["verdicts"] if v["status"] == "fail"]
+    if failed and all(v["gate"] == "profile" and "fit poorly" in v["detail"] for v in failed):
+        # Its own fix, as an operator follows it: CPU engines on 2 shared cores sometimes
+        # measure a noisy decode curve; profile again and check again (once).
+        assert run("narwhal.serve.profile_cli", "--fleet", str(fleet)).returncode == 0
+        done = run("narwhal.serve.check_cli", "--fleet", str(fleet), "--json")
+        doc = json.loads(done.stdout)
     for v in doc["verdicts"]:
         print(v["gate"], v["subject"], v["status"], v["measured"], v["detail"][:200])
     assert done.returncode == 0, [v for v in doc["verdicts"] if v["status"] == "fail"]

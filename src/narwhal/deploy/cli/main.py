@@ -19,13 +19,15 @@ from narwhal.deploy.cli import (
     install_cmd,
     kv_cmd,
     ledger_cmd,
+    shell_cmd,
 )
 
 Handler = Callable[[argparse.Namespace], int]
 
 # Command groups that live in their own modules; each has register(subparsers). They are
 # imported by name here so the architecture test can check their direction.
-COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd)
+COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd,
+                   shell_cmd)
 # Gates whose module registers its own command; the others answer "not built yet" (exit 3).
 BUILT_GATES = frozenset({"discover", "install"})
 

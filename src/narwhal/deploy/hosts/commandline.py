@@ -179,3 +179,12 @@ def write_marker(path: str, text: str) -> list[str]:
 
 def home() -> list[str]:
     return sh(HOME)
+
+# A role shell: in the installed checkout $1/checkout, the role file $2 loaded (exported), the
+# venv active; then the login's interactive shell, or the command "$@" after the two.
+ROLE_SHELL = ('cd "$1/checkout" && set -a && . "$2" && set +a && . "$1/venv/bin/activate" && '
+              'shift 2 && if [ "$#" -eq 0 ]; then exec "${SHELL:-/bin/sh}" -i; else exec "$@"; fi')
+
+
+def role_shell(install_dir: str, role_env: str, argv: Sequence[str] = ()) -> list[str]:
+    return sh(ROLE_SHELL, install_dir, role_env, *check_argv(argv) if argv else ())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from narwhal.core.errors import HostError, HostKeyChanged, HostUnreachable
@@ -154,6 +154,14 @@ class SshHost(Host):
         if done.returncode == 255 and b"Control socket" in done.stderr:
             self._stop_master()  # the next call opens a fresh master
         return done.returncode, done.stdout, done.stderr
+
+    def interactive(self, argv: Sequence[str]) -> int:
+        """Run argv with this terminal attached (a role shell) over the master; its status."""
+        if not self._master_alive():
+            self._start_master()
+        ssh = ["ssh", *self._options(), "-o", "ControlMaster=no", "-o", "BatchMode=yes", "-t",
+               self.destination.target, "--", cl.remote_line(argv)]
+        return subprocess.call(ssh)
 
     def forward(self, local_port: int, remote_host: str, remote_port: int) -> int:
         self._control("forward", local_port, remote_host, remote_port)

@@ -28,8 +28,9 @@ START_SCHEMA = "narwhal.attempt-start"
 RUNBOOK_INDEX_SCHEMA = "narwhal.runbook-index"
 # The runbook's evidence names, each an attempt folder of ours: `runbook-index.json` maps one
 # to the other, so a reader (and the export) can follow the runbook's names.
+# deployment-env/<run>/ is not here: Gate B's prepared runs are real folders of that name.
 RUNBOOK_NAMES = {"discover": "discovery/{id}", "access": "access-{id}",
-                 "install": "deployment-env/{id}", "serve": "load-trial-{id}"}
+                 "serve": "load-trial-{id}"}
 
 
 class Ledger:
