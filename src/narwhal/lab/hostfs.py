@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 from pathlib import Path
 
 from narwhal.lab import identity
@@ -158,6 +159,23 @@ def _doubles(plan: LabPlan, h: HostPlan) -> None:
         ]), 0o755)
 
 
+def _image_rootfs(h: HostPlan) -> None:
+    """What the engine image holds, as far as the docker double runs it: `vllm`, which in
+    the lab is the engine emulator (run by this checkout's interpreter, its own sources)."""
+    rootfs = h.dir / "image-rootfs"
+    shutil.rmtree(rootfs, ignore_errors=True)
+    if h.host.role != "engine":
+        return
+    _write(rootfs / "usr" / "local" / "bin" / "vllm", "\n".join([
+        f"#!{sys.executable} -I",
+        '"""The lab image\'s `vllm`: `vllm serve MODEL [flags]` runs the engine emulator."""',
+        "import sys",
+        f"sys.path.insert(0, {str(NARWHAL_SRC)!r})",
+        "from narwhal.lab.engine.server import main",
+        "sys.exit(main())",
+        ""]), 0o755)
+
+
 def devices_and_pci(h: HostPlan) -> None:
     """The host's device nodes (copied into its private /dev at boot) and PCI sysfs."""
     dev, pci = h.dir / "dev", h.dir / "pci"
@@ -224,6 +242,7 @@ def prepare_host(plan: LabPlan, h: HostPlan) -> None:
     make_host_key(h)
     _sshd_config(h, _etc(plan, h))
     _doubles(plan, h)
+    _image_rootfs(h)
     devices_and_pci(h)
     _inventory(plan, h)
     _model(plan, h)

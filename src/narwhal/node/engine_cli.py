@@ -1,15 +1,160 @@
-"""`narwhal-engine`: Checked engine launch on an engine host and capture of the live KV cache it allocated (gate C)."""
+"""`narwhal-engine`: checked engine launch on an engine host and capture of its live KV cache.
+
+Run on the engine host from the installed venv (Gate B), by Gate C over SSH; each subcommand
+prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine's run dir:
+
+    prepare --launch L --run-dir D [--runtime R]   launch record -> run plan (D/launch.json)
+    check   --run-dir D                            the plan against the host now (D/checked.json)
+    start   --run-dir D [--secrets S]              only a checked, unchanged plan (D/started.json)
+    capture --run-dir D [--timeout T]              the live cache layout (D/cache-layout.json)
+    stop    --run-dir D                            what start started, if it still is that
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
 
-from narwhal.core.cli_common import not_built
+from narwhal.core import result_line
+from narwhal.core.documents import canonical_json, sha256_bytes
+from narwhal.core.errors import NarwhalError
+from narwhal.node.engine import checks, runplan
+from narwhal.node.engine import runtime as rt
+from narwhal.node.engine.capture import capture
 
-DESCRIPTION = "Checked engine launch on an engine host and capture of the live KV cache it allocated (gate C)."
+DESCRIPTION = ("Checked engine launch on an engine host and capture of the live KV cache it "
+               "allocated (gate C).")
+COMMAND = "narwhal-engine"
+
+
+class Refused(Exception):
+    """The subcommand will not do it; the message says why and what to do."""
+
+
+def _write(path: Path, data: bytes) -> None:
+    part = path.with_name(path.name + f".part-{os.getpid()}")
+    with open(part, "wb") as f:
+        f.write(data)
+    os.replace(part, path)
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text())
+        return doc
+    except FileNotFoundError:
+        raise Refused(f"no {path.name} in {path.parent}: run `narwhal-engine {what}` first"
+                      ) from None
+
+
+def _plan(run_dir: Path) -> tuple[dict[str, Any], str]:
+    data = (run_dir / "launch.json").read_bytes() if (run_dir / "launch.json").exists() else b""
+    if not data:
+        raise Refused(f"no launch.json in {run_dir}: run `narwhal-engine prepare` first")
+    return json.loads(data), sha256_bytes(data)
+
+
+def _started(run_dir: Path) -> rt.Started:
+    s = _read_json(run_dir / "started.json", "start")
+    return rt.Started(s["runtime"], s["id"], s["created"])
+
+
+def do_prepare(args: argparse.Namespace) -> dict[str, Any]:
+    record, record_sha = runplan.load_record(Path(args.launch))
+    runtime = args.runtime or record.runtime
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data = runplan.plan_bytes(runplan.build(record, record_sha, runtime))
+    _write(run_dir / "launch.json", data)
+    return {"engine": record.engine, "plan_sha256": sha256_bytes(data), "runtime": runtime}
+
+
+def do_check(args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = Path(args.run_dir)
+    plan, plan_sha = _plan(run_dir)
+    found = checks.run_all(plan, plan["runtime"])
+    ok = all(c["ok"] for c in found)
+    _write(run_dir / "checked.json", canonical_json(
+        {"plan_sha256": plan_sha, "ok": ok, "checks": found}).encode() + b"\n")
+    return {"engine": plan["engine"], "plan_sha256": plan_sha, "ok": ok, "checks": found}
+
+
+def do_start(args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = Path(args.run_dir)
+    plan, plan_sha = _plan(run_dir)
+    checked = _read_json(run_dir / "checked.json", "check")
+    if checked.get("plan_sha256") != plan_sha:
+        raise Refused("launch.json changed after `check` (plan edited): run `narwhal-engine "
+                      "check` again before starting")
+    if not checked.get("ok"):
+        raise Refused("the last `check` of this plan failed; fix what it named and check again")
+    secrets: dict[str, str] = {}
+    for name in plan["secret_environment"]:
+        if args.secrets is None:
+            raise Refused(f"the plan needs the secret {name}: pass --secrets DIR")
+        secrets[name] = (Path(args.secrets) / name).read_text().rstrip("\n")
+    started = rt.start(plan, secrets, run_dir / "engine.log")
+    _write(run_dir / "started.json", canonical_json(started.as_json()).encode() + b"\n")
+    return {"engine": plan["engine"], **started.as_json()}
+
+
+def do_capture(args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = Path(args.run_dir)
+    plan, _ = _plan(run_dir)
+    doc = capture(plan, _started(run_dir), run_dir / "engine.log", args.timeout)
+    data = canonical_json(doc).encode() + b"\n"
+    _write(run_dir / "cache-layout.json", data)
+    return {"engine": plan["engine"], "cache_layout_sha256": sha256_bytes(data),
+            "cache_layout": doc}
+
+
+def do_stop(args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = Path(args.run_dir)
+    started = _started(run_dir)
+    return {"result": rt.stop(started), **started.as_json()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=COMMAND, description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="sub", required=True)
+    p = sub.add_parser("prepare", help="launch record -> run plan (launch.json)")
+    p.add_argument("--launch", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--runtime", choices=["docker", "podman", "native"], default=None)
+    p.set_defaults(handler=do_prepare)
+    p = sub.add_parser("check", help="the plan against the host now (checked.json)")
+    p.add_argument("--run-dir", required=True)
+    p.set_defaults(handler=do_check)
+    p = sub.add_parser("start", help="start a checked, unchanged plan (started.json)")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--secrets", default=None, help="folder of 0600 secret files")
+    p.set_defaults(handler=do_start)
+    p = sub.add_parser("capture", help="the live cache layout (cache-layout.json)")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.set_defaults(handler=do_capture)
+    p = sub.add_parser("stop", help="stop what start started, if it still is that")
+    p.add_argument("--run-dir", required=True)
+    p.set_defaults(handler=do_stop)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="narwhal-engine", description=DESCRIPTION)
-    parser.parse_args(argv)
-    return not_built("narwhal-engine", DESCRIPTION)
+    args = build_parser().parse_args(argv)
+    command = f"{COMMAND} {args.sub}"
+    try:
+        data = args.handler(args)
+    except (Refused, rt.RuntimeError_, NarwhalError, OSError, ValueError) as exc:
+        print(result_line.render(command, False, {}, str(exc)))
+        return 1
+    ok = bool(data.get("ok", True))
+    print(result_line.render(command, ok, data, "" if ok else "a check failed"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -89,6 +89,9 @@ def _create(store: Store, args: list[str]) -> tuple[dict[str, Any] | None, int]:
         return None, _err(f'docker: Error response from daemon: Conflict. The container name "/{opts["name"]}" '
                           f'is already in use by container "{other["Id"]}". You have to remove (or rename) '
                           "that container to be able to reuse that name.", 125)
+    refused = _host_config_problem(store, opts["host"])
+    if refused is not None:
+        return None, _err(f"docker: Error response from daemon: {refused}.", 125)
     cfg = img["config"]["config"]
     entry = opts["entrypoint"] if opts["entrypoint"] is not None else (cfg["Entrypoint"] or [])
     cmd = rest[1:] or ([] if opts["entrypoint"] is not None else (cfg["Cmd"] or []))
@@ -100,6 +103,48 @@ def _create(store: Store, args: list[str]) -> tuple[dict[str, Any] | None, int]:
     return c, 0
 
 
+def _host_config_problem(store: Store, host: dict[str, list[str]]) -> str | None:
+    """What dockerd refuses before it creates anything: a bind source that does not exist, a
+    device node that does not exist, a GPU the host does not have (nvidia-container-cli)."""
+    for bind in [*host.get("v", []), *host.get("volume", [])]:
+        parts = bind.split(":")
+        src = parts[0]
+        if src.startswith("/") and not os.path.exists(src):
+            return (f'invalid mount config for type "bind": bind source path does not exist: '
+                    f"{src}")
+        if src.startswith("/") and len(parts) > 1 and parts[1] != src:
+            return f"lab docker double: bind {src} to the same path (got {parts[1]})"
+    for device in host.get("device", []):
+        path = device.split(":", 1)[0]
+        if not os.path.exists(path):
+            return (f'error gathering device information while adding custom device "{path}": '
+                    "no such file or directory")
+    hardware = host_data(str(store.root.parents[1])).get("hardware") or {}
+    have = {d["uuid"] for d in (hardware.get("accelerators") or {}).get("devices", [])}
+    for gpus in host.get("gpus", []):
+        wanted = gpus.strip("'\"").removeprefix("device=")
+        if gpus == "all" or not wanted:
+            continue
+        for uuid in wanted.split(","):
+            if uuid.startswith("GPU-") and uuid not in have:
+                return ("failed to create task for container: failed to create shim task: OCI "
+                        "runtime create failed: nvidia-container-cli: device error: "
+                        f"{uuid}: unknown device: unknown")
+    return None
+
+
+def _resolve(store: Store, argv0: str, env: dict[str, str]) -> str:
+    """argv[0] as the container would find it: on its PATH inside the image's filesystem."""
+    if "/" in argv0:
+        return argv0
+    rootfs = store.root.parents[1] / "image-rootfs"
+    for d in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
+        candidate = rootfs / d.lstrip("/") / argv0
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return argv0
+
+
 def _env(c: dict[str, Any]) -> dict[str, str]:
     env = {"HOSTNAME": c["Config"]["Hostname"], "HOME": "/root"}
     env.update(kv.split("=", 1) for kv in c["Config"]["Env"] if "=" in kv)
@@ -107,12 +152,13 @@ def _env(c: dict[str, Any]) -> dict[str, str]:
 
 
 def _spawn(store: Store, c: dict[str, Any], *, attached: bool) -> subprocess.Popen[bytes] | int:
-    argv = [c["Path"], *c["Args"]]
+    env = _env(c)
+    argv = [_resolve(store, c["Path"], env), *c["Args"]]
     d = store.dir(c["Id"])
     out = None if attached else open(d / "stdout.log", "ab")  # noqa: SIM115
     err = None if attached else open(d / "stderr.log", "ab")  # noqa: SIM115
     try:
-        proc = subprocess.Popen(argv, env=_env(c), cwd=c["Config"]["WorkingDir"] or "/",
+        proc = subprocess.Popen(argv, env=env, cwd=c["Config"]["WorkingDir"] or "/",
                                 stdin=None if attached else subprocess.DEVNULL, stdout=out, stderr=err,
                                 start_new_session=True)
     except (FileNotFoundError, PermissionError):

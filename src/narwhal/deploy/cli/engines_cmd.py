@@ -1,0 +1,86 @@
+"""`narwhal engines`: Gate C, with progress per engine, a summary table and `--json`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
+from narwhal.core.errors import GateBlocked
+from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.gates import engines
+from narwhal.deploy.gates.runner import run_gate
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("engines", help="gate C: validate and start every engine, capture its "
+                       "live KV cache")
+    add_common(p)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(handler=run)
+
+
+class _Progress:
+    def __init__(self, quiet: bool) -> None:
+        self.console = Console(stderr=True, highlight=False)
+        self.quiet, self.t0, self.lock = quiet, time.monotonic(), threading.Lock()
+
+    def __call__(self, engine: str, what: str) -> None:
+        with self.lock:
+            if not self.quiet:
+                self.console.print(f"  [{time.monotonic() - self.t0:5.1f} s] {engine}: {what}")
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = Context.load(args)
+    progress = _Progress(args.json)
+    try:
+        targets, doc = engines.plan(ctx.inputs, ctx.ledger)
+        sessions = ctx.sessions()
+        if not args.json:
+            progress.console.print(f"narwhal engines: {len(targets)} engine(s) in "
+                                   f"{len(doc['start_groups'])} start group(s)")
+        result = run_gate(engines.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
+                          ctx.inputs.revision, doc,
+                          lambda attempt: engines.execute(sessions, attempt, targets, doc,
+                                                          progress))
+    except GateBlocked as exc:
+        if args.json:
+            print(json.dumps({"gate": "engines", "verdict": "blocked", "cause": exc.cause,
+                              "problems": [{"field": p.field, "problem": p.problem,
+                                            "fix": p.fix} for p in exc.problems]}, indent=1))
+        else:
+            print(f"narwhal engines: blocked, {len(exc.problems) or 1} problem(s):",
+                  file=sys.stderr)
+            for p in exc.problems or ():
+                print(f"  - {p.line()}", file=sys.stderr)
+            if not exc.problems:
+                print(f"  - {exc.cause}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        ctx.close()
+    attempt = ctx.ledger.load()["gates"]["engines"]["last"]
+    if args.json:
+        print(json.dumps({"gate": "engines", "verdict": "passed", "attempt": attempt, **result},
+                         indent=1))
+    else:
+        _table(result)
+        print(f"gate C passed: evidence in {ctx.ledger.attempt_folder('engines', attempt)}")
+    return EXIT_OK
+
+
+def _table(result: dict[str, Any]) -> None:
+    table = Table(title="engines started and captured")
+    for column in ("engine", "host", "vLLM", "compatibility hash", "healthy after"):
+        table.add_column(column)
+    for role, e in result["engines"].items():
+        table.add_row(role, e["host"], e["version"], str(e["compatibility_hash"])[:16],
+                      f"{e['healthy_after_s']:.1f} s")
+    Console().print(table)

@@ -1,0 +1,256 @@
+"""Gate C: validate and start every engine from its checked plan, and capture its live cache.
+
+Plan (recorded first): per engine its host, GPUs and run dir on the host, and the start
+order the runbook's concurrency rule gives: engines whose GPUs are disjoint start at once,
+engines that share a GPU one after another. Execute, in two phases so that a bad host
+blocks before any container exists: (1) on every host at once, `narwhal-engine prepare` and
+`check` for each engine (the plan against the host now); (2) `start` and `capture` in the
+planned order, each container owned by the attempt. Then the contract, on the workstation:
+each engine's live hash and side-channel metadata against core/kv's prediction for its
+launch record, and every ordered producer -> consumer pair by core/kv's pair rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.documents import canonical_json, stamp
+from narwhal.core.errors import ContractError, GateBlocked, HostError, InputError, Problem
+from narwhal.core.kv.capture.sidechannel import metadata_mismatches
+from narwhal.core.kv.geometry import Geometry, plan_geometry
+from narwhal.core.kv.metadata import AgentMetadata
+from narwhal.core.kv.pair import check_fleet
+from narwhal.core.kv.vllm_args import launch_plan_from_args
+from narwhal.core.launch_record import LaunchRecord
+from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.parallel import each
+from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger import Ledger
+from narwhal.deploy.ledger.attempt import Attempt
+
+INSTALL_PLAN = Reads("install", "plan.json")
+DISCOVERY = Reads("discover", "discovery.json")
+SPEC = GateSpec("engines", Spread.PER_ENGINE, reads=(INSTALL_PLAN, DISCOVERY))
+COMMAND = "narwhal-engine"
+START_TIMEOUT_S = 180.0
+CAPTURE_TIMEOUT_S = 300.0
+Progress = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    role: str
+    alias: str  # the physical host
+    record: LaunchRecord
+    launch_sha256: str
+
+    @property
+    def gpus(self) -> frozenset[tuple[str, str]]:
+        return frozenset((self.alias, d.uuid) for d in self.record.devices)
+
+
+def start_groups(targets: list[EngineTarget]) -> list[list[EngineTarget]]:
+    """Engines that share a GPU (directly or through others) in one group, started one after
+    another; groups are started at once."""
+    groups: list[list[EngineTarget]] = []
+    for t in targets:
+        touching = [g for g in groups if any(t.gpus & o.gpus for o in g)]
+        merged = [o for g in touching for o in g] + [t]
+        groups = [g for g in groups if g not in touching] + [merged]
+    return groups
+
+
+def plan(inputs: Inputs, ledger: Ledger) -> tuple[list[EngineTarget], dict[str, Any]]:
+    install = passed_artifact(ledger, "engines", INSTALL_PLAN).json()
+    host_of = {role: h.alias for h in physical_hosts(inputs) for role in h.roles}
+    targets = []
+    for e in inputs.engines:
+        art = passed_artifact(ledger, "engines", Reads("discover", f"launch-{e.role}.json"))
+        targets.append(EngineTarget(e.role, host_of[e.role],
+                                    LaunchRecord.model_validate_json(art.read_bytes()),
+                                    art.sha256))
+    groups = start_groups(targets)
+    doc = {"install": {"prepared_run": install["prepared_run"],
+                       "remote_dir": install["remote_dir"]},
+           "engines": [{"engine": t.role, "host": t.alias, "run_dir": f"{t.record.run_dir}/"
+                        f"{t.role}", "gpus": [d.uuid for d in t.record.devices],
+                        "launch_record_sha256": t.launch_sha256} for t in targets],
+           "start_groups": [[t.role for t in g] for g in groups]}
+    return targets, doc
+
+
+class _Remote:
+    """Paths and commands of one engine on its host (narwhal-engine from Gate B's venv)."""
+
+    def __init__(self, host: Host, install: dict[str, Any], t: EngineTarget) -> None:
+        home = host.run(cl.home(), check=True).text.strip()
+        base = f"{home}/{str(install['remote_dir']).removeprefix('~/')}"
+        run = f"{base}/runs/{install['prepared_run']}"
+        self.host, self.t = host, t
+        self.tool = f"{base}/venv/bin/{COMMAND}"
+        self.launch, self.secrets = f"{run}/launch/{t.role}.json", f"{run}/secrets"
+        self.run_dir = f"{t.record.run_dir}/{t.role}"
+
+    def call(self, sub: str, *args: str, timeout: float = 120.0) -> result_line.ResultLine:
+        done = self.host.run([self.tool, sub, *args], timeout=timeout)
+        try:
+            return result_line.parse(done.text, f"{COMMAND} {sub}")
+        except ContractError:
+            raise HostError(self.host.alias, f"{self.t.role}: `{COMMAND} {sub}` exited "
+                            f"{done.exit_status} without a result line: "
+                            f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
+
+
+def _check_problems(t: EngineTarget, result: result_line.ResultLine) -> list[Problem]:
+    if not result.data.get("checks"):
+        return [Problem(f"{t.alias}: {t.role}", result.error or "check failed",
+                        "see the attempt's commands.jsonl")]
+    return [Problem(f"{t.alias}: {t.role}: {c['check']}", str(c["found"]), c["fix"])
+            for c in result.data["checks"] if not c["ok"]]
+
+
+def predicted(t: EngineTarget, capture: dict[str, Any]) -> Geometry:
+    record = t.record
+    launch = launch_plan_from_args([record.model_dir, *record.vllm_args], name=t.role,
+                                   vllm_version=str(capture["version"]),
+                                   where=f"{t.role}: vllm_args")
+    return plan_geometry(capture["model_config"], launch)
+
+
+def engine_findings(t: EngineTarget, geometry: Geometry, capture: dict[str, Any]
+                    ) -> list[Problem]:
+    """The live engine against the prediction for its launch record, rank by rank."""
+    problems = []
+    where = f"{t.alias}: {t.role}"
+    expected_ranks = geometry.tp
+    if len(capture["ranks"]) != expected_ranks:
+        problems.append(Problem(where, f"{len(capture['ranks'])} side-channel rank(s) "
+                                f"answered, the plan has {expected_ranks}",
+                                "check the engine's tensor parallel size"))
+    for rank in capture["ranks"]:
+        label = f"{where} rank {rank['pp_rank']}/{rank['tp_rank']}"
+        if rank["compatibility_hash"] != geometry.compatibility_hash:
+            problems.append(Problem(label, f"compatibility hash {rank['compatibility_hash']} "
+                                    f"is not the predicted {geometry.compatibility_hash}",
+                                    "the engine was not started with its launch record's "
+                                    "arguments, or its vLLM differs: compare the image"))
+        stage = geometry.stages[int(rank["pp_rank"])].metadata
+        for m in metadata_mismatches(stage, AgentMetadata.model_validate(rank["metadata"])):
+            problems.append(Problem(label, m, "compare the engine's arguments with its launch "
+                                    "record"))
+    if not str(capture["completion"]["text"]):
+        problems.append(Problem(where, "the test completion returned no text",
+                                "read the engine log in the run dir"))
+    return problems
+
+
+def pair_findings(geometries: list[Geometry]) -> list[Problem]:
+    problems = []
+    for report in check_fleet(geometries):
+        for f in report.findings:
+            problems.append(Problem(f"{f.producer} -> {f.consumer}: {f.factor}",
+                                    f"{f.message} ({f.producer}: {f.producer_value!r}, "
+                                    f"{f.consumer}: {f.consumer_value!r})", f.fix))
+    return problems
+
+
+def _block(attempt: Attempt, cause: str, problems: list[Problem]) -> GateBlocked:
+    attempt.add_artifact("problems.json", canonical_json(
+        [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]).encode())
+    return GateBlocked("engines", cause, problems)
+
+
+def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
+            doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    install = doc["install"]
+    remotes: dict[str, _Remote] = {}
+
+    def checked(t: EngineTarget) -> list[Problem]:
+        host = sessions.get(t.alias)
+        with attempt.bind(host):
+            r = remotes[t.role] = _Remote(host, install, t)
+            progress(t.role, "checking")
+            prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir)
+            if not prepared.ok:
+                return [Problem(f"{t.alias}: {t.role}: prepare", prepared.error,
+                                "check the launch record Gate B installed")]
+            result = r.call("check", "--run-dir", r.run_dir)
+            return [] if result.ok else _check_problems(t, result)
+
+    problems: list[Problem] = []
+    for outcome in each(targets, checked):
+        if outcome.error is not None:
+            if not isinstance(outcome.error, HostError):
+                raise outcome.error
+            problems.append(Problem(f"{outcome.item.alias}: {outcome.item.role}",
+                                    str(outcome.error).splitlines()[0],
+                                    "check the host is up (`narwhal hosts check`)"))
+        else:
+            problems += outcome.value or []
+    if problems:
+        raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
+
+    captures: dict[str, dict[str, Any]] = {}
+
+    def start_group(group: list[EngineTarget]) -> None:
+        for t in group:
+            r = remotes[t.role]
+            with attempt.bind(r.host):
+                progress(t.role, "starting")
+                started = r.call("start", "--run-dir", r.run_dir, "--secrets", r.secrets,
+                                 timeout=START_TIMEOUT_S)
+                if not started.ok:
+                    raise HostError(t.alias, f"{t.role}: start refused: {started.error}")
+                if started.data["runtime"] != "native":
+                    attempt.own_container(r.host, str(started.data["runtime"]),
+                                          str(started.data["id"]), str(started.data["created"]))
+                progress(t.role, "capturing")
+                cap = r.call("capture", "--run-dir", r.run_dir, "--timeout",
+                             str(int(CAPTURE_TIMEOUT_S)), timeout=CAPTURE_TIMEOUT_S + 60)
+                if not cap.ok:
+                    raise HostError(t.alias, f"{t.role}: capture failed: {cap.error}")
+                captures[t.role] = cap.data["cache_layout"]
+                attempt.add_artifact(f"cache-layout-{t.role}.json", canonical_json(
+                    cap.data["cache_layout"]).encode() + b"\n")
+                progress(t.role, "captured")
+
+    for started in each(start_groups(targets), start_group):
+        if started.error is not None:
+            if not isinstance(started.error, (HostError, ContractError)):
+                raise started.error
+            problems.append(Problem(", ".join(t.role for t in started.item),
+                                    str(started.error).splitlines()[0],
+                                    "read the engine log in its run dir; `narwhal recover "
+                                    "engines` removes what this attempt started"))
+    if problems:
+        raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
+
+    geometries = []
+    for t in targets:
+        try:
+            geometry = predicted(t, captures[t.role])
+        except InputError as exc:
+            problems += exc.problems
+            continue
+        geometries.append(geometry)
+        problems += engine_findings(t, geometry, captures[t.role])
+    problems += pair_findings(geometries)
+    contract = stamp("narwhal.engine-contract", 1, {
+        "engines": {g.engine: {"compatibility_hash": g.compatibility_hash} for g in geometries},
+        "findings": [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]})
+    attempt.add_artifact("contract.json", canonical_json(contract).encode() + b"\n")
+    if problems:
+        raise _block(attempt, "the live KV contract failed: " + "; ".join(
+            p.line() for p in problems[:2]), problems)
+    return {"engines": {t.role: {"host": t.alias, "version": captures[t.role]["version"],
+                                 "compatibility_hash": captures[t.role]["ranks"][0][
+                                     "compatibility_hash"],
+                                 "healthy_after_s": captures[t.role]["healthy_after_s"]}
+                        for t in targets}}

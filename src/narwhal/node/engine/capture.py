@@ -1,0 +1,103 @@
+"""What the live engine actually allocated (`narwhal-engine capture`): cache-layout.json.
+
+Read from the engine's own surfaces, as any client sees them, never by patching vLLM: the
+startup log (layout, backend, capacity), /metrics (cache_config_info and the process start
+time), /version, /v1/models, the NIXL side-channel handshake of every rank through node's
+read-only probe, and one real completion. The model's config.json rides along so the
+workstation can predict the geometry with core/kv and compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from narwhal.core.documents import stamp
+from narwhal.core.errors import ContractError, HostUnreachable
+from narwhal.core.kv.capture.endpoints import (
+    parse_cache_config_info,
+    parse_process_start_time,
+    parse_version_reply,
+)
+from narwhal.core.kv.capture.logs import parse_startup_log
+from narwhal.node.engine.runtime import Started, alive, logs
+from narwhal.node.nixl_probe import ProbeTarget, probe
+
+SCHEMA = "narwhal.cache-layout"
+VERSION = 1
+COMPLETION_PROMPT = "The quick brown fox"
+
+
+def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 - loopback
+            return reply.status, reply.read(4 << 20)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(4096)
+
+
+def _post(url: str, body: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as reply:  # noqa: S310 - loopback
+        data: dict[str, Any] = json.loads(reply.read(4 << 20))
+        return data
+
+
+def wait_healthy(plan: dict[str, Any], started: Started, log_path: Path,
+                 timeout_s: float) -> float:
+    """Seconds from now until /health answers 200; the engine dying first is an error."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if _get(f"{plan['url']}/health", timeout=2.0)[0] == 200:
+                return time.monotonic() - t0
+        except (OSError, urllib.error.URLError):
+            pass
+        if not alive(started):
+            tail = logs(started, log_path).strip().splitlines()[-5:]
+            raise ContractError(f"{plan['engine']} exited before it was healthy: "
+                                + " | ".join(tail))
+        time.sleep(0.2)
+    raise HostUnreachable(plan["engine"], f"{plan['url']}/health did not answer 200 within "
+                          f"{timeout_s:.0f} s")
+
+
+def capture(plan: dict[str, Any], started: Started, log_path: Path,
+            timeout_s: float) -> dict[str, Any]:
+    healthy_s = wait_healthy(plan, started, log_path, timeout_s)
+    url = plan["url"]
+    version = parse_version_reply(_get(f"{url}/version")[1])
+    status, models_body = _get(f"{url}/v1/models")
+    models = [m["id"] for m in json.loads(models_body).get("data", [])] if status == 200 else []
+    metrics = _get(f"{url}/metrics")[1].decode("utf-8", "replace")
+    cache_config = [c.labels for c in parse_cache_config_info(metrics)]
+    start_time = parse_process_start_time(metrics)
+    startup = dataclasses.asdict(parse_startup_log(logs(started, log_path)))
+    tp = int(plan["tensor_parallel_size"])
+    target = ProbeTarget(alias=plan["engine"], host=plan["side_channel"]["host"],
+                         port=int(plan["side_channel"]["port"]), pp_size=1, tp_size=tp,
+                         vllm_version=version)
+    ranks = []
+    for (pp, rank), reply in sorted(probe(target).items()):
+        ranks.append({"pp_rank": pp, "tp_rank": rank,
+                      "compatibility_hash": reply.compatibility_hash,
+                      "engine_id": str(reply.metadata.get("engine_id", "")),
+                      "metadata": reply.as_agent_metadata().model_dump(mode="json")})
+    done = _post(f"{url}/v1/completions", {"model": plan["served_model_name"],
+                                           "prompt": COMPLETION_PROMPT, "max_tokens": 4})
+    text = str(((done.get("choices") or [{}])[0]).get("text", ""))
+    config = json.loads((Path(plan["model_dir"]) / "config.json").read_text())
+    return stamp(SCHEMA, VERSION, {
+        "engine": plan["engine"], "launch_record_sha256": plan["launch_record_sha256"],
+        "started": started.as_json(), "healthy_after_s": round(healthy_s, 3),
+        "version": version, "models": models, "process_start_time_seconds": start_time,
+        "cache_config_info": cache_config, "startup": startup, "ranks": ranks,
+        "completion": {"prompt": COMPLETION_PROMPT, "text": text,
+                       "usage": done.get("usage")},
+        "model_config": config})

@@ -1,0 +1,84 @@
+"""A launch record (Gate A) made concrete for one host: the run plan, written as launch.json.
+
+The plan names everything the start will do, so `check` can test it against the host and
+`start` can refuse a plan that changed since: the runtime's full argv (image by Id, never by
+tag), the devices, the environment (secret names only; their values are read from 0600
+files at start and passed through the runtime's environment, never its argv), the ports, the
+NIXL side channel and UCX settings, and the URL the engine will answer on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from narwhal.core import launch_record as lr
+from narwhal.core.documents import canonical_json, sha256_bytes, stamp
+
+SCHEMA = "narwhal.engine-run-plan"
+VERSION = 1
+CONTAINER_PREFIX = "narwhal-"
+
+
+def load_record(path: Path) -> tuple[lr.LaunchRecord, str]:
+    data = path.read_bytes()
+    return lr.LaunchRecord.model_validate_json(data), sha256_bytes(data)
+
+
+def container_name(record: lr.LaunchRecord) -> str:
+    return f"{CONTAINER_PREFIX}{record.engine}"
+
+
+def environment(record: lr.LaunchRecord) -> dict[str, str]:
+    env = dict(record.environment)
+    low, high = record.ports.ucx_tcp
+    env.setdefault("UCX_TCP_PORT_RANGE", f"{low}-{high}")
+    env.setdefault("UCX_NET_DEVICES", record.fabric_interface)
+    return env
+
+
+def serve_args(record: lr.LaunchRecord) -> list[str]:
+    """`vllm serve` arguments: the model path first, the launch record's, the KV connector."""
+    return [record.model_dir, *record.vllm_args, "--kv-transfer-config",
+            json.dumps(record.kv_transfer_config, sort_keys=True, separators=(",", ":"))]
+
+
+def container_argv(record: lr.LaunchRecord, env: dict[str, str]) -> list[str]:
+    """`docker|podman run -d ...`: host network (the side channel and UCX bind the fabric
+    address), the model read-only at its own path, the run dir, the GPUs by UUID."""
+    uuids = ",".join(d.uuid for d in record.devices)
+    argv = [record.runtime, "run", "-d", "--name", container_name(record), "--network", "host",
+            "--ipc", "host", "--label", f"narwhal.engine={record.engine}",
+            "-v", f"{record.model_dir}:{record.model_dir}:ro",
+            "-v", f"{record.run_dir}:{record.run_dir}", "--gpus", f"device={uuids}"]
+    for name in sorted(env):
+        argv += ["-e", f"{name}={env[name]}"]
+    for name in record.secret_environment:  # passed through from the runtime's environment
+        argv += ["-e", name]
+    return [*argv, record.image.id, *serve_args(record)]
+
+
+def build(record: lr.LaunchRecord, record_sha256: str, runtime: str) -> dict[str, Any]:
+    """The stamped run plan. runtime: the launch record's container runtime, or `native`."""
+    env = environment(record)
+    argv = (container_argv(record, env) if runtime != "native"
+            else ["vllm", "serve", *serve_args(record)])
+    return stamp(SCHEMA, VERSION, {
+        "engine": record.engine, "launch_record_sha256": record_sha256, "runtime": runtime,
+        "container_name": container_name(record) if runtime != "native" else None,
+        "argv": argv, "environment": env if runtime == "native" else {},
+        "secret_environment": list(record.secret_environment),
+        "image_id": record.image.id, "devices": [d.model_dump() for d in record.devices],
+        "tensor_parallel_size": record.tensor_parallel_size, "model_dir": record.model_dir,
+        "model_tree_sha256": record.model_tree_sha256, "run_dir": record.run_dir,
+        "served_model_name": record.served_model_name,
+        "fabric_interface": record.fabric_interface, "fabric_address": record.fabric_address,
+        "ports": record.ports.model_dump(),
+        "side_channel": {"host": env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", record.fabric_address),
+                         "port": record.ports.nixl_side_channel},
+        "url": f"http://127.0.0.1:{record.ports.engine}"})
+
+
+def plan_bytes(plan: dict[str, Any]) -> bytes:
+    return canonical_json(plan).encode() + b"\n"

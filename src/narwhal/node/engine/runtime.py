@@ -1,0 +1,106 @@
+"""Starting, naming and stopping an engine: a container (docker, podman) or a process (native).
+
+Every runtime reports the same identity, what recovery needs to remove exactly what an
+attempt started and nothing else: a container by its full Id and creation time, a native
+process by pid and kernel start time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Started:
+    runtime: str
+    id: str  # container Id, or the pid as text
+    created: str  # container creation time, or the process's kernel start ticks
+
+    def as_json(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "id": self.id, "created": self.created}
+
+
+class RuntimeError_(Exception):
+    """The runtime refused or failed; the message is the runtime's own words."""
+
+
+def _start_ticks(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+
+def inspect(runtime: str, ref: str) -> tuple[str, str, bool] | None:
+    """(Id, Created, running) of a container, or None when there is none by that ref."""
+    done = subprocess.run([runtime, "inspect", "--type", "container", "--format",
+                           "{{.Id}}|{{.Created}}|{{.State.Running}}", ref],
+                          capture_output=True, text=True, timeout=60, check=False)
+    parts = done.stdout.strip().split("|")
+    if done.returncode != 0 or len(parts) != 3:
+        return None
+    return parts[0], parts[1], parts[2] == "true"
+
+
+def start(plan: dict[str, Any], secrets: dict[str, str], log_path: Path) -> Started:
+    env = {**os.environ, **secrets}  # secret values travel in the environment, never in argv
+    runtime = plan["runtime"]
+    if runtime == "native":
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(plan["argv"], env={**env, **plan["environment"]},
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True, cwd=plan["run_dir"])
+        return Started("native", str(proc.pid), _start_ticks(proc.pid))
+    existing = inspect(runtime, plan["container_name"])
+    if existing is not None:
+        raise RuntimeError_(f"a container named {plan['container_name']} already exists "
+                            f"({existing[0][:12]}); stop it (`narwhal-engine stop`) or remove it")
+    done = subprocess.run(plan["argv"], env=env, capture_output=True, text=True,
+                          timeout=START_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise RuntimeError_(f"{runtime} run exited {done.returncode}: "
+                            f"{done.stderr.strip()[-500:]}")
+    found = inspect(runtime, done.stdout.strip())
+    if found is None:
+        raise RuntimeError_(f"{runtime} run printed {done.stdout.strip()[:80]!r}, which it "
+                            "cannot inspect")
+    return Started(runtime, found[0], found[1])
+
+
+def alive(started: Started) -> bool:
+    if started.runtime == "native":
+        try:
+            return _start_ticks(int(started.id)) == started.created
+        except OSError:
+            return False
+    found = inspect(started.runtime, started.id)
+    return found is not None and found[:2] == (started.id, started.created) and found[2]
+
+
+def logs(started: Started, log_path: Path) -> str:
+    if started.runtime == "native":
+        return log_path.read_text(errors="replace") if log_path.exists() else ""
+    done = subprocess.run([started.runtime, "logs", started.id], capture_output=True, text=True,
+                          timeout=60, check=False)
+    return done.stdout + done.stderr
+
+
+def stop(started: Started) -> str:
+    """Stop what was started, only while it is still that container or process."""
+    if started.runtime == "native":
+        if not alive(started):
+            return "already gone"
+        os.killpg(int(started.id), 15)
+        return "stopped"
+    found = inspect(started.runtime, started.id)
+    if found is None:
+        return "already gone"
+    if found[:2] != (started.id, started.created):
+        return "kept: the container with this Id is not the one started"
+    subprocess.run([started.runtime, "rm", "-f", started.id], capture_output=True,
+                   timeout=60, check=False)
+    return "removed"

@@ -1,0 +1,115 @@
+"""Gate C on the lab, driven from the workstation namespace as an operator runs it.
+
+The engines come up only through the product: `narwhal engines` runs the installed
+`narwhal-engine` on each host over SSH, which runs the image through the host's docker (the
+lab's double, whose image `vllm` is the engine emulator). Each test ends with the hosts'
+containers removed, so the next starts on free ports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.lab.test_install_lab import Installer, _rows
+from tests.lab.test_install_lab import installer as installer
+
+from narwhal.core.kv.geometry import plan_geometry
+from narwhal.core.kv.vllm_args import launch_plan_from_args
+from narwhal.core.launch_record import LaunchRecord
+from narwhal.lab.plan import LabPlan
+from narwhal.lab.testing import ssh
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+
+def _engines(installer: Installer, env: Path | None = None) -> tuple[int, dict[str, Any]]:
+    return installer.op.json_command("engines", env=env)
+
+
+def _clear_containers(plan: LabPlan) -> None:
+    for h in plan.engines():
+        ssh(plan, h.name, "docker ps -aq | xargs -r docker rm -f >/dev/null")
+
+
+@pytest.fixture
+def installed(installer: Installer) -> Iterator[Installer]:
+    done = installer.install()
+    assert done.returncode == 0, done.stdout + done.stderr
+    _clear_containers(installer.op.plan)
+    try:
+        yield installer
+    finally:
+        _clear_containers(installer.op.plan)
+
+
+def _spans(attempt: Path, sub: str) -> list[tuple[datetime, datetime, str]]:
+    return [(datetime.fromisoformat(r["start"].replace("Z", "+00:00")),
+             datetime.fromisoformat(r["end"].replace("Z", "+00:00")), r["host"])
+            for r in _rows(attempt) if r["argv"][0].endswith("/narwhal-engine")
+            and r["argv"][1] == sub]
+
+
+def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Installer) -> None:
+    code, doc = _engines(installed)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    attempt = installed.op.last_attempt("engines")
+    discover = installed.op.last_attempt("discover")
+    for n in (1, 2, 3):
+        role = f"engine-{n}"
+        cap = json.loads((attempt / f"cache-layout-{role}.json").read_text())
+        record = LaunchRecord.model_validate_json((discover / f"launch-{role}.json").read_text())
+        geometry = plan_geometry(cap["model_config"], launch_plan_from_args(
+            [record.model_dir, *record.vllm_args], name=role, vllm_version=cap["version"]))
+        assert [r["compatibility_hash"] for r in cap["ranks"]] == [geometry.compatibility_hash]
+        assert cap["version"] and record.served_model_name in cap["models"]
+        assert cap["process_start_time_seconds"] > 0 and cap["completion"]["text"]
+        assert cap["started"]["runtime"] == "docker" and len(cap["started"]["id"]) == 64
+    starts = _spans(attempt, "start")
+    assert sorted(h for _, _, h in starts) == ["node-1", "node-2", "node-3"]
+    first_end = min(end for _, end, _ in starts)
+    assert all(start < first_end for start, _, _ in starts), starts  # disjoint GPUs: at once
+    for h in installed.op.plan.engines():
+        ps = ssh(installed.op.plan, h.name, "docker ps --format '{{.Names}}'").stdout.split()
+        assert len(ps) == 1 and ps[0].startswith("narwhal-engine-")
+
+
+def test_a_port_already_listening_blocks_before_any_container(installed: Installer) -> None:
+    plan = installed.op.plan
+    host = plan.engines()[0].name
+    started = ssh(plan, host, "setsid -f python3 -m http.server 8000 --bind 0.0.0.0 "
+                  ">/dev/null 2>&1 </dev/null; sleep 1; pgrep -f '[h]ttp.server 8000'")
+    pid = started.stdout.split()[0]
+    try:
+        code, doc = _engines(installed)
+        assert code != 0 and doc["verdict"] == "blocked", doc
+        assert any(p["field"] == "node-1: engine-1: ports" and "8000" in p["problem"]
+                   and "python3" in p["problem"] for p in doc["problems"]), doc["problems"]
+        for h in plan.engines():
+            assert ssh(plan, h.name, "docker ps -aq").stdout.strip() == ""
+        assert _spans(installed.op.last_attempt("engines"), "start") == []
+    finally:
+        ssh(plan, host, f"kill {pid}")
+
+
+def test_a_plan_edited_after_check_is_refused_by_start(installed: Installer) -> None:
+    plan = installed.op.plan
+    host = plan.engines()[1].name
+    install = json.loads((installed.op.last_attempt("install") / "plan.json").read_text())
+    base = installed.remote
+    tool = f"{base}/venv/bin/narwhal-engine"
+    launch = f"{base}/runs/{install['prepared_run']}/launch/engine-2.json"
+    run_dir = "/srv/narwhal-run/engine-2-edited"
+    script = (f"{tool} prepare --launch {launch} --run-dir {run_dir} >/dev/null && "
+              f"{tool} check --run-dir {run_dir} >/dev/null && "
+              f"sed -i 's/--block-size/--block-size/; s/\"engine-2\"/\"engine-2\" /' "
+              f"{run_dir}/launch.json && {tool} start --run-dir {run_dir}")
+    done = ssh(plan, host, script)
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("NARWHAL_RESULT "))
+    result = json.loads(line.split(" ", 1)[1])
+    assert not result["ok"] and "plan edited" in result["error"]
+    assert ssh(plan, host, "docker ps -aq").stdout.strip() == ""
