@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.lab.installing import installer  # noqa: F401 - a session fixture for every module
 
 from narwhal.lab import lifecycle, spec
 from narwhal.lab.faults import Faults

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.lab.test_install_lab import Installer, _rows
-from tests.lab.test_install_lab import installer as installer
+from tests.lab.installing import Installer
+from tests.lab.test_install_lab import _rows
 
 from narwhal.core.kv.geometry import plan_geometry
 from narwhal.core.kv.vllm_args import launch_plan_from_args

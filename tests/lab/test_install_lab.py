@@ -10,61 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.lab.operator import NARWHAL, Operator
+from tests.lab.installing import Installer
+from tests.lab.operator import NARWHAL
 
-from narwhal.deploy.package import wheelhouse
-from narwhal.deploy.package.lock import load_lock
-from narwhal.lab import envfile
 from narwhal.lab.faults import Faults
-from narwhal.lab.plan import LabPlan
 from narwhal.lab.testing import ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Installer:
-    op: Operator
-    checkout: Path
-    wheels: Path
-    revision: str
-    token: str
-
-    def install(self, *extra: str, env: Path | None = None,
-                wheels: Path | None = None) -> subprocess.CompletedProcess[str]:
-        return self.op.narwhal("install", "--json", "--checkout", str(self.checkout),
-                               "--wheelhouse", str(wheels or self.wheels), *extra, env=env)
-
-    def doc(self, done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-        try:
-            return dict(json.loads(done.stdout))
-        except json.JSONDecodeError:
-            raise AssertionError(done.stdout[-2000:] + done.stderr[-3000:]) from None
-
-    @property
-    def remote(self) -> str:
-        return f"/root/Narwhal-deploy/lab-{self.revision[:12]}"
-
-    def lab_host(self, alias: str) -> str:
-        plan = self.op.plan
-        if alias == "router":
-            return str(next(h.name for h in plan.hosts if h.host.role == "router"))
-        return str(plan.engines()[int(alias.split("-")[1]) - 1].name)
-
-    def attempts(self) -> list[str]:
-        doc = json.loads((self.op.runs / "lab" / "ledger.json").read_text())
-        return list(doc["gates"].get("install", {}).get("attempts", []))
 
 
 def _rows(attempt: Path) -> list[dict[str, Any]]:
@@ -81,30 +42,9 @@ def _tree(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def installer(lab: LabPlan, tmp_path_factory: pytest.TempPathFactory) -> Installer:
-    work = tmp_path_factory.mktemp("install")
-    checkout = work / "checkout"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(checkout)], check=True)
-    revision = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], check=True,
-                              capture_output=True, text=True).stdout.strip()
-    lock_path = checkout / "runtime.lock"
-    wheels = REPO / ".cache" / f"wheelhouse-{hashlib.sha256(lock_path.read_bytes()).hexdigest()[:16]}"
-    wheelhouse.build(wheels, lock_path, load_lock(lock_path))  # root namespace: an index answers
-    token = "hf_" + secrets.token_hex(16)
-    env = work / ".env"
-    envfile.write(lab, env)
-    with env.open("a") as fh:
-        fh.write(f"NARWHAL_DEPLOYMENT=lab\nNARWHAL_DEPLOYMENT_REVISION={revision}\n"
-                 f"NARWHAL_HF_TOKEN={token}\n")
-    op = Operator(lab, env, work / "runs")
-    assert op.narwhal("hosts", "trust", "--yes").returncode == 0
-    code, doc = op.discover()
-    assert code == 0, doc
-    return Installer(op, checkout, wheels, revision, token)
-
-
 def test_install_puts_the_revision_on_every_host_offline_at_once(installer: Installer) -> None:
+    for alias in ("node-1", "node-2", "node-3", "router"):  # hosts as new (other modules
+        ssh(installer.op.plan, installer.lab_host(alias), "rm -rf /root/Narwhal-deploy")  # install)
     done = installer.install()
     doc = installer.doc(done)
     assert done.returncode == 0 and doc["verdict"] == "passed", doc

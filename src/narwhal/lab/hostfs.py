@@ -11,7 +11,8 @@ import json
 import os
 import secrets
 import shutil
-import sys
+import subprocess
+import sysconfig
 from pathlib import Path
 
 from narwhal.lab import identity
@@ -159,21 +160,46 @@ def _doubles(plan: LabPlan, h: HostPlan) -> None:
         ]), 0o755)
 
 
-def _image_rootfs(h: HostPlan) -> None:
-    """What the engine image holds, as far as the docker double runs it: `vllm`, which in
-    the lab is the engine emulator (run by this checkout's interpreter, its own sources)."""
-    rootfs = h.dir / "image-rootfs"
+IMAGE_ROOTFS = "image-rootfs"
+EMULATOR_HOME = "opt/narwhal-emulator"
+
+
+def _tree_copy(src: Path, dst: Path) -> None:
+    """A snapshot of src at dst: hard links when one filesystem holds both (instant), else
+    a copy. The hosts cannot see this checkout's interpreter prefix (their /root is their
+    own), so the image carries what the emulator imports."""
+    done = subprocess.run(["cp", "-al", str(src), str(dst)], capture_output=True, check=False)
+    if done.returncode != 0:
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, symlinks=True)
+
+
+def prepare_image(plan: LabPlan) -> None:
+    """What the engine image holds, as far as the docker double runs it, shared by every
+    engine host: `vllm`, which in the lab is the engine emulator, run by the hosts' own
+    /usr/bin/python3 with this checkout's sources and site-packages as the image's."""
+    rootfs = plan.dir / IMAGE_ROOTFS
     shutil.rmtree(rootfs, ignore_errors=True)
-    if h.host.role != "engine":
-        return
+    home = rootfs / EMULATOR_HOME
+    home.mkdir(parents=True)
+    _tree_copy(NARWHAL_SRC / "narwhal", home / "narwhal")
+    _tree_copy(Path(sysconfig.get_paths()["purelib"]), home / "site")
     _write(rootfs / "usr" / "local" / "bin" / "vllm", "\n".join([
-        f"#!{sys.executable} -I",
+        "#!/usr/bin/python3 -I",
         '"""The lab image\'s `vllm`: `vllm serve MODEL [flags]` runs the engine emulator."""',
         "import sys",
-        f"sys.path.insert(0, {str(NARWHAL_SRC)!r})",
+        f"sys.path[:0] = [{str(home)!r}, {str(home / 'site')!r}]",
         "from narwhal.lab.engine.server import main",
         "sys.exit(main())",
         ""]), 0o755)
+
+
+def _image_rootfs(plan: LabPlan, h: HostPlan) -> None:
+    link = h.dir / IMAGE_ROOTFS
+    if link.is_symlink() or link.exists():
+        link.unlink() if link.is_symlink() else shutil.rmtree(link)
+    if h.host.role == "engine":
+        link.symlink_to(plan.dir / IMAGE_ROOTFS)
 
 
 def devices_and_pci(h: HostPlan) -> None:
@@ -242,7 +268,7 @@ def prepare_host(plan: LabPlan, h: HostPlan) -> None:
     make_host_key(h)
     _sshd_config(h, _etc(plan, h))
     _doubles(plan, h)
-    _image_rootfs(h)
+    _image_rootfs(plan, h)
     devices_and_pci(h)
     _inventory(plan, h)
     _model(plan, h)

@@ -115,6 +115,7 @@ def _build(plan: LabPlan, state: LabState) -> None:
     state.save(plan.state_file)
     network.wire(plan)
     hostfs.make_client_key(plan)
+    hostfs.prepare_image(plan)
     for h in plan.hosts:
         hostfs.prepare_host(plan, h)
     procs = []
