@@ -65,7 +65,8 @@ def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Ins
         record = LaunchRecord.model_validate_json((discover / f"launch-{role}.json").read_text())
         geometry = plan_geometry(cap["model_config"], launch_plan_from_args(
             [record.model_dir, *record.vllm_args], name=role, vllm_version=cap["version"]))
-        assert [r["compatibility_hash"] for r in cap["ranks"]] == [geometry.compatibility_hash]
+        assert [r["compatibility_hash"] for r in cap["ranks"]] == [
+            geometry.compatibility_hash] * record.tensor_parallel_size  # every rank answered
         assert cap["version"] and record.served_model_name in cap["models"]
         assert cap["process_start_time_seconds"] > 0 and cap["completion"]["text"]
         assert cap["started"]["runtime"] == "docker" and len(cap["started"]["id"]) == 64
@@ -113,3 +114,59 @@ def test_a_plan_edited_after_check_is_refused_by_start(installed: Installer) -> 
     result = json.loads(line.split(" ", 1)[1])
     assert not result["ok"] and "plan edited" in result["error"]
     assert ssh(plan, host, "docker ps -aq").stdout.strip() == ""
+
+
+def test_a_missing_device_node_and_a_changed_checkpoint_block_naming_host_and_engine(
+        installed: Installer) -> None:
+    plan = installed.op.plan
+    eng1, eng3 = plan.engines()[0].name, plan.engines()[2].name
+    tokenizer = f"{plan.spec.model.dir}/tokenizer_config.json"
+    ssh(plan, eng1, "mv /dev/nvidia1 /dev/nvidia1.away")
+    original = ssh(plan, eng3, f"cat {tokenizer}").stdout
+    ssh(plan, eng3, f"printf ' ' >> {tokenizer}")
+    try:
+        code, doc = _engines(installed)
+        assert code != 0 and doc["verdict"] == "blocked", doc
+        fields = {p["field"]: p for p in doc["problems"]}
+        assert "/dev/nvidia1 is missing" in fields["node-1: engine-1: gpu 1"]["problem"]
+        changed = fields["node-3: engine-3: checkpoint"]
+        assert "model_tree_sha256" in changed["problem"] and changed["fix"]
+        assert "node-2: engine-2: checkpoint" not in fields
+        for h in plan.engines():
+            assert ssh(plan, h.name, "docker ps -aq").stdout.strip() == ""
+    finally:
+        ssh(plan, eng1, "mv /dev/nvidia1.away /dev/nvidia1")
+        ssh(plan, eng3, f"cat > {tokenizer} <<'EOF'\n{original}EOF")
+
+
+def test_a_block_size_mismatch_fails_the_contract_and_recover_removes_only_its_containers(
+        installed: Installer) -> None:
+    plan, op = installed.op.plan, installed.op
+    env = op.variant("block16", NARWHAL_NODE_2_BLOCK_SIZE="16")
+    try:
+        assert op.discover(env=env)[0] == 0
+        done = installed.install(env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        code, doc = _engines(installed, env=env)
+        assert code != 0 and doc["verdict"] == "blocked", doc
+        found = [p for p in doc["problems"] if "block_size" in p["field"]]
+        # engine-2's 16-token blocks cannot take engine-1's 128-token ones (the reverse
+        # divides evenly); the finding names both engines and the factor.
+        assert any(p["field"] == "engine-1 -> engine-2: block_size" for p in found), found
+        assert all("16" in p["problem"] and p["fix"] for p in found)
+        # The operator replaces engine-3's container by hand: recovery must leave that one.
+        eng3 = plan.engines()[2].name
+        ssh(plan, eng3, "docker rm -f narwhal-engine-3 >/dev/null && docker run -d --name "
+            "narwhal-engine-3 --network host --entrypoint sleep "
+            f"{plan.spec.image.repository}:{plan.spec.image.tag} 300 >/dev/null")
+        mine = ssh(plan, eng3, "docker ps -q --no-trunc").stdout.strip()
+        recovered = op.narwhal("recover", "engines", env=env)
+        assert recovered.returncode == 0, recovered.stderr
+        for h in plan.engines()[:2]:
+            assert ssh(plan, h.name, "docker ps -aq").stdout.strip() == ""
+        assert ssh(plan, eng3, "docker ps -q --no-trunc").stdout.strip() == mine
+        assert "kept" in recovered.stdout
+    finally:
+        _clear_containers(plan)
+        again = op.discover()  # Gate A as the .env says again
+        assert again[0] == 0, again
