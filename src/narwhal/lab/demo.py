@@ -2,7 +2,8 @@
 
 Brings the lab up, hands its `.env` to the product unchanged (plus the approved revision),
 pins host keys, checks access over SSH from the workstation namespace, runs Gates A and B
-(discovery, then the install of the checkout's HEAD on every host), exports the record,
+(discovery, then the install of the checkout's HEAD on every host) and C (the engines, through
+the hosts' docker, with their live KV contract), exports the record,
 takes the lab down and ends with `narwhal status`. Gates that are not built yet are named.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from narwhal.core.gates import GATES
 from narwhal.lab import lifecycle
 from narwhal.lab.faults import Faults
-from narwhal.lab.hosted_engines import MODEL_NAME, drive, emulators
+from narwhal.lab.hosted_engines import MODEL_NAME, drive
 from narwhal.lab.lab_fleet import lab_fleet
 from narwhal.lab.state import LabState
 
@@ -61,25 +62,24 @@ def _keep_client_key(env: Path, work: Path) -> None:
     env.chmod(0o600)
 
 
-def _handoffs(work: Path) -> None:
-    """Two emulated vLLM engines (kv_both) on eng1 and eng2: P/D handoffs pull real KV bytes over
-    the fabric; shaping eng1 -> eng2 slows them in proportion to their bytes."""
+def _handoffs() -> None:
+    """engine-1 (eng1) and engine-2 (eng2), started by Gate C: P/D handoffs pull real KV bytes
+    over the fabric; shaping eng1 -> eng2 slows them in proportion to their bytes."""
     state_path = lifecycle.default_state_path("nwl")
     plan = lifecycle.plan_from_state(LabState.read(state_path))
     words = ["150", "600"]
-    with emulators(plan, [("eng1", 8000), ("eng2", 8000)], work / "engines") as (p, d):
-        print(f"prefill {p.url} on eng1, decode {d.url} on eng2, KV over the fabric", flush=True)
-        drive(plan, "handoff", p.url, d.url, "--model", MODEL_NAME, "--words", "5")
-        open_rows = drive(plan, "handoff", p.url, d.url, "--model", MODEL_NAME,
-                          "--words", *words)["rows"]
+    p, d = (f"http://{plan.host(h).mgmt_ip}:{plan.spec.ports.engine}" for h in ("eng1", "eng2"))
+    print(f"prefill {p} on eng1, decode {d} on eng2, KV over the fabric", flush=True)
+    drive(plan, "handoff", p, d, "--model", MODEL_NAME, "--words", "5")
+    open_rows = drive(plan, "handoff", p, d, "--model", MODEL_NAME, "--words", *words)["rows"]
+    with lifecycle.locked():
+        Faults(state_path).shape("eng1", "eng2", f"{SHAPED_MBIT}mbit")
+    try:
+        shaped_rows = drive(plan, "handoff", p, d, "--model", MODEL_NAME,
+                            "--words", *words)["rows"]
+    finally:
         with lifecycle.locked():
-            Faults(state_path).shape("eng1", "eng2", f"{SHAPED_MBIT}mbit")
-        try:
-            shaped_rows = drive(plan, "handoff", p.url, d.url, "--model", MODEL_NAME,
-                                "--words", *words)["rows"]
-        finally:
-            with lifecycle.locked():
-                Faults(state_path).clear()
+            Faults(state_path).clear()
     print(f"{'prompt tokens':>14} {'~KV bytes':>10} {'decode leg, open':>17} "
           f"{'decode leg, ' + str(SHAPED_MBIT) + ' mbit':>20}")
     for fast, slow in zip(open_rows, shaped_rows, strict=True):
@@ -137,8 +137,18 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, *install])
         _say("gate B again: every host verified, nothing reinstalled")
         _run([narwhal, "lab", "exec", "--", narwhal, *install])
-        _say("engines: emulated vLLM engines hand KV to each other across the lab fabric")
-        _handoffs(work)
+        _say("gate C: start every engine from its checked plan through the hosts' docker, "
+             "capture what each allocated, and prove the live KV contract")
+        _run([narwhal, "lab", "exec", "--", narwhal, "engines", *common])
+        _say("handoffs: the engines Gate C started hand KV to each other across the fabric")
+        _handoffs()
+        _say("engines down, each through its role shell (`narwhal-engine stop` on its host)")
+        run_dir = lifecycle.plan_from_state(LabState.read(lifecycle.default_state_path(
+            "nwl"))).spec.run_dir
+        for n in (1, 2, 3):
+            _run([narwhal, "lab", "exec", "--", narwhal, "shell", *common, "--role",
+                  f"engine-{n}", "--", "narwhal-engine", "stop", "--run-dir",
+                  f"{run_dir}/engine-{n}"])
         _say("gate F tools: profile the lab fleet, then preflight it (every ordered pair's KV proven moved)")
         _gate_f_tools(work)
         _say("export: the record with addresses, users, homes and secrets aliased")
@@ -147,7 +157,7 @@ def main() -> int:
         _say("lab down")
         _run([narwhal, "lab", "down"], check=False)
     _say("not built yet in this revision: " + ", ".join(
-        f"{g.letter} {g.name}" for g in GATES if g.name not in ("discover", "install")) +
+        f"{g.letter} {g.name}" for g in GATES if g.name not in ("discover", "install", "engines")) +
          " (each says so when run)")
     _say("status")
     _run([narwhal, "status", *common])
