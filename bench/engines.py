@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Gate C on the lab: `narwhal engines` wall time against the slowest engine's start-to-healthy.
+
+    .venv/bin/python bench/engines.py [--runs 3]
+
+Each run brings up a fresh default lab, passes Gates A and B (prepared in the root
+namespace, the wheels built once by the first run), then times `narwhal engines` from the
+workstation namespace. For each engine, start-to-healthy is the `narwhal-engine start`
+command's duration plus the seconds its capture waited for /health; the ratio of the gate's
+wall time to the slowest engine's start-to-healthy shows the concurrency (the three lab
+engines have disjoint GPUs, so they start at once: a serial gate would sit near the sum).
+Needs root. Summary to results/engines-<time>.json. Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from narwhal.lab import envfile, lifecycle, spec
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+NARWHAL = str(Path(sys.executable).parent / "narwhal")
+
+
+def _narwhal(env: Path, runs: Path, *args: str, lab: bool = True) -> subprocess.CompletedProcess[str]:
+    prefix = [NARWHAL, "lab", "exec", "--"] if lab else []
+    return subprocess.run([*prefix, NARWHAL, *args, "--env", str(env), "--runs", str(runs)],
+                          capture_output=True, text=True, check=False)
+
+
+def _start_to_healthy(attempt: Path) -> dict[str, float]:
+    starts: dict[str, float] = {}
+    for line in (attempt / "commands.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["argv"][0].endswith("/narwhal-engine") and row["argv"][1] == "start":
+            starts[row["argv"][3].rsplit("/", 1)[1]] = row["duration_s"]
+    out = {}
+    for role, start_s in starts.items():
+        cap = json.loads((attempt / f"cache-layout-{role}.json").read_text())
+        out[role] = round(start_s + cap["healthy_after_s"], 3)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    lab_spec = spec.load(None)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="narwhal-engines-") as tmp:
+        checkout, runs = Path(tmp) / "checkout", Path(tmp) / "runs"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(checkout)], check=True)
+        revision = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        for k in range(args.runs):
+            lifecycle.down(lab_spec.name)
+            plan = lifecycle.up(lab_spec)
+            try:
+                env = Path(tmp) / f".env-{k}"
+                envfile.write(plan, env)
+                with env.open("a") as fh:
+                    fh.write(f"NARWHAL_DEPLOYMENT=bench{k}\nNARWHAL_DEPLOYMENT_REVISION={revision}\n")
+                steps: list[tuple[list[str], bool]] = [
+                    (["hosts", "trust", "--yes"], True), (["discover"], True),
+                    (["install", "--prepare-only", "--checkout", str(checkout)], False),
+                    (["install", "--checkout", str(checkout)], True)]
+                for step, in_lab in steps:
+                    done = _narwhal(env, runs, *step, lab=in_lab)
+                    if done.returncode != 0:
+                        raise SystemExit(f"bench: {step[0]} failed: {done.stderr[-2000:]}")
+                t0 = time.monotonic()
+                done = _narwhal(env, runs, "engines", "--json")
+                wall = time.monotonic() - t0
+                doc = json.loads(done.stdout)
+                if doc.get("verdict") != "passed":
+                    raise SystemExit(f"bench: engines did not pass: {doc}")
+                each = _start_to_healthy(runs / f"bench{k}" / "engines" / doc["attempt"])
+                slowest = max(each.values())
+                rows.append({"run": k + 1, "wall_s": round(wall, 3), "engines_s": each,
+                             "slowest_start_to_healthy_s": slowest,
+                             "sum_start_to_healthy_s": round(sum(each.values()), 3),
+                             "ratio": round(wall / slowest, 2)})
+                print(f"run {k + 1}: wall {wall:.2f} s, slowest engine start-to-healthy "
+                      f"{slowest:.2f} s (x{wall / slowest:.2f}), sum over {len(each)} engines "
+                      f"{sum(each.values()):.2f} s", flush=True)
+            finally:
+                lifecycle.down(lab_spec.name)
+    summary = {"engines": len(rows[0]["engines_s"]), "runs": len(rows),
+               "median_wall_s": statistics.median(r["wall_s"] for r in rows),
+               "median_slowest_start_to_healthy_s": statistics.median(
+                   r["slowest_start_to_healthy_s"] for r in rows),
+               "median_sum_start_to_healthy_s": statistics.median(
+                   r["sum_start_to_healthy_s"] for r in rows),
+               "median_ratio": statistics.median(r["ratio"] for r in rows)}
+    print(json.dumps(summary))
+    out = HERE / "results" / f"engines-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
+    out.write_text(json.dumps({"summary": summary, "runs": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
