@@ -170,3 +170,46 @@ def test_a_block_size_mismatch_fails_the_contract_and_recover_removes_only_its_c
         _clear_containers(plan)
         again = op.discover()  # Gate A as the .env says again
         assert again[0] == 0, again
+
+
+def _role_span(attempt: Path, role: str) -> tuple[datetime, datetime]:
+    """From the engine's `start` command to the end of its `capture` (start to healthy)."""
+    rows = [r for r in _rows(attempt) if r["argv"][0].endswith("/narwhal-engine")
+            and r["argv"][1] in ("start", "capture") and r["argv"][3].endswith(f"/{role}")]
+    times = [datetime.fromisoformat(r[k].replace("Z", "+00:00")) for r in rows
+             for k in ("start", "end")]
+    return min(times), max(times)
+
+
+def test_engines_sharing_a_gpu_start_one_after_another_and_the_rest_at_once(
+        installed: Installer) -> None:
+    plan, op = installed.op.plan, installed.op
+    eng1 = plan.engines()[0]
+    assert eng1.host.hardware is not None
+    node1_ssh = next(ln.split("=", 1)[1] for ln in op.env.read_text().splitlines()
+                     if ln.startswith("NARWHAL_NODE_1_SSH="))
+    env = op.variant(
+        "shared", NARWHAL_SHARED_GPU_ALLOWANCE="true", NARWHAL_NODE_2_SSH=node1_ssh,
+        NARWHAL_NODE_2_IP=eng1.fabric_ip, NARWHAL_NODE_1_GPU_IDS="0",
+        NARWHAL_NODE_2_GPU_IDS=eng1.host.hardware.accelerators.devices[0].uuid,
+        NARWHAL_NODE_3_GPU_IDS="0", NARWHAL_NODE_2_ENGINE_PORT="8001",
+        NARWHAL_NODE_2_ATTEST_PORT="8011", NARWHAL_NODE_2_NIXL_SIDE_CHANNEL_PORT="5601",
+        **{f"NARWHAL_NODE_{n}_TENSOR_PARALLEL_SIZE": "1" for n in (1, 2, 3)})
+    try:
+        code, doc = op.discover(env=env)
+        assert code == 0, doc
+        done = installed.install(env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        code, doc = _engines(installed, env=env)
+        assert code == 0 and doc["verdict"] == "passed", doc
+        attempt = op.last_attempt("engines")
+        groups = json.loads((attempt / "plan.json").read_text())["start_groups"]
+        assert sorted(map(sorted, groups)) == [["engine-1", "engine-2"], ["engine-3"]]
+        one, two, three = (_role_span(attempt, f"engine-{n}") for n in (1, 2, 3))
+        first, second = sorted([one, two])
+        assert first[1] <= second[0], (one, two)  # one GPU: one after the other
+        assert three[0] < first[1]  # a disjoint GPU: at the same time
+    finally:
+        _clear_containers(plan)
+        again = op.discover()
+        assert again[0] == 0, again

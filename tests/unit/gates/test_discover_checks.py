@@ -129,8 +129,10 @@ def test_a_bad_deployment_names_the_host_the_field_and_a_fix(
     assert all("; " in line for line in lines)  # every problem carries its fix
 
 
-def test_colocated_engines_sharing_a_gpu_are_refused() -> None:
-    env = valid_env(**{**BASE, "NARWHAL_NODE_2_SSH": "root@10.213.0.11",
+@pytest.mark.parametrize("allowance", [None, "true"])
+def test_colocated_engines_share_a_gpu_only_with_the_allowance(allowance: str | None) -> None:
+    env = valid_env(**{**BASE, "NARWHAL_SHARED_GPU_ALLOWANCE": allowance,
+                       "NARWHAL_NODE_2_SSH": "root@10.213.0.11",
                        "NARWHAL_NODE_2_SSH_PASSWORD": None, "NARWHAL_NODE_1_GPU_IDS": "0",
                        "NARWHAL_NODE_2_GPU_IDS": "GPU-00000001-0000-4000-8000-000000000000", "NARWHAL_NODE_2_IP": "10.20.0.11",
                        "NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8011",
@@ -138,7 +140,8 @@ def test_colocated_engines_sharing_a_gpu_are_refused() -> None:
     inputs = parse_inputs(env, Path(".env"))
     facts = {"node-1": _facts(1, "10.20.0.11")}
     problems, _ = all_problems(inputs, facts, {"engine-1": "node-1", "engine-2": "node-1"})
-    assert any("is also allocated to engine-1" in p.line() for p in problems), problems
+    shared = [p for p in problems if "is also allocated to engine-1" in p.line()]
+    assert bool(shared) == (allowance is None), problems
 
 
 def test_a_host_that_could_not_be_inspected_gets_the_fix_for_its_cause() -> None:

@@ -215,9 +215,12 @@ def engine_plan(engine: EngineInputs, host: str, facts: Mapping[str, Any],
 
 
 def fleet_problems(plans: Sequence[EnginePlan],
-                   rows_by_host: Mapping[str, Sequence[Sequence[Any]]]) -> list[Problem]:
-    """Relations across engines: sizes, disjoint GPUs, one product and shape, equal image and
-    checkpoint everywhere (a difference names the host and the first differing path)."""
+                   rows_by_host: Mapping[str, Sequence[Sequence[Any]]],
+                   shared_gpus: bool = False) -> list[Problem]:
+    """Relations across engines: sizes, disjoint GPUs (unless NARWHAL_SHARED_GPU_ALLOWANCE
+    lets colocated engines share one; Gate C then starts them one after another), one product
+    and shape, equal image and checkpoint everywhere (a difference names the host and the
+    first differing path)."""
     problems: list[Problem] = []
     if len(plans) < 2:
         problems.append(Problem("engines", f"{len(plans)} engine(s); disaggregated serving "
@@ -226,11 +229,13 @@ def fleet_problems(plans: Sequence[EnginePlan],
     for plan in plans:
         for gpu in plan.gpus:
             key = (plan.host, str(gpu.get("uuid")))
-            if key in used and used[key] != plan.engine.role:
+            if key in used and used[key] != plan.engine.role and not shared_gpus:
                 problems.append(_p(plan.host, _var(plan.engine, "GPU_IDS"),
                                    f"GPU {gpu.get('index')} ({gpu.get('uuid')}) is also "
                                    f"allocated to {used[key]}",
-                                   "give colocated engines disjoint GPUs"))
+                                   "give colocated engines disjoint GPUs, or set "
+                                   "NARWHAL_SHARED_GPU_ALLOWANCE=true to let them share "
+                                   "(they start one after another)"))
             used.setdefault(key, plan.engine.role)
     products = {str(g.get("name")) for p in plans for g in p.gpus}
     if len(products) > 1:
@@ -291,5 +296,5 @@ def all_problems(inputs: Inputs, facts: Mapping[str, Mapping[str, Any]],
     plans = [engine_plan(e, host_of[e.role], facts[host_of[e.role]], problems)
              for e in inputs.engines if host_of.get(e.role) in facts]
     rows = {alias: (doc.get("model") or {}).get("rows") or [] for alias, doc in facts.items()}
-    problems += fleet_problems(plans, rows)
+    problems += fleet_problems(plans, rows, bool(inputs.shared_gpu_allowance))
     return problems, plans
