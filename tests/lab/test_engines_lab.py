@@ -21,6 +21,7 @@ from tests.lab.test_install_lab import _rows
 from narwhal.core.kv.geometry import plan_geometry
 from narwhal.core.kv.vllm_args import launch_plan_from_args
 from narwhal.core.launch_record import LaunchRecord
+from narwhal.lab.faults import Faults
 from narwhal.lab.plan import LabPlan
 from narwhal.lab.testing import ssh
 
@@ -74,6 +75,12 @@ def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Ins
     assert sorted(h for _, _, h in starts) == ["node-1", "node-2", "node-3"]
     first_end = min(end for _, end, _ in starts)
     assert all(start < first_end for start, _, _ in starts), starts  # disjoint GPUs: at once
+    runs = [r for r in _rows(attempt) if r["argv"][:2] == ["docker", "run"]]
+    assert sorted(r["host"] for r in runs) == ["node-1", "node-2", "node-3"]  # as reported
+    assert all(r["transport"] == "reported" and r["exit_status"] == 0 for r in runs)
+    docker_end = min(datetime.fromisoformat(r["end"].replace("Z", "+00:00")) for r in runs)
+    assert all(datetime.fromisoformat(r["start"].replace("Z", "+00:00")) < docker_end
+               for r in runs)  # the hosts' `docker run`s overlapped
     for h in installed.op.plan.engines():
         ps = ssh(installed.op.plan, h.name, "docker ps --format '{{.Names}}'").stdout.split()
         assert len(ps) == 1 and ps[0].startswith("narwhal-engine-")
@@ -213,3 +220,16 @@ def test_engines_sharing_a_gpu_start_one_after_another_and_the_rest_at_once(
         _clear_containers(plan)
         again = op.discover()
         assert again[0] == 0, again
+
+
+def test_an_image_that_differs_from_gate_as_blocks_naming_the_host(installed: Installer,
+                                                                  faults: Faults) -> None:
+    plan = installed.op.plan
+    faults.image(plan.engines()[1].name)  # engine-2's host pulled a moved tag after Gate A
+    code, doc = _engines(installed)
+    assert code != 0 and doc["verdict"] == "blocked", doc
+    image = [p for p in doc["problems"] if p["field"] == "node-2: engine-2: image"]
+    assert image and "load the pinned image" in image[0]["fix"], doc["problems"]
+    assert [p for p in doc["problems"] if p["field"].endswith(": image")] == image
+    for h in plan.engines():
+        assert ssh(plan, h.name, "docker ps -aq").stdout.strip() == ""

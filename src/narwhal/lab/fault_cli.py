@@ -27,7 +27,7 @@ def _run(args: argparse.Namespace) -> int:
             result = f.loss(args.src, args.dst, args.percent)
         elif kind == "block":
             result = f.block(args.host, args.port, args.mode, args.proto)
-        elif kind in ("crash", "rekey", "fill"):
+        elif kind in ("crash", "rekey", "fill", "image"):
             result = getattr(f, kind)(args.host)
         elif kind == "boot":
             f.boot(args.host)
@@ -65,7 +65,8 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     k.add_argument("--proto", choices=["tcp", "udp"], default="tcp")
     for name, helptext in (("crash", "power-cut a host"), ("boot", "boot a crashed host"),
                            ("rekey", "give a host a new sshd host key"),
-                           ("fill", "fill a host's disk directory")):
+                           ("fill", "fill a host's disk directory"),
+                           ("image", "replace a host's engine image by a rebuild under its tag")):
         kinds.add_parser(name, help=helptext).add_argument("host")
     k = kinds.add_parser("kill", help="kill a process on a host by its PID there")
     k.add_argument("host")

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from narwhal.lab import boot, hostfs
+from narwhal.lab import boot, hostfs, identity
 from narwhal.lab.lifecycle import boot_host, locked, plan_from_state
 from narwhal.lab.network import FABRIC_IF
 from narwhal.lab.plan import SESSION_PATH, LabPlan
@@ -233,6 +233,22 @@ class Faults:
         return self._record({"kind": "python", "host": host, "version": version,
                              "paths": [real, str(keeper)]})
 
+    def image(self, host: str) -> dict[str, Any]:
+        """Replace the engine image on one host by a rebuild under the same tag (one more
+        environment line, so another Id): what an operator's `docker pull` of a moved tag
+        does. Undone by restoring the host's image list."""
+        data_path = self.plan.host(host).dir / "data" / "host.json"
+        data = json.loads(data_path.read_text())
+        if not data.get("images"):
+            raise LabError(f"host {host} holds no engine image")
+        rebuilt = self.plan.spec.image.model_copy(update={
+            "env": [*self.plan.spec.image.env, "NARWHAL_LAB_REBUILT=1"]})
+        before = data["images"]
+        data["images"] = [identity.image_document(rebuilt)]
+        data_path.write_text(json.dumps(data, indent=1))
+        return self._record({"kind": "image", "host": host, "images": before,
+                             "id": data["images"][0]["id"]})
+
     # undo ------------------------------------------------------------------
     def _undo(self, f: dict[str, Any]) -> None:
         kind = f["kind"]
@@ -254,6 +270,11 @@ class Faults:
             if hs.init is not None and alive(hs.init):
                 root = Path(f"/proc/{hs.init.pid}/root")
                 (root / self.plan.spec.run_dir.lstrip("/") / FILL_NAME).unlink(missing_ok=True)
+        elif kind == "image":
+            data_path = self.plan.host(f["host"]).dir / "data" / "host.json"
+            data = json.loads(data_path.read_text())
+            data["images"] = f["images"]
+            data_path.write_text(json.dumps(data, indent=1))
         elif kind == "tool":
             (self.plan.host(f["host"]).dir / "faults" / f"{f['tool']}.json").unlink(missing_ok=True)
         elif kind in ("missing", "python"):

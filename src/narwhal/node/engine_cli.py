@@ -99,7 +99,7 @@ def do_start(args: argparse.Namespace) -> dict[str, Any]:
         secrets[name] = (Path(args.secrets) / name).read_text().rstrip("\n")
     started = rt.start(plan, secrets, run_dir / "engine.log")
     _write(run_dir / "started.json", canonical_json(started.as_json()).encode() + b"\n")
-    return {"engine": plan["engine"], **started.as_json()}
+    return {"engine": plan["engine"], **started.as_json(), "commands": rt.RAN}
 
 
 def do_capture(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts import commandline as cl
-from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.base import Host, RunResult
 from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger import Ledger
@@ -208,6 +208,10 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
                                  timeout=START_TIMEOUT_S)
                 if not started.ok:
                     raise HostError(t.alias, f"{t.role}: start refused: {started.error}")
+                for ran in started.data.get("commands", []):  # the host's `docker run`
+                    attempt.record_command(RunResult(
+                        t.alias, tuple(str(a) for a in ran["argv"]), int(ran["exit_status"]),
+                        b"", b"", float(ran["start"]), float(ran["end"])), "reported")
                 if started.data["runtime"] != "native":
                     attempt.own_container(r.host, str(started.data["runtime"]),
                                           str(started.data["id"]), str(started.data["created"]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,15 @@ class Started:
 
     def as_json(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "id": self.id, "created": self.created}
+
+
+# The runtime commands `start` ran, with their wall-clock times, for the workstation's
+# commands.jsonl: the gate's record shows each host's `docker run`, not only narwhal-engine.
+RAN: list[dict[str, Any]] = []
+
+
+def _ran(argv: list[str], started: float, status: int) -> None:
+    RAN.append({"argv": argv, "start": started, "end": time.time(), "exit_status": status})
 
 
 class RuntimeError_(Exception):
@@ -59,8 +69,10 @@ def start(plan: dict[str, Any], secrets: dict[str, str], log_path: Path) -> Star
     if existing is not None:
         raise RuntimeError_(f"a container named {plan['container_name']} already exists "
                             f"({existing[0][:12]}); stop it (`narwhal-engine stop`) or remove it")
+    t0 = time.time()
     done = subprocess.run(plan["argv"], env=env, capture_output=True, text=True,
                           timeout=START_TIMEOUT_S, check=False)
+    _ran(plan["argv"], t0, done.returncode)
     if done.returncode != 0:
         raise RuntimeError_(f"{runtime} run exited {done.returncode}: "
                             f"{done.stderr.strip()[-500:]}")
