@@ -17,24 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from narwhal.lab import envfile, lifecycle, spec
+from _lab_gates import clean_checkout, lab_env, narwhal
+
+from narwhal.lab import lifecycle, spec
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-NARWHAL = str(Path(sys.executable).parent / "narwhal")
-
-
-def _narwhal(env: Path, runs: Path, *args: str, lab: bool = True) -> subprocess.CompletedProcess[str]:
-    prefix = [NARWHAL, "lab", "exec", "--"] if lab else []
-    return subprocess.run([*prefix, NARWHAL, *args, "--env", str(env), "--runs", str(runs)],
-                          capture_output=True, text=True, check=False)
 
 
 def _start_to_healthy(attempt: Path) -> dict[str, float]:
@@ -57,28 +50,23 @@ def main() -> int:
     lab_spec = spec.load(None)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="narwhal-engines-") as tmp:
-        checkout, runs = Path(tmp) / "checkout", Path(tmp) / "runs"
-        subprocess.run(["git", "clone", "-q", str(REPO), str(checkout)], check=True)
-        revision = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
+        checkout, revision = clean_checkout(Path(tmp) / "checkout")
+        runs = Path(tmp) / "runs"
         for k in range(args.runs):
             lifecycle.down(lab_spec.name)
             plan = lifecycle.up(lab_spec)
             try:
-                env = Path(tmp) / f".env-{k}"
-                envfile.write(plan, env)
-                with env.open("a") as fh:
-                    fh.write(f"NARWHAL_DEPLOYMENT=bench{k}\nNARWHAL_DEPLOYMENT_REVISION={revision}\n")
+                env = lab_env(plan, Path(tmp) / f".env-{k}", f"bench{k}", revision)
                 steps: list[tuple[list[str], bool]] = [
                     (["hosts", "trust", "--yes"], True), (["discover"], True),
                     (["install", "--prepare-only", "--checkout", str(checkout)], False),
                     (["install", "--checkout", str(checkout)], True)]
                 for step, in_lab in steps:
-                    done = _narwhal(env, runs, *step, lab=in_lab)
+                    done = narwhal(env, runs, *step, lab=in_lab)
                     if done.returncode != 0:
                         raise SystemExit(f"bench: {step[0]} failed: {done.stderr[-2000:]}")
                 t0 = time.monotonic()
-                done = _narwhal(env, runs, "engines", "--json")
+                done = narwhal(env, runs, "engines", "--json")
                 wall = time.monotonic() - t0
                 doc = json.loads(done.stdout)
                 if doc.get("verdict") != "passed":

@@ -12,12 +12,14 @@ import hashlib
 import json
 import secrets
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.lab.operator import Operator
+from tests.lab.operator import NARWHAL, Operator
 
 from narwhal.deploy.package import wheelhouse
 from narwhal.deploy.package.lock import load_lock
@@ -39,6 +41,29 @@ class Installer:
                 wheels: Path | None = None) -> subprocess.CompletedProcess[str]:
         return self.op.narwhal("install", "--json", "--checkout", str(self.checkout),
                                "--wheelhouse", str(wheels or self.wheels), *extra, env=env)
+
+    def cut_install(self, caught: Callable[[], bool], cut: Callable[[], None]) -> dict[str, Any]:
+        """Run `narwhal install` in the background, `cut` it once `caught()` says it is at the
+        moment wanted, and return its (blocked) verdict."""
+        argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "install", "--json", "--checkout",
+                str(self.checkout), "--wheelhouse", str(self.wheels), "--env", str(self.op.env),
+                "--runs", str(self.op.runs)]
+        running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not caught():
+                assert running.poll() is None and time.monotonic() < deadline, \
+                    "the install ended before the moment to cut it came"
+                time.sleep(0.05)
+            cut()
+            out, _ = running.communicate(timeout=300)
+        finally:
+            if running.poll() is None:
+                running.kill()
+        assert running.returncode != 0
+        verdict: dict[str, Any] = json.loads(out)
+        return verdict
 
     def doc(self, done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
         try:
@@ -84,3 +109,9 @@ def installer(lab: LabPlan, tmp_path_factory: pytest.TempPathFactory) -> Install
     return Installer(op, checkout, wheels, revision, token)
 
 
+
+
+def rows(attempt: Path) -> list[dict[str, Any]]:
+    """The attempt's commands.jsonl rows (none when it ran no command)."""
+    path = attempt / "commands.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.lab.installing import Installer
-from tests.lab.test_install_lab import _rows
+from tests.lab.installing import Installer, rows
 
 from narwhal.core.kv.geometry import plan_geometry
 from narwhal.core.kv.vllm_args import launch_plan_from_args
@@ -51,7 +50,7 @@ def installed(installer: Installer) -> Iterator[Installer]:
 def _spans(attempt: Path, sub: str) -> list[tuple[datetime, datetime, str]]:
     return [(datetime.fromisoformat(r["start"].replace("Z", "+00:00")),
              datetime.fromisoformat(r["end"].replace("Z", "+00:00")), r["host"])
-            for r in _rows(attempt) if r["argv"][0].endswith("/narwhal-engine")
+            for r in rows(attempt) if r["argv"][0].endswith("/narwhal-engine")
             and r["argv"][1] == sub]
 
 
@@ -75,7 +74,7 @@ def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Ins
     assert sorted(h for _, _, h in starts) == ["node-1", "node-2", "node-3"]
     first_end = min(end for _, end, _ in starts)
     assert all(start < first_end for start, _, _ in starts), starts  # disjoint GPUs: at once
-    runs = [r for r in _rows(attempt) if r["argv"][:2] == ["docker", "run"]]
+    runs = [r for r in rows(attempt) if r["argv"][:2] == ["docker", "run"]]
     assert sorted(r["host"] for r in runs) == ["node-1", "node-2", "node-3"]  # as reported
     assert all(r["transport"] == "reported" and r["exit_status"] == 0 for r in runs)
     docker_end = min(datetime.fromisoformat(r["end"].replace("Z", "+00:00")) for r in runs)
@@ -181,9 +180,9 @@ def test_a_block_size_mismatch_fails_the_contract_and_recover_removes_only_its_c
 
 def _role_span(attempt: Path, role: str) -> tuple[datetime, datetime]:
     """From the engine's `start` command to the end of its `capture` (start to healthy)."""
-    rows = [r for r in _rows(attempt) if r["argv"][0].endswith("/narwhal-engine")
+    mine = [r for r in rows(attempt) if r["argv"][0].endswith("/narwhal-engine")
             and r["argv"][1] in ("start", "capture") and r["argv"][3].endswith(f"/{role}")]
-    times = [datetime.fromisoformat(r[k].replace("Z", "+00:00")) for r in rows
+    times = [datetime.fromisoformat(r[k].replace("Z", "+00:00")) for r in mine
              for k in ("start", "end")]
     return min(times), max(times)
 

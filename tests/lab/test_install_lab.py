@@ -12,13 +12,12 @@ import hashlib
 import json
 import shutil
 import subprocess
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.lab.installing import Installer
+from tests.lab.installing import Installer, rows
 from tests.lab.operator import NARWHAL
 
 from narwhal.lab.faults import Faults
@@ -28,13 +27,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _rows(attempt: Path) -> list[dict[str, Any]]:
-    path = attempt / "commands.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def _pip_rows(attempt: Path) -> list[dict[str, Any]]:
-    return [r for r in _rows(attempt) if r["argv"][1:4] == ["-m", "pip", "install"]]
+    return [r for r in rows(attempt) if r["argv"][1:4] == ["-m", "pip", "install"]]
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -110,7 +104,7 @@ def test_a_prepared_file_edited_after_planning_blocks_before_any_host_changes(
         doc = installer.doc(done)
         assert done.returncode != 0 and doc["verdict"] == "blocked"
         assert "prepared input changed" in doc["cause"] and str(edited) in doc["cause"]
-        assert _rows(installer.op.last_attempt("install")) == []  # no host was asked anything
+        assert rows(installer.op.last_attempt("install")) == []  # no host was asked anything
     finally:
         edited.write_bytes(original)
 
@@ -137,24 +131,15 @@ def test_pip_killed_mid_install_is_recovered_and_resumed(installer: Installer,
                                                          faults: Faults) -> None:
     host = installer.lab_host("node-1")
     ssh(installer.op.plan, host, f"rm -rf {installer.remote}/venv")  # the operator starts over
-    argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "install", "--json", "--checkout",
-            str(installer.checkout), "--wheelhouse", str(installer.wheels), "--env",
-            str(installer.op.env), "--runs", str(installer.op.runs)]
-    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        pid = None
-        deadline = time.monotonic() + 120
-        while pid is None and time.monotonic() < deadline and running.poll() is None:
-            found = ssh(installer.op.plan, host, "pgrep -f -- '[-]m pip install' || true").stdout
-            pid = int(found.split()[0]) if found.split() else None
-            time.sleep(0.05)
-        assert pid is not None, "pip never started on node-1"
-        faults.kill(host, pid)
-        out, _ = running.communicate(timeout=300)
-    finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode != 0 and json.loads(out)["verdict"] == "blocked"
+    pids: list[int] = []
+
+    def pip_running() -> bool:
+        found = ssh(installer.op.plan, host, "pgrep -f -- '[-]m pip install' || true").stdout
+        pids.extend(int(p) for p in found.split()[:1])
+        return bool(pids)
+
+    verdict = installer.cut_install(pip_running, lambda: faults.kill(host, pids[0]))
+    assert verdict["verdict"] == "blocked"
     failed = installer.op.last_attempt("install")
     before = _tree(failed)
     recovered = installer.op.narwhal("recover", "install")
@@ -176,23 +161,14 @@ def test_a_connection_cut_mid_transfer_is_resumed_by_the_same_command(
     host = installer.lab_host("node-3")
     wheels = f"{installer.remote}/wheelhouse"
     ssh(installer.op.plan, host, f"rm -rf {wheels} {installer.remote}/venv")  # sent again
-    argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "install", "--json", "--checkout",
-            str(installer.checkout), "--wheelhouse", str(installer.wheels), "--env",
-            str(installer.op.env), "--runs", str(installer.op.runs)]
-    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        sent = 0
-        deadline = time.monotonic() + 120
-        while not 2 <= sent < 20 and time.monotonic() < deadline and running.poll() is None:
-            out = ssh(installer.op.plan, host, f"ls {wheels} 2>/dev/null | wc -l").stdout
-            sent = int(out.strip() or 0)
-        assert 2 <= sent < 20, f"never caught node-3 mid-transfer ({sent} files)"
-        faults.crash(host)  # the power goes: the SSH connection is cut mid-transfer
-        out, _ = running.communicate(timeout=300)
-    finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode != 0 and json.loads(out)["verdict"] == "blocked"
+
+    def mid_transfer() -> bool:
+        out = ssh(installer.op.plan, host, f"ls {wheels} 2>/dev/null | wc -l").stdout
+        return 2 <= int(out.strip() or 0) < 20  # some of node-3's wheels are there, not all
+
+    # The power goes while the wheels arrive: the SSH connection is cut mid-transfer.
+    verdict = installer.cut_install(mid_transfer, lambda: faults.crash(host))
+    assert verdict["verdict"] == "blocked"
     failed = installer.op.last_attempt("install")
     before = _tree(failed)
     faults.clear()  # the host boots again
@@ -217,8 +193,8 @@ def test_a_role_shell_command_runs_in_the_checkout_with_the_role_env_and_venv(
         f"{installer.remote}/venv/bin/narwhal-engine"]
     ledger = json.loads((installer.op.runs / "lab" / "ledger.json").read_text())
     last = ledger["activities"]["shell"]["attempts"][-1]
-    rows = _rows(installer.op.runs / "lab" / "shell" / last)
-    assert rows[-1]["host"] == "node-2" and rows[-1]["argv"][-1] == script
+    recorded = rows(installer.op.runs / "lab" / "shell" / last)
+    assert recorded[-1]["host"] == "node-2" and recorded[-1]["argv"][-1] == script
     bad = subprocess.run([NARWHAL, "lab", "exec", "--", NARWHAL, "shell", "--env",
                           str(installer.op.env), "--runs", str(installer.op.runs), "--role",
                           "engine-9", "--", "true"], capture_output=True, text=True,

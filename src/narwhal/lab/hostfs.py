@@ -196,8 +196,10 @@ def prepare_image(plan: LabPlan) -> None:
 
 def _image_rootfs(plan: LabPlan, h: HostPlan) -> None:
     link = h.dir / IMAGE_ROOTFS
-    if link.is_symlink() or link.exists():
-        link.unlink() if link.is_symlink() else shutil.rmtree(link)
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        shutil.rmtree(link)
     if h.host.role == "engine":
         link.symlink_to(plan.dir / IMAGE_ROOTFS)
 

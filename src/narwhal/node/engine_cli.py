@@ -97,9 +97,9 @@ def do_start(args: argparse.Namespace) -> dict[str, Any]:
         if args.secrets is None:
             raise Refused(f"the plan needs the secret {name}: pass --secrets DIR")
         secrets[name] = (Path(args.secrets) / name).read_text().rstrip("\n")
-    started = rt.start(plan, secrets, run_dir / "engine.log")
+    started, ran = rt.start(plan, secrets, run_dir / "engine.log")
     _write(run_dir / "started.json", canonical_json(started.as_json()).encode() + b"\n")
-    return {"engine": plan["engine"], **started.as_json(), "commands": rt.RAN}
+    return {"engine": plan["engine"], **started.as_json(), "commands": ran}
 
 
 def do_capture(args: argparse.Namespace) -> dict[str, Any]:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import threading
-import time
 from typing import Any
 
 from rich.console import Console
@@ -15,6 +12,7 @@ from rich.table import Table
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import GateBlocked
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.cli.gate_output import Progress, report_blocked
 from narwhal.deploy.gates import engines
 from narwhal.deploy.gates.runner import run_gate
 
@@ -27,42 +25,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-class _Progress:
-    def __init__(self, quiet: bool) -> None:
-        self.console = Console(stderr=True, highlight=False)
-        self.quiet, self.t0, self.lock = quiet, time.monotonic(), threading.Lock()
-
-    def __call__(self, engine: str, what: str) -> None:
-        with self.lock:
-            if not self.quiet:
-                self.console.print(f"  [{time.monotonic() - self.t0:5.1f} s] {engine}: {what}")
-
-
 def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
-    progress = _Progress(args.json)
+    progress = Progress(args.json)
     try:
         targets, doc = engines.plan(ctx.inputs, ctx.ledger)
         sessions = ctx.sessions()
-        if not args.json:
-            progress.console.print(f"narwhal engines: {len(targets)} engine(s) in "
-                                   f"{len(doc['start_groups'])} start group(s)")
+        progress.say(f"narwhal engines: {len(targets)} engine(s) in "
+                     f"{len(doc['start_groups'])} start group(s)")
         result = run_gate(engines.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
                           ctx.inputs.revision, doc,
                           lambda attempt: engines.execute(sessions, attempt, targets, doc,
                                                           progress))
     except GateBlocked as exc:
-        if args.json:
-            print(json.dumps({"gate": "engines", "verdict": "blocked", "cause": exc.cause,
-                              "problems": [{"field": p.field, "problem": p.problem,
-                                            "fix": p.fix} for p in exc.problems]}, indent=1))
-        else:
-            print(f"narwhal engines: blocked, {len(exc.problems) or 1} problem(s):",
-                  file=sys.stderr)
-            for p in exc.problems or ():
-                print(f"  - {p.line()}", file=sys.stderr)
-            if not exc.problems:
-                print(f"  - {exc.cause}", file=sys.stderr)
+        report_blocked("engines", args, exc)
         return EXIT_FAILED
     finally:
         ctx.close()

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import narwhal
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import GateBlocked
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.cli.gate_output import Progress, report_blocked
 from narwhal.deploy.gates import install
 from narwhal.deploy.gates.runner import run_gate
 
@@ -46,24 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-class _Progress:
-    """One line per host and step (stderr, so --json stays clean)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.console = Console(stderr=True, highlight=False)
-        self.quiet = quiet
-        self.started = time.monotonic()
-        self.lock = threading.Lock()
-
-    def __call__(self, alias: str, what: str) -> None:
-        with self.lock:
-            if not self.quiet:
-                self.console.print(f"  [{time.monotonic() - self.started:5.1f} s] {alias}: {what}")
-
-
 def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
-    progress = _Progress(args.json)
+    progress = Progress(args.json)
     try:
         if args.prepared:
             prepared = install.load_prepared(ctx.ledger, args.prepared, ctx.inputs)
@@ -76,15 +59,14 @@ def run(args: argparse.Namespace) -> int:
                  f"prepared run {prepared.run_id}: {prepared.folder}")
             return EXIT_OK
         sessions = ctx.sessions()
-        if not args.json:
-            progress.console.print(f"narwhal install: {len(prepared.hosts)} host(s) at once, "
-                                   f"revision {prepared.revision[:12]}")
+        progress.say(f"narwhal install: {len(prepared.hosts)} host(s) at once, revision "
+                     f"{prepared.revision[:12]}")
         result = run_gate(install.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
                           ctx.inputs.revision, install.plan_document(prepared),
                           lambda attempt: install.execute(sessions, attempt, prepared,
                                                           progress))
     except GateBlocked as exc:
-        _blocked(args, exc)
+        report_blocked("install", args, exc)
         return EXIT_FAILED
     finally:
         ctx.close()
@@ -100,19 +82,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
     print(json.dumps(doc, indent=1) if args.json else text)
-
-
-def _blocked(args: argparse.Namespace, exc: GateBlocked) -> None:
-    if args.json:
-        print(json.dumps({"gate": "install", "verdict": "blocked", "cause": exc.cause,
-                          "problems": [{"field": p.field, "problem": p.problem, "fix": p.fix}
-                                       for p in exc.problems]}, indent=1))
-        return
-    print(f"narwhal install: blocked, {len(exc.problems) or 1} problem(s):", file=sys.stderr)
-    for p in exc.problems:
-        print(f"  - {p.line()}", file=sys.stderr)
-    if not exc.problems:
-        print(f"  - {exc.cause}", file=sys.stderr)
 
 
 def _table(result: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from narwhal.core.cli_common import EXIT_FAILED
 from narwhal.core.errors import InputError, Problem
 from narwhal.deploy.cli.context import Context, add_common
 from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install import install_dir
 from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.ssh import SshHost
@@ -45,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
                                             "deployment", f"use one of: {known}")])
     try:
         host = sessions.get(alias)
-        home = host.run(cl.home(), check=True).text.strip()
-        base = f"{home}/{str(plan['remote_dir']).removeprefix('~/')}"
+        base = install_dir(host, str(plan["remote_dir"]))
         env = f"{base}/runs/{plan['prepared_run']}/env/{args.role}.env"
         argv = cl.role_shell(base, env, cmd)
         with ctx.ledger.attempt("shell", fingerprint={}, hosts={alias: [args.role]},

@@ -26,9 +26,9 @@ from narwhal.core.kv.pair import check_fleet
 from narwhal.core.kv.vllm_args import launch_plan_from_args
 from narwhal.core.launch_record import LaunchRecord
 from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install import install_dir
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
-from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host, RunResult
 from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
 from narwhal.deploy.inputs.model import Inputs
@@ -90,8 +90,7 @@ class _Remote:
     """Paths and commands of one engine on its host (narwhal-engine from Gate B's venv)."""
 
     def __init__(self, host: Host, install: dict[str, Any], t: EngineTarget) -> None:
-        home = host.run(cl.home(), check=True).text.strip()
-        base = f"{home}/{str(install['remote_dir']).removeprefix('~/')}"
+        base = install_dir(host, str(install["remote_dir"]))
         run = f"{base}/runs/{install['prepared_run']}"
         self.host, self.t = host, t
         self.tool = f"{base}/venv/bin/{COMMAND}"

@@ -161,14 +161,18 @@ def plan_document(p: prep.Prepared) -> dict[str, Any]:
 
 # --- on the hosts ------------------------------------------------------------------------
 
+def _boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
 def _owner(attempt: Attempt) -> str:
     """Who holds an install lock: this process on this workstation, in this boot."""
     with open(f"/proc/{os.getpid()}/stat") as f:
         ticks = cl.parse_start_ticks(f.read())
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    return json.dumps({"workstation": socket.gethostname(), "boot": boot, "pid": os.getpid(),
-                       "start": ticks, "attempt": attempt.id}, sort_keys=True)
+    return json.dumps({"workstation": socket.gethostname(), "boot": _boot_id(),
+                       "pid": os.getpid(), "start": ticks, "attempt": attempt.id},
+                      sort_keys=True)
 
 
 def _owner_gone(text: str) -> bool:
@@ -176,11 +180,9 @@ def _owner_gone(text: str) -> bool:
     same process any more. A holder on another workstation is never presumed dead."""
     try:
         held = json.loads(text)
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
         if held["workstation"] != socket.gethostname():
             return False
-        if held["boot"] != boot:
+        if held["boot"] != _boot_id():
             return True
         with open(f"/proc/{int(held['pid'])}/stat") as f:
             return bool(cl.parse_start_ticks(f.read()) != held["start"])
@@ -216,7 +218,8 @@ def _send(host: Host, attempt: Attempt, base: str, pkg: prep.HostPackage) -> tup
     for f in pkg.files:
         target = f"{base}/{f.remote}"
         data = pkg.secrets[f.remote].encode() if f.local is None else f.local.read_bytes()
-        want = hashlib.sha256(data).hexdigest()
+        # A local file's digest was checked against the manifest just before (changed_files).
+        want = f.sha256 or hashlib.sha256(data).hexdigest()
         existing = host.stat_file(target)
         if existing is not None:
             if existing[1] != want:
@@ -229,13 +232,19 @@ def _send(host: Host, attempt: Attempt, base: str, pkg: prep.HostPackage) -> tup
     return sent, present
 
 
-def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostPackage,
-                 owner: str, progress: Progress) -> dict[str, Any]:
+def install_dir(host: Host, remote_dir: str) -> str:
+    """The absolute install directory on host; remote_dir is under the login's home (`~/`).
+    Gate B installs there; Gate C and the role shells run from there."""
     home = host.run(cl.home(), check=True).text.strip()
     if not home.startswith("/"):
         raise HostError(host.alias, f"the login's $HOME is {home!r}, not an absolute path")
-    base = f"{home}/{p.remote_dir}"
-    _ensure_dir(host, attempt, f"{home}/{prep.REMOTE_ROOT}")
+    return f"{home}/{remote_dir.removeprefix('~/')}"
+
+
+def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostPackage,
+                 owner: str, progress: Progress) -> dict[str, Any]:
+    base = install_dir(host, p.remote_dir)
+    _ensure_dir(host, attempt, base.rsplit("/", 1)[0])
     _ensure_dir(host, attempt, base)
     for sub in sorted({f.remote.rsplit("/", 1)[0] for f in pkg.files if "/" in f.remote},
                       key=lambda d: (d.count("/"), d)):

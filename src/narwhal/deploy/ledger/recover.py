@@ -52,23 +52,27 @@ def _file(host: Host, item: dict[str, Any]) -> str:
     return "removed"
 
 
-def _dir(host: Host, item: dict[str, Any]) -> str:
+def _same_dir(host: Host, item: dict[str, Any]) -> str | None:
+    """Why the owned directory is not to be touched, or None while it is the one created."""
     inode = host.stat_dir(item["path"])
     if inode is None:
         return "already gone"
     if inode != item["inode"]:
         return "kept: a different directory now has this path"
+    return None
+
+
+def _dir(host: Host, item: dict[str, Any]) -> str:
+    if (kept := _same_dir(host, item)) is not None:
+        return kept
     if not host.run(["rmdir", "--", item["path"]]).ok:
         return "kept: not empty (holds files the attempt did not create)"
     return "removed"
 
 
 def _tree(host: Host, item: dict[str, Any]) -> str:
-    inode = host.stat_dir(item["path"])
-    if inode is None:
-        return "already gone"
-    if inode != item["inode"]:
-        return "kept: a different directory now has this path"
+    if (kept := _same_dir(host, item)) is not None:
+        return kept
     host.run(["rm", "-rf", "--", item["path"]], check=True)
     return "removed"
 

@@ -90,8 +90,9 @@ def _cached(path: Path) -> SendFile:
 
 
 def build_inputs(runs: Path, checkout: Path, revision: str, lock_bytes: bytes, lock: Lock,
-                 given_wheelhouse: Path | None, progress: Any) -> dict[str, Path]:
-    """The revision's bundle and wheels, and the runtime wheels, built or reused."""
+                 given_wheelhouse: Path | None, progress: Any) -> dict[str, SendFile]:
+    """The revision's bundle and wheels, and the runtime wheels, built or reused, each with
+    its sha256 (the runtime wheels' are the lock's, which `verify` has just matched)."""
     builds = runs / "builds" / revision
     builds.mkdir(parents=True, exist_ok=True, mode=0o700)
     bundle = builds / "revision.bundle"
@@ -110,13 +111,14 @@ def build_inputs(runs: Path, checkout: Path, revision: str, lock_bytes: bytes, l
         progress("workstation", "checking the runtime wheelhouse")
         wheels = wheelhouse.build(runs / "wheelhouse" / sha256_bytes(lock_bytes)[:16],
                                   lock_path, lock)
-    out = {f"wheel:{pin.name}": path for pin, path in wheels.items()}
-    out["bundle"] = bundle
+    out = {f"wheel:{pin.name}": SendFile("", path, pin.sha256) for pin, path in wheels.items()}
+    out["bundle"] = _cached(bundle)
     progress("workstation", "building narwhal-fleet (pure)")
-    out["narwhal:pure"] = source.build_wheel(bundle, revision, builds / "pure", compiled=False)
+    out["narwhal:pure"] = _cached(source.build_wheel(bundle, revision, builds / "pure",
+                                                     compiled=False))
     progress("workstation", "building narwhal-fleet (compiled request path, once per revision)")
-    out["narwhal:compiled"] = source.build_wheel(bundle, revision, builds / "compiled",
-                                                 compiled=True)
+    out["narwhal:compiled"] = _cached(source.build_wheel(bundle, revision, builds / "compiled",
+                                                         compiled=True))
     return out
 
 
@@ -127,21 +129,20 @@ def run_id_for(revision: str, parts: dict[str, str]) -> str:
 
 
 def prepare(ledger: Ledger, deployment: str, revision: str, lock: Lock,
-            built: dict[str, Path], hosts: dict[str, list[str]], roles: dict[str, RoleFiles],
+            built: dict[str, SendFile], hosts: dict[str, list[str]], roles: dict[str, RoleFiles],
             launch: dict[str, bytes], fleet: bytes, upstream: dict[str, str]) -> str:
     """Write the prepared run and return its id (an identical run prepared before is kept).
 
     `hosts` maps each physical host to its roles. On a host, what every run shares (the
     bundle, the runtime wheels) sits at the top of the install directory; what a run holds
     (role files, Narwhal's wheel, requirements, manifest) under runs/<run>/."""
-    runtime = [_cached(p) for k, p in sorted(built.items()) if k.startswith("wheel:")]
-    bundle = _cached(built["bundle"])
+    runtime = [f for k, f in sorted(built.items()) if k.startswith("wheel:")]
+    bundle = built["bundle"]
     plans: list[tuple[HostPackage, dict[str, bytes]]] = []
     digest_parts: dict[str, str] = {"revision": revision, "bundle": str(bundle.sha256)}
     for alias, host_roles in hosts.items():
         pkg = HostPackage(alias, list(host_roles))
-        narwhal = _cached(built["narwhal:compiled" if "router" in host_roles
-                                else "narwhal:pure"])
+        narwhal = built["narwhal:compiled" if "router" in host_roles else "narwhal:pure"]
         assert narwhal.local is not None and bundle.local is not None
         pkg.files.append(SendFile("revision.bundle", bundle.local, bundle.sha256))
         for w in runtime:

@@ -27,15 +27,6 @@ class Started:
         return {"runtime": self.runtime, "id": self.id, "created": self.created}
 
 
-# The runtime commands `start` ran, with their wall-clock times, for the workstation's
-# commands.jsonl: the gate's record shows each host's `docker run`, not only narwhal-engine.
-RAN: list[dict[str, Any]] = []
-
-
-def _ran(argv: list[str], started: float, status: int) -> None:
-    RAN.append({"argv": argv, "start": started, "end": time.time(), "exit_status": status})
-
-
 class RuntimeError_(Exception):
     """The runtime refused or failed; the message is the runtime's own words."""
 
@@ -56,7 +47,10 @@ def inspect(runtime: str, ref: str) -> tuple[str, str, bool] | None:
     return parts[0], parts[1], parts[2] == "true"
 
 
-def start(plan: dict[str, Any], secrets: dict[str, str], log_path: Path) -> Started:
+def start(plan: dict[str, Any], secrets: dict[str, str],
+          log_path: Path) -> tuple[Started, list[dict[str, Any]]]:
+    """Start the plan; what was started, and the runtime commands run with their wall-clock
+    times (for the workstation's commands.jsonl: the record shows each host's `docker run`)."""
     env = {**os.environ, **secrets}  # secret values travel in the environment, never in argv
     runtime = plan["runtime"]
     if runtime == "native":
@@ -64,7 +58,7 @@ def start(plan: dict[str, Any], secrets: dict[str, str], log_path: Path) -> Star
             proc = subprocess.Popen(plan["argv"], env={**env, **plan["environment"]},
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, cwd=plan["run_dir"])
-        return Started("native", str(proc.pid), _start_ticks(proc.pid))
+        return Started("native", str(proc.pid), _start_ticks(proc.pid)), []
     existing = inspect(runtime, plan["container_name"])
     if existing is not None:
         raise RuntimeError_(f"a container named {plan['container_name']} already exists "
@@ -72,7 +66,8 @@ def start(plan: dict[str, Any], secrets: dict[str, str], log_path: Path) -> Star
     t0 = time.time()
     done = subprocess.run(plan["argv"], env=env, capture_output=True, text=True,
                           timeout=START_TIMEOUT_S, check=False)
-    _ran(plan["argv"], t0, done.returncode)
+    ran = [{"argv": plan["argv"], "start": t0, "end": time.time(),
+            "exit_status": done.returncode}]
     if done.returncode != 0:
         raise RuntimeError_(f"{runtime} run exited {done.returncode}: "
                             f"{done.stderr.strip()[-500:]}")
@@ -80,7 +75,7 @@ def start(plan: dict[str, Any], secrets: dict[str, str], log_path: Path) -> Star
     if found is None:
         raise RuntimeError_(f"{runtime} run printed {done.stdout.strip()[:80]!r}, which it "
                             "cannot inspect")
-    return Started(runtime, found[0], found[1])
+    return Started(runtime, found[0], found[1]), ran
 
 
 def alive(started: Started) -> bool:
