@@ -63,7 +63,7 @@ def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Ins
         role = f"engine-{n}"
         cap = json.loads((attempt / f"cache-layout-{role}.json").read_text())
         record = LaunchRecord.model_validate_json((discover / f"launch-{role}.json").read_text())
-        geometry = plan_geometry(cap["model_config"], launch_plan_from_args(
+        geometry = plan_geometry(cap["checkpoint_config"], launch_plan_from_args(
             [record.model_dir, *record.vllm_args], name=role, vllm_version=cap["version"]))
         assert [r["compatibility_hash"] for r in cap["ranks"]] == [
             geometry.compatibility_hash] * record.tensor_parallel_size  # every rank answered

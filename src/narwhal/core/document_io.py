@@ -137,15 +137,26 @@ def validate_document(raw: Any, source: str, model: type[M], schema: str, versio
         raise InputError(source, problems_from(exc, model, reference=reference)) from None
 
 
-def read_json_document(path: Path, unreadable_fix: str) -> Any:
-    """The parsed JSON of a document a user or a tool wrote; InputError naming the file and,
-    for bad syntax, the line and column. Schema checks are the caller's (validate_document)."""
-    source = str(path)
+def read_document_bytes(path: Path, unreadable_fix: str, *, max_bytes: int | None = None
+                        ) -> bytes:
+    """A document file's bytes. `max_bytes` bounds one that arrives from elsewhere (a host's
+    capture): a larger file is refused after reading max_bytes + 1, never read whole."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except OSError as exc:
-        raise InputError(source, [Problem("(file)", f"cannot be read ({exc.strerror})",
-                                          unreadable_fix)]) from None
+        raise InputError(str(path), [Problem("(file)", f"cannot be read ({exc.strerror})",
+                                             unreadable_fix)]) from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise InputError(str(path), [Problem("(file)", f"is larger than {max_bytes} bytes",
+                                             unreadable_fix)])
+    return data
+
+
+def parse_json_bytes(data: bytes, source: str) -> Any:
+    """Parsed JSON, or an InputError naming `source` and, for bad syntax, line and column."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(source, [Problem("(file)", f"is not UTF-8 text (byte {exc.start})",
                                           "write the document as UTF-8 JSON")]) from None
@@ -154,3 +165,10 @@ def read_json_document(path: Path, unreadable_fix: str) -> Any:
     except json.JSONDecodeError as exc:
         raise InputError(source, [Problem(f"line {exc.lineno} column {exc.colno}",
                                           f"not JSON ({exc.msg})", "fix the JSON syntax")]) from None
+
+
+def read_json_document(path: Path, unreadable_fix: str, *, max_bytes: int | None = None) -> Any:
+    """The parsed JSON of a document a user or a tool wrote; InputError naming the file and,
+    for bad syntax, the line and column. Schema checks are the caller's (validate_document)."""
+    return parse_json_bytes(read_document_bytes(path, unreadable_fix, max_bytes=max_bytes),
+                            str(path))

@@ -1,6 +1,7 @@
 """`narwhal-check`: preflight gates over a live fleet, or `--calibrate-first-token`.
 
-    narwhal-check --fleet FLEET.json [--ring] [--json] [--evidence PATH] [budget flags]
+    narwhal-check --fleet FLEET.json [--captures DIR] [--only GATES] [--ring] [--json]
+                  [--evidence PATH] [budget flags]
     narwhal-check --fleet FLEET.json --calibrate-first-token [--calibration-out PATH]
 
 Everything the user wrote (flags, the fleet document, a calibration it names, the evidence
@@ -32,10 +33,11 @@ from narwhal.core.private_file import write_private_json
 from narwhal.serve.engine_client import clients
 from narwhal.serve.preflight import report
 from narwhal.serve.preflight.calibrate import CalibrationFailed, calibrate
+from narwhal.serve.preflight.captures import load_captures
 from narwhal.serve.preflight.options import CalibrateOptions, CheckOptions
 from narwhal.serve.preflight.runner import run_gates
-from narwhal.serve.preflight.state import CheckState
-from narwhal.serve.preflight.verdicts import Verdict, failed
+from narwhal.serve.preflight.state import NEEDS, CheckState
+from narwhal.serve.preflight.verdicts import GATES, Verdict, failed
 
 COMMAND = "narwhal-check"
 DESCRIPTION = ("Preflight (gate F): reach, model, profile, pace, tokenize, the live KV contract "
@@ -43,6 +45,25 @@ DESCRIPTION = ("Preflight (gate F): reach, model, profile, pace, tokenize, the l
                "the first-token deadline.")
 CALIBRATION_GATES = ("reach", "model", "profile", "tokenize")
 DEFAULT_CALIBRATION = "first-token-calibration.json"
+
+
+def _gate_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in GATES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or 'nothing'} is not a gate; "
+                                         f"use one or more of {', '.join(GATES)}")
+    return names
+
+
+def with_needs(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The named gates and, transitively, the gates they need, in run order."""
+    want = set(names)
+    while True:
+        more = {n for g in want for n in NEEDS.get(g, ())} - want
+        if not more:
+            return tuple(g for g in GATES if g in want)
+        want |= more
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--evidence", type=Path, metavar="PATH",
                    help="evidence file to write (default: preflight-<UTC time>.json beside the fleet)")
+    p.add_argument("--captures", type=Path, metavar="DIR",
+                   help="Gate C's evidence for the contract gate: launch-<id>.json and "
+                        "cache-layout-<id>.json per engine (without it the gate is SKIP)")
+    p.add_argument("--only", type=_gate_list, metavar="GATE[,GATE]",
+                   help="run only these gates (and the ones they need): "
+                        + ", ".join(GATES))
     p.add_argument("--ring", action="store_true",
                    help="kv gate on a subset: each engine produces for the next and consumes from "
                         "the previous (n pairs instead of n(n-1))")
@@ -110,6 +137,8 @@ def _prepare(args: argparse.Namespace) -> tuple[CheckState, Path, Path | None]:
     fleet = load_fleet(args.fleet)
     check, _ = _options(args)
     state = CheckState(fleet=fleet, fleet_path=args.fleet, options=check, clients={})
+    if args.captures is not None:
+        state.captures = load_captures(args.captures, fleet)
     if fleet.calibration is not None:
         state.calibration_path = beside(args.fleet, fleet.calibration.path)
         state.calibration = load_calibration(state.calibration_path)
@@ -132,6 +161,10 @@ def _prepare(args: argparse.Namespace) -> tuple[CheckState, Path, Path | None]:
         if not out.parent.is_dir():
             raise InputError("--calibration-out", [Problem(
                 str(out), "is in a folder that does not exist", "name a file in an existing folder")])
+        if args.only:
+            raise InputError("--only", [Problem(
+                ",".join(args.only), "does not combine with --calibrate-first-token (it runs "
+                "the gates calibration needs)", "drop --only")])
     elif args.calibration_out is not None:
         raise InputError("--calibration-out", [Problem(
             str(args.calibration_out), "only means something with --calibrate-first-token",
@@ -151,7 +184,8 @@ async def _run(state: CheckState, args: argparse.Namespace,
         state.clients = clients(((e.id, e.url) for e in state.engines), session,
                                 state.options.call_timeout_s)
         if calibration_out is None:
-            return await run_gates(state, progress=_progress), extra
+            only = with_needs(args.only) if args.only else None
+            return await run_gates(state, only, _progress), extra
         verdicts = await run_gates(state, CALIBRATION_GATES, _progress)
         if any(v.status == "fail" for v in verdicts):
             return verdicts, extra
@@ -178,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     verdicts, extra = asyncio.run(_run(state, args, calibration_out))
     mode = "calibrate-first-token" if calibration_out else ("check --ring" if args.ring else "check")
+    if args.only:  # a partial run says so in its evidence, so it is never taken for a full one
+        mode += " --only " + ",".join(with_needs(args.only))
     doc = report.evidence(state, verdicts, started, datetime.now(UTC), mode)
     doc.update(extra)
     report.write_evidence(evidence_path, doc)

@@ -59,7 +59,7 @@ def test_a_healthy_fleet_passes_every_gate_and_proves_all_six_pairs_moved_kv(
     gates = {v["gate"] for v in run.document["verdicts"] if v["status"] == "pass"}
     assert gates == {"reach", "model", "profile", "pace", "tokenize", "kv", "slo"}
     assert run.verdicts("contract")["fleet"]["status"] == "skip"  # no Gate C capture: never PASS
-    assert "Gate C" in run.verdicts("contract")["fleet"]["detail"]
+    assert "--captures" in run.verdicts("contract")["fleet"]["detail"]
 
 
 def test_narwhal_profile_then_check_passes(healthy: CheckFleet) -> None:

@@ -17,13 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from narwhal.core import result_line
+from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
 from narwhal.core.documents import canonical_json, stamp
 from narwhal.core.errors import ContractError, GateBlocked, HostError, InputError, Problem
-from narwhal.core.kv.capture.sidechannel import metadata_mismatches
-from narwhal.core.kv.geometry import Geometry, plan_geometry
-from narwhal.core.kv.metadata import AgentMetadata
+from narwhal.core.kv.capture.contract import (
+    capture_findings,
+    engine_findings,
+    pair_problems,
+    predicted,
+)
 from narwhal.core.kv.pair import check_fleet
-from narwhal.core.kv.vllm_args import launch_plan_from_args
 from narwhal.core.launch_record import LaunchRecord
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import install_dir
@@ -115,51 +118,6 @@ def _check_problems(t: EngineTarget, result: result_line.ResultLine) -> list[Pro
             for c in result.data["checks"] if not c["ok"]]
 
 
-def predicted(t: EngineTarget, capture: dict[str, Any]) -> Geometry:
-    record = t.record
-    launch = launch_plan_from_args([record.model_dir, *record.vllm_args], name=t.role,
-                                   vllm_version=str(capture["version"]),
-                                   where=f"{t.role}: vllm_args")
-    return plan_geometry(capture["model_config"], launch)
-
-
-def engine_findings(t: EngineTarget, geometry: Geometry, capture: dict[str, Any]
-                    ) -> list[Problem]:
-    """The live engine against the prediction for its launch record, rank by rank."""
-    problems = []
-    where = f"{t.alias}: {t.role}"
-    expected_ranks = geometry.tp
-    if len(capture["ranks"]) != expected_ranks:
-        problems.append(Problem(where, f"{len(capture['ranks'])} side-channel rank(s) "
-                                f"answered, the plan has {expected_ranks}",
-                                "check the engine's tensor parallel size"))
-    for rank in capture["ranks"]:
-        label = f"{where} rank {rank['pp_rank']}/{rank['tp_rank']}"
-        if rank["compatibility_hash"] != geometry.compatibility_hash:
-            problems.append(Problem(label, f"compatibility hash {rank['compatibility_hash']} "
-                                    f"is not the predicted {geometry.compatibility_hash}",
-                                    "the engine was not started with its launch record's "
-                                    "arguments, or its vLLM differs: compare the image"))
-        stage = geometry.stages[int(rank["pp_rank"])].metadata
-        for m in metadata_mismatches(stage, AgentMetadata.model_validate(rank["metadata"])):
-            problems.append(Problem(label, m, "compare the engine's arguments with its launch "
-                                    "record"))
-    if not str(capture["completion"]["text"]):
-        problems.append(Problem(where, "the test completion returned no text",
-                                "read the engine log in the run dir"))
-    return problems
-
-
-def pair_findings(geometries: list[Geometry]) -> list[Problem]:
-    problems = []
-    for report in check_fleet(geometries):
-        for f in report.findings:
-            problems.append(Problem(f"{f.producer} -> {f.consumer}: {f.factor}",
-                                    f"{f.message} ({f.producer}: {f.producer_value!r}, "
-                                    f"{f.consumer}: {f.consumer_value!r})", f.fix))
-    return problems
-
-
 def _block(attempt: Attempt, cause: str, problems: list[Problem]) -> GateBlocked:
     attempt.add_artifact("problems.json", canonical_json(
         [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]).encode())
@@ -196,7 +154,7 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
     if problems:
         raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
 
-    captures: dict[str, dict[str, Any]] = {}
+    captures: dict[str, CacheLayout] = {}
 
     def start_group(group: list[EngineTarget]) -> None:
         for t in group:
@@ -219,9 +177,14 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
                              str(int(CAPTURE_TIMEOUT_S)), timeout=CAPTURE_TIMEOUT_S + 60)
                 if not cap.ok:
                     raise HostError(t.alias, f"{t.role}: capture failed: {cap.error}")
-                captures[t.role] = cap.data["cache_layout"]
                 attempt.add_artifact(f"cache-layout-{t.role}.json", canonical_json(
-                    cap.data["cache_layout"]).encode() + b"\n")
+                    cap.data["cache_layout"]).encode() + b"\n")  # kept even when malformed
+                try:
+                    captures[t.role] = parse_cache_layout(cap.data["cache_layout"],
+                                                          f"{t.alias}: {t.role} capture")
+                except InputError as exc:
+                    raise HostError(t.alias, f"{t.role}: capture is malformed: "
+                                    f"{exc.problems[0].line()}") from None
                 progress(t.role, "captured")
 
     for started in each(start_groups(targets), start_group):
@@ -237,14 +200,16 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
 
     geometries = []
     for t in targets:
+        where, capture = f"{t.alias}: {t.role}", captures[t.role]
+        problems += capture_findings(where, t.launch_sha256, capture)
         try:
-            geometry = predicted(t, captures[t.role])
+            geometry = predicted(t.role, t.record, capture)
         except InputError as exc:
             problems += exc.problems
             continue
         geometries.append(geometry)
-        problems += engine_findings(t, geometry, captures[t.role])
-    problems += pair_findings(geometries)
+        problems += engine_findings(where, geometry, capture)
+    problems += [p for report in check_fleet(geometries) for p in pair_problems(report)]
     contract = stamp("narwhal.engine-contract", 1, {
         "engines": {g.engine: {"compatibility_hash": g.compatibility_hash} for g in geometries},
         "findings": [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]})
@@ -252,8 +217,8 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
     if problems:
         raise _block(attempt, "the live KV contract failed: " + "; ".join(
             p.line() for p in problems[:2]), problems)
-    return {"engines": {t.role: {"host": t.alias, "version": captures[t.role]["version"],
-                                 "compatibility_hash": captures[t.role]["ranks"][0][
-                                     "compatibility_hash"],
-                                 "healthy_after_s": captures[t.role]["healthy_after_s"]}
+    return {"engines": {t.role: {"host": t.alias, "version": captures[t.role].version,
+                                 "compatibility_hash": captures[t.role].ranks[0]
+                                 .compatibility_hash,
+                                 "healthy_after_s": captures[t.role].healthy_after_s}
                         for t in targets}}

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from narwhal.core.cache_layout import SCHEMA, VERSION
 from narwhal.core.documents import stamp
 from narwhal.core.errors import ContractError, HostUnreachable
 from narwhal.core.kv.capture.endpoints import (
@@ -25,11 +26,10 @@ from narwhal.core.kv.capture.endpoints import (
     parse_version_reply,
 )
 from narwhal.core.kv.capture.logs import parse_startup_log
+from narwhal.core.kv.vllm_args import launch_plan_from_args
 from narwhal.node.engine.runtime import Started, alive, logs
 from narwhal.node.nixl_probe import ProbeTarget, probe
 
-SCHEMA = "narwhal.cache-layout"
-VERSION = 1
 COMPLETION_PROMPT = "The quick brown fox"
 
 
@@ -79,10 +79,13 @@ def capture(plan: dict[str, Any], started: Started, log_path: Path,
     cache_config = [c.labels for c in parse_cache_config_info(metrics)]
     start_time = parse_process_start_time(metrics)
     startup = dataclasses.asdict(parse_startup_log(logs(started, log_path)))
-    tp = int(plan["tensor_parallel_size"])
+    parallel = launch_plan_from_args([plan["model_dir"], *plan["vllm_args"]],
+                                     name=plan["engine"], vllm_version=version,
+                                     where=f"{plan['engine']}: vllm_args")
     target = ProbeTarget(alias=plan["engine"], host=plan["side_channel"]["host"],
-                         port=int(plan["side_channel"]["port"]), pp_size=1, tp_size=tp,
-                         vllm_version=version)
+                         port=int(plan["side_channel"]["port"]),
+                         pp_size=parallel.pipeline_parallel_size,
+                         tp_size=parallel.tensor_parallel_size, vllm_version=version)
     ranks = []
     for (pp, rank), reply in sorted(probe(target).items()):
         ranks.append({"pp_rank": pp, "tp_rank": rank,
@@ -100,4 +103,4 @@ def capture(plan: dict[str, Any], started: Started, log_path: Path,
         "cache_config_info": cache_config, "startup": startup, "ranks": ranks,
         "completion": {"prompt": COMPLETION_PROMPT, "text": text,
                        "usage": done.get("usage")},
-        "model_config": config})
+        "checkpoint_config": config})

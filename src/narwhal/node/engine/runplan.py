@@ -72,7 +72,7 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str) -> dict[str
         "image_id": record.image.id, "devices": [d.model_dump() for d in record.devices],
         "tensor_parallel_size": record.tensor_parallel_size, "model_dir": record.model_dir,
         "model_tree_sha256": record.model_tree_sha256, "run_dir": record.run_dir,
-        "served_model_name": record.served_model_name,
+        "served_model_name": record.served_model_name, "vllm_args": list(record.vllm_args),
         "fabric_interface": record.fabric_interface, "fabric_address": record.fabric_address,
         "ports": record.ports.model_dump(),
         "side_channel": {"host": env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", record.fabric_address),

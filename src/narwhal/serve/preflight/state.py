@@ -9,6 +9,7 @@ from narwhal.core.calibration import Calibration
 from narwhal.core.fleet import EngineEntry, FleetDocument
 from narwhal.core.profiles import Generation, ProfileStore
 from narwhal.serve.engine_client import EngineClient
+from narwhal.serve.preflight.captures import EngineCapture
 from narwhal.serve.preflight.options import CheckOptions
 
 # Which earlier gates an engine must have passed for a later gate to measure it.
@@ -18,6 +19,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "pace": ("reach", "model", "profile"),
     "tokenize": ("reach", "model"),
     "kv": ("reach", "model", "tokenize"),
+    "contract": ("reach",),
     "slo": ("profile",),
 }
 
@@ -34,6 +36,7 @@ class CheckState:
     calibration_path: Path | None = None
     store: ProfileStore | None = None
     generations: dict[str, Generation] = field(default_factory=dict)
+    captures: dict[str, EngineCapture] | None = None  # --captures: Gate C's evidence
     failed: dict[str, set[str]] = field(default_factory=dict)
 
     @property
