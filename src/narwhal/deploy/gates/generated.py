@@ -47,8 +47,9 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
         "engine": e.role, "host": plan.host, "runtime": "docker",
         "image": {"ref": e.engine_image, "id": plan.image.get("id"),
                   "repo_digests": list(plan.image.get("repo_digests") or [])},
-        "devices": [{"index": int(g["index"]), "uuid": g["uuid"], "pci_bus_id": g["pci_bus_id"]}
-                    for g in plan.gpus],
+        "accelerator": plan.accelerator,
+        "devices": [{"index": int(g["index"]), "uuid": g["uuid"], "pci_bus_id": g["pci_bus_id"],
+                     "render_node": g.get("render_node")} for g in plan.gpus],
         "tensor_parallel_size": plan.tensor_parallel_size, "model_dir": e.model_dir,
         "model_tree_sha256": plan.model.get("model_tree_sha256"),
         "served_model_name": e.model_name, "run_dir": e.run_dir,

@@ -20,17 +20,32 @@ def _check(name: str, ok: bool, found: Any, fix: str = "") -> dict[str, Any]:
     return {"check": name, "ok": ok, "found": found, "fix": "" if ok else fix}
 
 
-def gpus(plan: dict[str, Any], dev_root: str = "/dev") -> list[dict[str, Any]]:
+def _vendor_facts(accelerator: str, sys_root: str) -> dict[str, Any]:
+    if accelerator == "amd":
+        return hp.amd_facts(shutil.which("rocminfo"), sys_root)
+    return hp.nvidia_facts(shutil.which("nvidia-smi"), sys_root)
+
+
+def _nodes(plan: dict[str, Any], d: dict[str, Any], dev_root: str) -> list[str]:
+    """The device nodes this GPU is reached through (the runtime refuses a missing one)."""
+    if plan["accelerator"] == "amd":
+        return [os.path.join(dev_root, "kfd"),
+                os.path.join(dev_root, str(d["render_node"]).removeprefix("/dev/"))]
+    return [os.path.join(dev_root, f"nvidia{d['index']}")]
+
+
+def gpus(plan: dict[str, Any], dev_root: str = "/dev", sys_root: str = "/sys"
+         ) -> list[dict[str, Any]]:
     if not plan["devices"]:  # a CPU engine: nothing to allocate
         return []
-    facts = hp.nvidia_facts(shutil.which("nvidia-smi"))
+    facts = _vendor_facts(plan["accelerator"], sys_root)
     if facts["error"]:
         return [_check("gpus", False, facts["error"], "fix the driver, then check again")]
     live = {g["uuid"]: g for g in facts["gpus"]}
     out = []
     for d in plan["devices"]:
         g = live.get(d["uuid"])
-        node = os.path.join(dev_root, f"nvidia{d['index']}")
+        missing = [n for n in _nodes(plan, d, dev_root) if not os.path.exists(n)]
         if g is None:
             out.append(_check(f"gpu {d['index']}", False, f"{d['uuid']} is not on this host "
                               f"(it has {', '.join(sorted(live)) or 'none'})",
@@ -39,8 +54,12 @@ def gpus(plan: dict[str, Any], dev_root: str = "/dev") -> list[dict[str, Any]]:
             out.append(_check(f"gpu {d['index']}", False, f"{d['uuid']} is now index "
                               f"{g['index']} at {g['pci_bus_id']}",
                               "run `narwhal discover` again: the GPUs were renumbered"))
-        elif not os.path.exists(node):
-            out.append(_check(f"gpu {d['index']}", False, f"{node} is missing",
+        elif plan["accelerator"] == "amd" and g.get("render_node") != d["render_node"]:
+            out.append(_check(f"gpu {d['index']}", False, f"{d['uuid']} now renders at "
+                              f"{g.get('render_node')}, the plan says {d['render_node']}",
+                              "run `narwhal discover` again: the render nodes changed"))
+        elif missing:
+            out.append(_check(f"gpu {d['index']}", False, f"{', '.join(missing)} is missing",
                               "load the driver (its device nodes), then check again"))
         else:
             out.append(_check(f"gpu {d['index']}", True, f"{d['uuid']} at {d['pci_bus_id']}"))

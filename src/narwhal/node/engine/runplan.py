@@ -30,12 +30,36 @@ def container_name(record: lr.LaunchRecord) -> str:
     return f"{CONTAINER_PREFIX}{record.engine}"
 
 
-def environment(record: lr.LaunchRecord) -> dict[str, str]:
+def environment(record: lr.LaunchRecord, runtime: str) -> dict[str, str]:
     env = dict(record.environment)
     low, high = record.ports.ucx_tcp
     env.setdefault("UCX_TCP_PORT_RANGE", f"{low}-{high}")
     env.setdefault("UCX_NET_DEVICES", record.fabric_interface)
+    if runtime == "native" and record.devices:  # a process sees every GPU unless told
+        uuids = ",".join(d.uuid for d in record.devices)
+        env["CUDA_VISIBLE_DEVICES" if record.accelerator == "nvidia"
+            else "ROCR_VISIBLE_DEVICES"] = uuids
     return env
+
+
+def device_args(record: lr.LaunchRecord) -> list[str]:
+    """How the runtime is given exactly the record's GPUs.
+
+    NVIDIA with docker: `--gpus device=UUID,...` (the NVIDIA container toolkit); with podman:
+    one CDI device `nvidia.com/gpu=UUID` each (podman's documented way). AMD with either:
+    /dev/kfd, each GPU's render node, and the video group that owns them (ROCm's documented
+    container flags); the container sees only the GPUs whose render nodes it was given.
+    """
+    if record.accelerator == "none":
+        return []
+    if record.accelerator == "nvidia":
+        if record.runtime == "podman":
+            return [a for d in record.devices for a in ("--device", f"nvidia.com/gpu={d.uuid}")]
+        return ["--gpus", "device=" + ",".join(d.uuid for d in record.devices)]
+    args = ["--device", "/dev/kfd"]
+    for d in record.devices:
+        args += ["--device", str(d.render_node)]
+    return [*args, "--group-add", "video"]
 
 
 def serve_args(record: lr.LaunchRecord) -> list[str]:
@@ -46,12 +70,11 @@ def serve_args(record: lr.LaunchRecord) -> list[str]:
 
 def container_argv(record: lr.LaunchRecord, env: dict[str, str]) -> list[str]:
     """`docker|podman run -d ...`: host network (the side channel and UCX bind the fabric
-    address), the model read-only at its own path, the run dir, the GPUs by UUID."""
-    uuids = ",".join(d.uuid for d in record.devices)
+    address), the model read-only at its own path, the run dir, exactly the record's GPUs."""
     argv = [record.runtime, "run", "-d", "--name", container_name(record), "--network", "host",
             "--ipc", "host", "--label", f"narwhal.engine={record.engine}",
             "-v", f"{record.model_dir}:{record.model_dir}:ro",
-            "-v", f"{record.run_dir}:{record.run_dir}", "--gpus", f"device={uuids}"]
+            "-v", f"{record.run_dir}:{record.run_dir}", *device_args(record)]
     for name in sorted(env):
         argv += ["-e", f"{name}={env[name]}"]
     for name in record.secret_environment:  # passed through from the runtime's environment
@@ -61,7 +84,7 @@ def container_argv(record: lr.LaunchRecord, env: dict[str, str]) -> list[str]:
 
 def build(record: lr.LaunchRecord, record_sha256: str, runtime: str) -> dict[str, Any]:
     """The stamped run plan. runtime: the launch record's container runtime, or `native`."""
-    env = environment(record)
+    env = environment(record, runtime)
     argv = (container_argv(record, env) if runtime != "native"
             else [*(record.entrypoint or ("vllm", "serve")), *serve_args(record)])
     return stamp(SCHEMA, VERSION, {
@@ -69,7 +92,8 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str) -> dict[str
         "container_name": container_name(record) if runtime != "native" else None,
         "argv": argv, "environment": env if runtime == "native" else {},
         "secret_environment": list(record.secret_environment),
-        "image_id": record.image.id, "devices": [d.model_dump() for d in record.devices],
+        "image_id": record.image.id, "accelerator": record.accelerator,
+        "devices": [d.model_dump() for d in record.devices],
         "tensor_parallel_size": record.tensor_parallel_size, "model_dir": record.model_dir,
         "model_tree_sha256": record.model_tree_sha256, "run_dir": record.run_dir,
         "served_model_name": record.served_model_name, "vllm_args": list(record.vllm_args),
