@@ -27,6 +27,8 @@ def _run(args: argparse.Namespace) -> int:
             result = f.loss(args.src, args.dst, args.percent)
         elif kind == "block":
             result = f.block(args.host, args.port, args.mode, args.proto)
+        elif kind == "mtu":
+            result = f.mtu(args.host, args.mtu)
         elif kind in ("crash", "rekey", "fill", "image"):
             result = getattr(f, kind)(args.host)
         elif kind == "boot":
@@ -63,6 +65,9 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     k.add_argument("port", type=int)
     k.add_argument("--mode", choices=["reject", "drop"], default="reject")
     k.add_argument("--proto", choices=["tcp", "udp"], default="tcp")
+    k = kinds.add_parser("mtu", help="set the MTU of a host's fabric interface")
+    k.add_argument("host")
+    k.add_argument("mtu", type=int)
     for name, helptext in (("crash", "power-cut a host"), ("boot", "boot a crashed host"),
                            ("rekey", "give a host a new sshd host key"),
                            ("fill", "fill a host's disk directory"),

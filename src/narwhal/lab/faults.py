@@ -93,6 +93,16 @@ class Faults:
         return self._record({"id": fid, "kind": "block", "host": host, "port": port, "mode": mode,
                              "proto": proto})
 
+    def mtu(self, host: str, mtu: int) -> dict[str, Any]:
+        """Set the MTU of one host's fabric interface (only that end of its links changes)."""
+        if not 576 <= mtu <= 9000:
+            raise LabError(f"MTU {mtu} out of range; give 576..9000")
+        netns = self.plan.host(host).netns
+        before = json.loads(run(in_netns(netns, ["ip", "-j", "link", "show", "dev", FABRIC_IF])
+                                ).stdout)[0]["mtu"]
+        run(in_netns(netns, ["ip", "link", "set", "dev", FABRIC_IF, "mtu", str(mtu)]))
+        return self._record({"kind": "mtu", "host": host, "mtu": mtu, "before": before})
+
     # hosts -----------------------------------------------------------------
     def _init(self, host: str) -> Any:
         hs = self.state.hosts.get(host)
@@ -257,6 +267,10 @@ class Faults:
         elif kind in ("loss", "block"):
             host = f["src"] if kind == "loss" else f["host"]
             run(in_netns(self.plan.host(host).netns, ["nft", "delete", "table", "inet", f"nwlab_{f['id']}"]),
+                check=False)
+        elif kind == "mtu":
+            run(in_netns(self.plan.host(f["host"]).netns,
+                         ["ip", "link", "set", "dev", FABRIC_IF, "mtu", str(f["before"])]),
                 check=False)
         elif kind == "crash":
             self.boot(f["host"])

@@ -7,6 +7,7 @@ prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine'
     check   --run-dir D                            the plan against the host now (D/checked.json)
     start   --run-dir D [--secrets S]              only a checked, unchanged plan (D/started.json)
     capture --run-dir D [--timeout T]              the live cache layout (D/cache-layout.json)
+    idle    --run-dir D                            its load gauges and counters (Gate D's proof)
     stop    --run-dir D                            what start started, if it still is that
 """
 
@@ -25,6 +26,7 @@ from narwhal.core.errors import NarwhalError
 from narwhal.node.engine import checks, runplan
 from narwhal.node.engine import runtime as rt
 from narwhal.node.engine.capture import capture
+from narwhal.node.engine.idle import activity
 
 DESCRIPTION = ("Checked engine launch on an engine host and capture of the live KV cache it "
                "allocated (gate C).")
@@ -112,6 +114,11 @@ def do_capture(args: argparse.Namespace) -> dict[str, Any]:
             "cache_layout": doc}
 
 
+def do_idle(args: argparse.Namespace) -> dict[str, Any]:
+    plan, _ = _plan(Path(args.run_dir))
+    return activity(plan)
+
+
 def do_stop(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir)
     started = _started(run_dir)
@@ -137,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(handler=do_capture)
+    p = sub.add_parser("idle", help="the engine's load gauges and counters now")
+    p.add_argument("--run-dir", required=True)
+    p.set_defaults(handler=do_idle)
     p = sub.add_parser("stop", help="stop what start started, if it still is that")
     p.add_argument("--run-dir", required=True)
     p.set_defaults(handler=do_stop)

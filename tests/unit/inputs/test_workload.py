@@ -18,18 +18,18 @@ SOURCE = Path(".env")
 VARIABLES = {
     "NARWHAL_WORKLOAD_PROMPT_TOKENS": ("prompt_tokens", "4096", 4096),
     "NARWHAL_WORKLOAD_HANDOFFS_PER_S": ("handoffs_per_s", "12.5", 12.5),
-    "NARWHAL_WORKLOAD_BURST": ("burst", "3", 3.0),
+    "NARWHAL_WORKLOAD_BURST": ("burst", "3", 3),
     "NARWHAL_WORKLOAD_TRANSFER_BUDGET_MS": ("transfer_budget_ms", "250", 250.0),
     "NARWHAL_WORKLOAD_HEADROOM": ("headroom", "1.5", 1.5),
 }
-DEFAULTS = {"prompt_tokens": 1024, "handoffs_per_s": 1.0, "burst": 1.0,
+DEFAULTS = {"prompt_tokens": 1024, "handoffs_per_s": 1.0, "burst": 1,
             "transfer_budget_ms": 1000.0, "headroom": 1.25}
 # Values no workload variable accepts, whatever its range.
 BAD_EVERYWHERE = ["NaN", "nan", "inf", "-inf", "Infinity", "0", "-1", "-0.5", "fast", "1e400",
                   "1_0", "0x10", "\u0661", "1,5", " ", "true"]
 BAD_FOR = {
     "NARWHAL_WORKLOAD_PROMPT_TOKENS": ["10000001", "1.5", "1e3", "99999999999999999999999"],
-    "NARWHAL_WORKLOAD_BURST": ["0.99"],
+    "NARWHAL_WORKLOAD_BURST": ["0.99", "1.5", "100001"],
     "NARWHAL_WORKLOAD_HEADROOM": ["0.5"],
 }
 CASES = [(name, value) for name in VARIABLES for value in BAD_EVERYWHERE + BAD_FOR.get(name, [])]

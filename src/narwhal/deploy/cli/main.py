@@ -15,6 +15,7 @@ from narwhal.core.gates import GATES
 from narwhal.deploy.cli import (
     discover_cmd,
     engines_cmd,
+    fabric_cmd,
     hosts_cmd,
     inputs_cmd,
     install_cmd,
@@ -28,9 +29,9 @@ Handler = Callable[[argparse.Namespace], int]
 # Command groups that live in their own modules; each has register(subparsers). They are
 # imported by name here so the architecture test can check their direction.
 COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd,
-                   shell_cmd, engines_cmd)
+                   shell_cmd, engines_cmd, fabric_cmd)
 # Gates whose module registers its own command; the others answer "not built yet" (exit 3).
-BUILT_GATES = frozenset({"discover", "install", "engines"})
+BUILT_GATES = frozenset({"discover", "install", "engines", "fabric"})
 
 
 def _gate_stub(title: str, command: str) -> Handler:

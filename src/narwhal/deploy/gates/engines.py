@@ -70,15 +70,21 @@ def start_groups(targets: list[EngineTarget]) -> list[list[EngineTarget]]:
     return groups
 
 
-def plan(inputs: Inputs, ledger: Ledger) -> tuple[list[EngineTarget], dict[str, Any]]:
-    install = passed_artifact(ledger, "engines", INSTALL_PLAN).json()
+def targets_for(inputs: Inputs, ledger: Ledger, reader: str) -> list[EngineTarget]:
+    """Every engine with its host and Gate A's launch record (for gate `reader`)."""
     host_of = {role: h.alias for h in physical_hosts(inputs) for role in h.roles}
     targets = []
     for e in inputs.engines:
-        art = passed_artifact(ledger, "engines", Reads("discover", f"launch-{e.role}.json"))
+        art = passed_artifact(ledger, reader, Reads("discover", f"launch-{e.role}.json"))
         targets.append(EngineTarget(e.role, host_of[e.role],
                                     LaunchRecord.model_validate_json(art.read_bytes()),
                                     art.sha256))
+    return targets
+
+
+def plan(inputs: Inputs, ledger: Ledger) -> tuple[list[EngineTarget], dict[str, Any]]:
+    install = passed_artifact(ledger, "engines", INSTALL_PLAN).json()
+    targets = targets_for(inputs, ledger, "engines")
     groups = start_groups(targets)
     doc = {"install": {"prepared_run": install["prepared_run"],
                        "remote_dir": install["remote_dir"]},
@@ -89,7 +95,7 @@ def plan(inputs: Inputs, ledger: Ledger) -> tuple[list[EngineTarget], dict[str, 
     return targets, doc
 
 
-class _Remote:
+class Remote:
     """Paths and commands of one engine on its host (narwhal-engine from Gate B's venv)."""
 
     def __init__(self, host: Host, install: dict[str, Any], t: EngineTarget) -> None:
@@ -127,12 +133,12 @@ def _block(attempt: Attempt, cause: str, problems: list[Problem]) -> GateBlocked
 def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
             doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
     install = doc["install"]
-    remotes: dict[str, _Remote] = {}
+    remotes: dict[str, Remote] = {}
 
     def checked(t: EngineTarget) -> list[Problem]:
         host = sessions.get(t.alias)
         with attempt.bind(host):
-            r = remotes[t.role] = _Remote(host, install, t)
+            r = remotes[t.role] = Remote(host, install, t)
             progress(t.role, "checking")
             prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir)
             if not prepared.ok:

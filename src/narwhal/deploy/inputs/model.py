@@ -66,14 +66,15 @@ class Workload(BaseModel):
     "workload" fingerprint digests it, so a changed load makes the budget (and what was
     measured against it) stale. Read from the optional NARWHAL_WORKLOAD_* variables.
 
-    Not `core.kv.budget.Workload`: there `burst` counts handoffs that arrive together and the
-    budget is in seconds; here `burst` is peak over mean rate, as operators state a load."""
+    Gate D hands it to `core.kv.budget.Workload` (deploy/fabric/budget.py): the same fields,
+    the transfer budget in milliseconds here as operators state it, seconds there."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     prompt_tokens: int = Field(default=1024, ge=1, le=10_000_000)  # a typical prompt
     handoffs_per_s: float = Field(default=1.0, gt=0)  # mean prefill-to-decode handoffs
-    burst: float = Field(default=1.0, ge=1)  # peak rate / mean rate
+    # handoffs that can arrive at once, each of which must finish within the transfer budget
+    burst: int = Field(default=1, ge=1, le=100_000)
     transfer_budget_ms: float = Field(default=1000.0, gt=0)  # time one handoff may take
     headroom: float = Field(default=1.25, ge=1)  # margin on the required bandwidth
 

@@ -59,7 +59,7 @@ NARWHAL_TPOT_S=0.125
 # NARWHAL_WORKLOAD_PROMPT_TOKENS=1024
 # Mean KV handoffs (prefill to decode) per second, above 0.
 # NARWHAL_WORKLOAD_HANDOFFS_PER_S=1
-# Peak rate over mean rate, at least 1 (1: a steady load).
+# Handoffs that can arrive at once, each finishing within the transfer budget (whole, >= 1).
 # NARWHAL_WORKLOAD_BURST=1
 # Milliseconds one handoff's KV transfer may take, above 0.
 # NARWHAL_WORKLOAD_TRANSFER_BUDGET_MS=1000

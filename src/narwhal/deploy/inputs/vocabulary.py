@@ -73,7 +73,7 @@ OPTIONAL_TYPED: dict[str, tuple[str, Any]] = {
 WORKLOAD_TYPED: dict[str, tuple[str, Any]] = {
     "NARWHAL_WORKLOAD_PROMPT_TOKENS": ("prompt_tokens", f.PromptTokens),
     "NARWHAL_WORKLOAD_HANDOFFS_PER_S": ("handoffs_per_s", f.AboveZero),
-    "NARWHAL_WORKLOAD_BURST": ("burst", f.AtLeastOne),
+    "NARWHAL_WORKLOAD_BURST": ("burst", f.BurstHandoffs),
     "NARWHAL_WORKLOAD_TRANSFER_BUDGET_MS": ("transfer_budget_ms", f.AboveZero),
     "NARWHAL_WORKLOAD_HEADROOM": ("headroom", f.AtLeastOne),
 }

@@ -91,3 +91,14 @@ def parse_version_reply(body: str | bytes) -> str:
     if not isinstance(version, str) or not version:
         raise ContractError(f"/version reply has no version string: {data!r}")
     return version
+
+
+def metric_sum(text: str, name: str) -> float | None:
+    """The sum of every sample of one metric family over its label sets (None: no sample)."""
+    samples = _samples(text, name)
+    if not samples:
+        return None
+    try:
+        return sum(float(value) for _, value in samples)
+    except ValueError:
+        raise ContractError(f"/metrics has a non-numeric {name} sample") from None

@@ -1,0 +1,400 @@
+"""Gate D: prove the transfer fabric against the serving cache, one directed edge at a time.
+
+Plan (recorded first): the budget of every directed edge between engine hosts, from the
+geometry Gate C verified against each live engine and the workload inputs. Execute:
+(1) link facts from both ends of every edge at once (interface, address, MTU, the kernel's
+route each way, the tool's version), which with the host keys, transport, test parameters and
+budget make each edge's link record and fingerprint; (2) for each edge in turn, unless its
+last sample passed under the same fingerprint (reused): every engine's idle proof, the
+consumer's iperf3 server (owned by the attempt), the producer's client bound to the fabric
+addresses, every engine's idle proof again; a miss is diagnosed and the diagnosis recorded
+with the sample; (3) the edge matrix document and its heatmap. The gate passes only when
+every edge passes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from narwhal.core.cache_layout import parse_cache_layout
+from narwhal.core.documents import canonical_json, sha256_bytes
+from narwhal.core.errors import ContractError, GateBlocked, HostError, InputError, Problem
+from narwhal.core.kv.capture.contract import predicted
+from narwhal.deploy.fabric import diagnose as dx
+from narwhal.deploy.fabric import iperf, matrix
+from narwhal.deploy.fabric.budget import EdgeBudget, budget_document, edge_budget_digest
+from narwhal.deploy.fabric.links import Interface, LinkRecord, Route, parse_interface, parse_route
+from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, Remote, targets_for
+from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.parallel import each
+from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.hosts.trust import pinned_fingerprints
+from narwhal.deploy.inputs.model import Inputs, Workload
+from narwhal.deploy.ledger import Ledger
+from narwhal.deploy.ledger.attempt import Attempt
+
+CONTRACT = Reads("engines", "contract.json")
+SPEC = GateSpec("fabric", Spread.PER_EDGE, reads=(INSTALL_PLAN, CONTRACT))
+Progress = Callable[[str, str], None]
+SERVER_READY_S = 5.0
+
+
+@dataclass(frozen=True)
+class FabricOptions:
+    """The test parameters (part of every link record: a change re-measures every edge)."""
+
+    seconds: int = 10  # --seconds: client test time
+    omit_s: int = 1  # --omit: the first seconds left out (TCP slow start)
+    parallel: int = 1  # --parallel: client streams
+    port: int = 5201  # --port: the consumer's test server port
+    resample: tuple[str, ...] = ()  # --resample EDGE: measure again though it is reusable
+
+    def parameters(self) -> dict[str, Any]:
+        return {"tool": "iperf3", "seconds": self.seconds, "omit_s": self.omit_s,
+                "parallel": self.parallel, "port": self.port}
+
+
+@dataclass
+class FabricPlan:
+    targets: list[EngineTarget]
+    hosts: list[str]  # engine hosts, in fleet order
+    edges: list[EdgeBudget]
+    budget: dict[str, Any]
+    install: dict[str, Any]
+    options: FabricOptions
+    workload: Workload
+    address: dict[str, str] = field(default_factory=dict)  # host -> fabric address
+    interface: dict[str, str] = field(default_factory=dict)  # host -> fabric interface
+    run_dir: dict[str, str] = field(default_factory=dict)  # host -> Gate C's run dir there
+
+    def document(self) -> dict[str, Any]:
+        return {"hosts": self.hosts, "addresses": self.address, "interfaces": self.interface,
+                "edges": [e.edge for e in self.edges], "parameters": self.options.parameters(),
+                "resample": list(self.options.resample), "budget": self.budget}
+
+
+def plan(inputs: Inputs, ledger: Ledger, options: FabricOptions) -> FabricPlan:
+    install = passed_artifact(ledger, "fabric", INSTALL_PLAN).json()
+    targets = targets_for(inputs, ledger, "fabric")
+    geometries = {}
+    for t in targets:
+        art = passed_artifact(ledger, "fabric", Reads("engines", f"cache-layout-{t.role}.json"))
+        capture = parse_cache_layout(art.json(), f"engines: cache-layout-{t.role}.json")
+        geometries[t.role] = predicted(t.role, t.record, capture)
+    hosts = list(dict.fromkeys(t.alias for t in targets))
+    if len(hosts) < 2:
+        raise GateBlocked("fabric", f"the engines share one host ({hosts[0]}): there is no "
+                          "fabric edge to prove; their handoffs stay on the host")
+    doc, edges = budget_document(geometries, {t.role: t.alias for t in targets}, hosts,
+                                 inputs.workload)
+    p = FabricPlan(targets, hosts, edges, doc, install, options, inputs.workload)
+    for t in targets:
+        p.address.setdefault(t.alias, t.record.fabric_address)
+        p.interface.setdefault(t.alias, t.record.fabric_interface)
+        p.run_dir.setdefault(t.alias, t.record.run_dir)
+    unknown = [e for e in options.resample if e not in {x.edge for x in edges}]
+    if unknown:
+        raise InputError("--resample", [Problem(
+            e, "is not a directed edge of this fleet",
+            f"name one of {', '.join(x.edge for x in edges)}") for e in unknown])
+    return p
+
+
+# Link facts ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostLinks:
+    interface: Interface | None
+    routes: dict[str, Route]  # peer host -> this host's route to it
+    tool_version: str
+
+
+def _host_links(host: Host, p: FabricPlan) -> HostLinks:
+    alias = host.alias
+    iface, addr = p.interface[alias], p.address[alias]
+    shown = host.run(["ip", "-j", "addr", "show", "dev", iface])
+    interface = parse_interface(shown.text, iface, addr) if shown.ok else None
+    routes = {}
+    for peer in p.hosts:
+        if peer == alias:
+            continue
+        got = host.run(["ip", "-j", "route", "get", p.address[peer], "from", addr])
+        routes[peer] = parse_route(got.text) if got.ok else Route("", None, None)
+    version = host.run(["iperf3", "--version"])
+    if not version.ok:
+        raise HostError(alias, "iperf3 is not installed (Gate D measures every edge with it)",
+                        command="iperf3 --version", exit_status=version.exit_status)
+    return HostLinks(interface, routes, version.text.splitlines()[0].strip() if version.text
+                     else "")
+
+
+def _missing_interface(name: str) -> Interface:
+    return Interface(name, None, (), None, False)
+
+
+def link_records(p: FabricPlan, facts: dict[str, HostLinks], keys: dict[str, str],
+                 transport: dict[str, dict[str, Any]]) -> dict[str, LinkRecord]:
+    out = {}
+    for e in p.edges:
+        s, d = facts[e.source], facts[e.destination]
+        out[e.edge] = LinkRecord(
+            edge=e.edge, source=e.source, destination=e.destination,
+            source_address=p.address[e.source], destination_address=p.address[e.destination],
+            source_interface=s.interface or _missing_interface(p.interface[e.source]),
+            destination_interface=d.interface or _missing_interface(p.interface[e.destination]),
+            route=s.routes[e.destination], reverse_route=d.routes[e.source],
+            transport={"source": transport[e.source], "destination": transport[e.destination]},
+            tool_version=s.tool_version, test_parameters=p.options.parameters(),
+            host_keys={e.source: keys[e.source], e.destination: keys[e.destination]},
+            budget_digest=edge_budget_digest(e, p.workload))
+    return out
+
+
+# Previous samples ------------------------------------------------------------------------
+
+def previous_rows(ledger: Ledger) -> dict[str, matrix.EdgeRow]:
+    """Each edge's latest recorded row over the gate's earlier attempts (newest first), from
+    edges.json files whose digest their attempt.json still vouches for."""
+    entry = ledger.load().get("gates", {}).get("fabric", {}) if ledger.exists() else {}
+    out: dict[str, matrix.EdgeRow] = {}
+    for attempt in reversed(list(entry.get("attempts") or [])):
+        folder = ledger.attempt_folder("fabric", attempt)
+        try:
+            recorded = json.loads((folder / "attempt.json").read_text())["artifacts"]
+            data = (folder / "edges.json").read_bytes()
+        except (OSError, ValueError, KeyError):
+            continue  # an attempt that ended before its matrix: nothing to reuse from it
+        if recorded.get("edges.json") != sha256_bytes(data):
+            continue
+        for row in json.loads(data)["edges"]:
+            out.setdefault(str(row["edge"]), matrix.row_from(row))
+    return out
+
+
+# One edge --------------------------------------------------------------------------------
+
+class Fabric:
+    """Everything one run of the gate uses while it measures edges one at a time."""
+
+    def __init__(self, sessions: Sessions, attempt: Attempt, p: FabricPlan,
+                 progress: Progress) -> None:
+        self.sessions, self.attempt, self.p, self.progress = sessions, attempt, p, progress
+        self.remotes = {t.role: Remote(sessions.get(t.alias), p.install, t) for t in p.targets}
+
+    def _idle(self) -> dict[str, dict[str, Any]]:
+        def one(t: EngineTarget) -> dict[str, Any]:
+            r = self.remotes[t.role]
+            with self.attempt.bind(r.host):
+                got = r.call("idle", "--run-dir", r.run_dir, timeout=30)
+            if not got.ok:
+                raise HostError(t.alias, f"{t.role}: idle proof failed: {got.error}")
+            return dict(got.data)
+
+        proofs = {}
+        for o in each(self.p.targets, one):
+            if o.error is not None:
+                raise o.error
+            proofs[o.item.role] = o.value or {}
+        return proofs
+
+    @staticmethod
+    def traffic(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+                ) -> list[str]:
+        out = []
+        for engine in sorted(before):
+            b, a = before[engine], after[engine]
+            for when, proof in (("before", b), ("after", a)):
+                for name, value in (proof.get("busy") or {}).items():
+                    out.append(f"{engine}: {name} = {value:g} {when} the sample")
+            for name, value in (a.get("counters") or {}).items():
+                delta = value - float((b.get("counters") or {}).get(name, value))
+                if delta > 0:
+                    out.append(f"{engine}: {name} rose by {delta:g} during the sample")
+        return out
+
+    def _port_owner(self, host: Host) -> str | None:
+        got = host.run(["ss", "-Hltnp", f"sport = :{self.p.options.port}"])
+        line = got.text.strip().splitlines()[0] if got.ok and got.text.strip() else ""
+        return line.split("users:", 1)[-1].strip() or "an unknown process" if line else None
+
+    def _wait_listening(self, host: Host) -> bool:
+        deadline = time.monotonic() + SERVER_READY_S
+        while time.monotonic() < deadline:
+            got = host.run(["ss", "-Hltn", f"sport = :{self.p.options.port}"])
+            if got.ok and got.text.strip():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def measure(self, e: EdgeBudget, link: LinkRecord) -> tuple[matrix.EdgeRow, list[dx.Cause]]:
+        o = self.p.options
+        src, dst = self.sessions.get(e.source), self.sessions.get(e.destination)
+        name = f"edge-{e.source}-to-{e.destination}"
+        outcome = dx.Outcome()
+        raw = ""
+        proofs: dict[str, Any] = {}
+        if link.route_problems():
+            self.progress(e.edge, "not measured: the route is not the fabric")
+        else:
+            self.progress(e.edge, "measuring")
+            before = self._idle()
+            with self.attempt.bind(dst):
+                owner = self._port_owner(dst)
+            listening = False
+            if owner is None:
+                server = self.attempt.start_process(dst, [
+                    "iperf3", "--server", "--one-off", "--bind", link.destination_address,
+                    "--port", str(o.port)], f"{self.p.run_dir[e.destination]}/fabric-iperf3.log")
+                with self.attempt.bind(dst):
+                    listening = self._wait_listening(dst)
+                try:
+                    with self.attempt.bind(src):
+                        ran = src.run(["iperf3", "--client", link.destination_address, "--bind",
+                                       link.source_address, "--port", str(o.port), "--time",
+                                       str(o.seconds), "--omit", str(o.omit_s), "--parallel",
+                                       str(o.parallel), "--connect-timeout", "3000", "--json"],
+                                      timeout=o.seconds + o.omit_s + 30)
+                    raw = ran.text
+                finally:
+                    with self.attempt.bind(dst):
+                        if dst.process_start(server.pid) == server.start_ticks:
+                            dst.signal(server.pid)
+                try:
+                    parsed = iperf.parse(raw)
+                except ValueError as exc:
+                    parsed = iperf.IperfError("other", str(exc))
+                outcome = dx.Outcome(
+                    sample=parsed if isinstance(parsed, iperf.IperfSample) else None,
+                    error=parsed if isinstance(parsed, iperf.IperfError) else None,
+                    listening=listening)
+            else:
+                outcome = dx.Outcome(port_owner=owner)
+            after = self._idle()
+            proofs = {"before": before, "after": after}
+            outcome = dx.Outcome(outcome.sample, outcome.error, outcome.listening,
+                                 outcome.port_owner, self.traffic(before, after))
+        measured = outcome.sample.gbps if outcome.sample is not None else None
+        if outcome.traffic:
+            verdict = "void"
+        elif measured is not None and measured >= e.required_gbps and not link.route_problems():
+            verdict = "pass"
+        else:
+            verdict = "fail"
+        causes = [] if verdict == "pass" else dx.diagnose(link, outcome, e.required_gbps, o.port)
+        sample_doc = {"edge": e.edge, "link_fingerprint": link.fingerprint,
+                      "required_gbps": e.required_gbps, "measured_gbps": measured,
+                      "verdict": verdict, "idle_proof": proofs,
+                      "client_report": _json_or_text(raw)}
+        self.attempt.add_artifact(f"{name}.json", canonical_json(sample_doc).encode() + b"\n")
+        diagnosis = None
+        if causes:  # recorded with the sample, before any resample can be asked for
+            diagnosis = f"{name}.diagnosis.json"
+            self.attempt.add_artifact(diagnosis, canonical_json(
+                dx.document(e.edge, causes, f"{name}.json")).encode() + b"\n")
+        self.progress(e.edge, verdict + (f" {measured:.3f} Gbit/s" if measured is not None
+                                         else "") + f" (needs {e.required_gbps:.4f})")
+        return matrix.EdgeRow(e.edge, e.source, e.destination, e.required_gbps, measured,
+                              verdict, link.fingerprint, self.attempt.id, False,
+                              f"{name}.json", diagnosis,
+                              tuple(c.cause for c in causes)), causes
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw[-4000:]
+
+
+def transports(inputs: Inputs, p: FabricPlan) -> dict[str, dict[str, Any]]:
+    by_role = {e.role: e for e in inputs.engines}
+    out: dict[str, dict[str, Any]] = {}
+    for t in p.targets:
+        e = by_role[t.role]
+        out.setdefault(t.alias, {"transport": e.transfer_transport,
+                                 "net_devices": e.transfer_net_devices})
+    return out
+
+
+def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
+            p: FabricPlan, progress: Progress) -> dict[str, Any]:
+    attempt.add_artifact("budget.json", canonical_json(p.budget).encode() + b"\n")
+    prior = previous_rows(ledger)
+    for asked in p.options.resample:
+        last = prior.get(asked)
+        if last is not None and last.verdict != "pass" and last.diagnosis is None:
+            raise GateBlocked("fabric", f"{asked} failed without a recorded diagnosis; run "
+                              "`narwhal fabric` (it diagnoses before it resamples)")
+
+    def facts_of(alias: str) -> HostLinks:
+        host = sessions.get(alias)
+        with attempt.bind(host):
+            return _host_links(host, p)
+
+    facts: dict[str, HostLinks] = {}
+    problems: list[Problem] = []
+    for o in each(p.hosts, facts_of):
+        if o.error is not None:
+            if not isinstance(o.error, (HostError, ValueError)):
+                raise o.error
+            problems.append(Problem(o.item, str(o.error).splitlines()[0],
+                                    "check the host (`narwhal hosts check`)"))
+        else:
+            assert o.value is not None
+            facts[o.item] = o.value
+    if problems:
+        raise _blocked(attempt, problems)
+    keys = {h: ",".join(sorted(pinned_fingerprints(sessions.known_hosts,
+                                                   sessions.hosts[h].destination)))
+            for h in p.hosts}
+    links = link_records(p, facts, keys, transports(inputs, p))
+    attempt.add_artifact("links.json", canonical_json(
+        {edge: {**rec.document(), "fingerprint": rec.fingerprint}
+         for edge, rec in links.items()}).encode() + b"\n")
+
+    fabric = Fabric(sessions, attempt, p, progress)
+    rows: list[matrix.EdgeRow] = []
+    for e in p.edges:
+        link = links[e.edge]
+        last = prior.get(e.edge)
+        if (last is not None and last.verdict == "pass" and last.fingerprint == link.fingerprint
+                and e.edge not in p.options.resample):
+            progress(e.edge, f"reused from attempt {last.measured_in} (same fingerprint)")
+            rows.append(matrix.EdgeRow(e.edge, e.source, e.destination, e.required_gbps,
+                                       last.measured_gbps, "pass", link.fingerprint,
+                                       last.measured_in, True, last.sample, None))
+            continue
+        try:
+            row, causes = fabric.measure(e, link)
+        except (HostError, ContractError) as exc:
+            row, causes = matrix.EdgeRow(
+                e.edge, e.source, e.destination, e.required_gbps, None, "fail",
+                link.fingerprint, attempt.id, False, None, None, ("host",)), []
+            problems.append(Problem(e.edge, str(exc).splitlines()[0], "check the hosts"))
+        rows.append(row)
+        if row.verdict != "pass":
+            first = causes[0] if causes else None
+            problems.append(Problem(
+                e.edge, f"{row.verdict}: " + (f"{row.measured_gbps:.4f} Gbit/s of "
+                                               f"{row.required_gbps:.4f} required; "
+                                               if row.measured_gbps is not None else "")
+                + (f"{first.cause}: {first.found}" if first else "no sample"),
+                first.fix if first else "see the edge's sample in the attempt"))
+    attempt.add_artifact("edges.json", canonical_json(
+        matrix.edges_document(rows, p.hosts)).encode() + b"\n")
+    attempt.add_artifact("edge-matrix.png", matrix.heatmap_png(rows, p.hosts))
+    if problems:
+        raise _blocked(attempt, problems)
+    return {"edges": [r.document() for r in rows], "hosts": p.hosts}
+
+
+def _blocked(attempt: Attempt, problems: list[Problem]) -> GateBlocked:
+    attempt.add_artifact("problems.json", canonical_json(
+        [{"field": x.field, "problem": x.problem, "fix": x.fix} for x in problems]).encode())
+    return GateBlocked("fabric", "; ".join(x.line() for x in problems[:2]), problems)
