@@ -19,7 +19,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # Dependencies first, uncompiled: mypyc type-checks the modules against them.
 find src -name '*.so' -delete
-NARWHAL_PURE_PYTHON=1 .venv/bin/python -m pip install -q -e '.[dev]'
+NARWHAL_PURE_PYTHON=1 .venv/bin/python -m pip install -q -e '.[dev,workstation]'
 if [ "${NARWHAL_PURE_PYTHON:-0}" != "1" ]; then
   echo "setup: compiling the router's request path (mypyc, about a minute)"
   .venv/bin/python -m pip install -q "setuptools==84.2.1" "wheel==0.48.0"
