@@ -101,8 +101,8 @@ def test_every_directed_edge_passes_one_at_a_time_with_its_idle_proof(fleet: Ins
 def test_a_shaped_edge_fails_with_its_rate_and_diagnosis_then_only_it_is_resampled(
         fleet: Installer, faults: Faults) -> None:
     _fabric(fleet)  # a fingerprinted sample of every edge to reuse below
-    faults.shape("eng1", "eng2", "10mbit")
-    code, doc = _fabric(fleet)
+    faults.shape("eng1", "eng2", "10mbit")  # a policer: nothing in the link record moves
+    code, doc = _fabric(fleet, "--resample", "node-1->node-2", "--resample", "node-2->node-1")
     assert code != 0 and doc["verdict"] == "blocked", doc
     attempt = fleet.op.last_attempt("fabric")
     edges = _edges(attempt)

@@ -140,6 +140,10 @@ def main() -> int:
         _say("gate C: start every engine from its checked plan through the hosts' docker, "
              "capture what each allocated, and prove the live KV contract")
         _run([narwhal, "lab", "exec", "--", narwhal, "engines", *common])
+        _say("gate D: prove every directed fabric edge against the budget of the live cache, "
+             "one edge at a time with every engine idle, then again: every sample reused")
+        for _ in range(2):
+            _run([narwhal, "lab", "exec", "--", narwhal, "fabric", "--seconds", "2", *common])
         _say("handoffs: the engines Gate C started hand KV to each other across the fabric")
         _handoffs()
         _say("engines down, each through its role shell (`narwhal-engine stop` on its host)")
@@ -157,7 +161,8 @@ def main() -> int:
         _say("lab down")
         _run([narwhal, "lab", "down"], check=False)
     _say("not built yet in this revision: " + ", ".join(
-        f"{g.letter} {g.name}" for g in GATES if g.name not in ("discover", "install", "engines")) +
+        f"{g.letter} {g.name}" for g in GATES if g.name not in ("discover", "install", "engines",
+                                                       "fabric")) +
          " (each says so when run)")
     _say("status")
     _run([narwhal, "status", *common])
