@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -162,10 +163,12 @@ def test_packet_loss_shows_as_retransmissions_in_the_diagnosis(
 
 def test_load_on_an_engine_during_the_samples_voids_them(fleet: Installer) -> None:
     plan = fleet.op.plan
-    port = json.loads((fleet.op.last_attempt("discover") / "launch-engine-1.json")
-                      .read_text())["ports"]["engine"]
+    record = json.loads((fleet.op.last_attempt("discover") / "launch-engine-1.json")
+                        .read_text())
+    port, model = record["ports"]["engine"], record["served_model_name"]
     load = ("import json, os, time, urllib.request\n"
-            "body = json.dumps({'model': 'tiny', 'prompt': 'load ' * 64, 'max_tokens': 8})\n"
+            f"body = json.dumps({{'model': {model!r}, 'prompt': 'load ' * 64, "
+            "'max_tokens': 8})\n"
             "end = time.monotonic() + 60\n"
             "for _ in range(5000):  # bounded in count and time, and stopped by a file\n"
             "    if time.monotonic() > end or os.path.exists('/tmp/load.stop'): break\n"
@@ -174,8 +177,9 @@ def test_load_on_an_engine_during_the_samples_voids_them(fleet: Installer) -> No
             "    urllib.request.urlopen(r, timeout=10).read()\n")
     assert ssh(plan, "eng1", f"rm -f /tmp/load.stop; cat > /tmp/load.py <<'PY'\n{load}PY"
                ).returncode == 0
-    sender = threading.Thread(target=ssh, args=(plan, "eng1", "python3 /tmp/load.py"),
-                              kwargs={"timeout": 90})
+    sent: list[subprocess.CompletedProcess[str]] = []
+    sender = threading.Thread(target=lambda: sent.append(
+        ssh(plan, "eng1", "python3 /tmp/load.py", timeout=90)))
     sender.start()
     try:
         time.sleep(1.0)
@@ -183,6 +187,7 @@ def test_load_on_an_engine_during_the_samples_voids_them(fleet: Installer) -> No
     finally:
         ssh(plan, "eng1", "touch /tmp/load.stop")
         sender.join(timeout=90)
+    assert sent and sent[0].returncode == 0, sent  # the load ran, and without an error
     assert code != 0 and doc["verdict"] == "blocked", doc
     edges = _edges(fleet.op.last_attempt("fabric"))
     assert {e["verdict"] for e in edges.values()} == {"void"}, edges
