@@ -18,15 +18,18 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json, sha256_bytes
 from narwhal.core.errors import NarwhalError
-from narwhal.node.engine import checks, runplan
-from narwhal.node.engine import runtime as rt
-from narwhal.node.engine.capture import capture
-from narwhal.node.engine.idle import activity
+from narwhal.node.engine.errors import RuntimeError_
+
+if TYPE_CHECKING:
+    from narwhal.node.engine.runtime import Started
+
+# Each subcommand imports only what it uses: Gate D runs `idle` on every engine around
+# every fabric sample, so its start-up time is part of the gate's overhead.
 
 DESCRIPTION = ("Checked engine launch on an engine host and capture of the live KV cache it "
                "allocated (gate C).")
@@ -60,12 +63,16 @@ def _plan(run_dir: Path) -> tuple[dict[str, Any], str]:
     return json.loads(data), sha256_bytes(data)
 
 
-def _started(run_dir: Path) -> rt.Started:
+def _started(run_dir: Path) -> Started:
+    from narwhal.node.engine.runtime import Started
+
     s = _read_json(run_dir / "started.json", "start")
-    return rt.Started(s["runtime"], s["id"], s["created"])
+    return Started(s["runtime"], s["id"], s["created"])
 
 
 def do_prepare(args: argparse.Namespace) -> dict[str, Any]:
+    from narwhal.node.engine import runplan
+
     record, record_sha = runplan.load_record(Path(args.launch))
     runtime = args.runtime or record.runtime
     run_dir = Path(args.run_dir)
@@ -76,6 +83,8 @@ def do_prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def do_check(args: argparse.Namespace) -> dict[str, Any]:
+    from narwhal.node.engine import checks
+
     run_dir = Path(args.run_dir)
     plan, plan_sha = _plan(run_dir)
     found = checks.run_all(plan, plan["runtime"])
@@ -86,6 +95,8 @@ def do_check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def do_start(args: argparse.Namespace) -> dict[str, Any]:
+    from narwhal.node.engine import runtime as rt
+
     run_dir = Path(args.run_dir)
     plan, plan_sha = _plan(run_dir)
     checked = _read_json(run_dir / "checked.json", "check")
@@ -105,6 +116,8 @@ def do_start(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def do_capture(args: argparse.Namespace) -> dict[str, Any]:
+    from narwhal.node.engine.capture import capture
+
     run_dir = Path(args.run_dir)
     plan, _ = _plan(run_dir)
     doc = capture(plan, _started(run_dir), run_dir / "engine.log", args.timeout)
@@ -115,11 +128,15 @@ def do_capture(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def do_idle(args: argparse.Namespace) -> dict[str, Any]:
+    from narwhal.node.engine.idle import activity
+
     plan, _ = _plan(Path(args.run_dir))
     return activity(plan)
 
 
 def do_stop(args: argparse.Namespace) -> dict[str, Any]:
+    from narwhal.node.engine import runtime as rt
+
     run_dir = Path(args.run_dir)
     started = _started(run_dir)
     return {"result": rt.stop(started), **started.as_json()}
@@ -158,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     command = f"{COMMAND} {args.sub}"
     try:
         data = args.handler(args)
-    except (Refused, rt.RuntimeError_, NarwhalError, OSError, ValueError) as exc:
+    except (Refused, RuntimeError_, NarwhalError, OSError, ValueError) as exc:
         print(result_line.render(command, False, {}, str(exc)))
         return 1
     ok = bool(data.get("ok", True))

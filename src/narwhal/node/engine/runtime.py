@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from narwhal.node.engine.errors import RuntimeError_
+
 START_TIMEOUT_S = 120
 
 
@@ -25,10 +27,6 @@ class Started:
 
     def as_json(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "id": self.id, "created": self.created}
-
-
-class RuntimeError_(Exception):
-    """The runtime refused or failed; the message is the runtime's own words."""
 
 
 def _start_ticks(pid: int) -> str:
