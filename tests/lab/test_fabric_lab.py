@@ -195,3 +195,30 @@ def test_load_on_an_engine_during_the_samples_voids_them(fleet: Installer) -> No
     diagnosis = json.loads((attempt / edges["node-2->node-3"]["diagnosis"]).read_text())
     [traffic] = [c for c in diagnosis["causes"] if c["cause"] == "traffic"]
     assert "engine-1" in traffic["found"] and "engine-2" not in traffic["found"]
+
+
+def test_with_roce_on_every_host_a_shaped_edge_shows_in_ib_write_bw(
+        fleet: Installer, faults: Faults) -> None:
+    for host in ("eng1", "eng2", "eng3"):
+        faults.rdma(host)
+    env = fleet.op.variant("rdma", NARWHAL_TRANSFER_TRANSPORT="ucx_rdma",
+                           NARWHAL_TRANSFER_NET_DEVICES="rxe0:1")
+    faults.shape("eng1", "eng2", "10mbit")
+    code, doc = _fabric(fleet, env=env)  # the transport moved: every edge is measured again
+    assert code != 0 and doc["verdict"] == "blocked", doc
+    attempt = fleet.op.last_attempt("fabric")
+    # a client names the server after its own --bind_source_ip; servers end with theirs
+    clients = [r for r in rows(attempt) if r["argv"][0] == "ib_write_bw"
+               and r["argv"][-3] == "--bind_source_ip"]
+    assert sorted(r["host"] for r in clients) == sorted(
+        f"node-{a}" for a in (1, 2, 3) for _ in (1, 2))  # one client per edge, from its source
+    edges = _edges(attempt)
+    assert _measured(attempt) == EDGES
+    shaped = edges["node-1->node-2"]
+    assert shaped["verdict"] == "fail" and shaped["measured_gbps"] <= 0.011, shaped
+    assert edges["node-2->node-1"]["verdict"] == "pass"
+    report = json.loads((attempt / shaped["sample"]).read_text())["client_report"]
+    assert "BW average[Gb/sec]" in report
+    links = json.loads((attempt / "links.json").read_text())
+    assert links["node-1->node-2"]["test_parameters"]["tool"] == "ib_write_bw"
+    assert links["node-1->node-2"]["tool_version"] == "Version: 6.06"

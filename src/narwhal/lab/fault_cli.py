@@ -29,6 +29,8 @@ def _run(args: argparse.Namespace) -> int:
             result = f.block(args.host, args.port, args.mode, args.proto)
         elif kind == "mtu":
             result = f.mtu(args.host, args.mtu)
+        elif kind == "rdma":
+            result = f.rdma(args.host, args.device)
         elif kind in ("crash", "rekey", "fill", "image"):
             result = getattr(f, kind)(args.host)
         elif kind == "boot":
@@ -65,6 +67,9 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     k.add_argument("port", type=int)
     k.add_argument("--mode", choices=["reject", "drop"], default="reject")
     k.add_argument("--proto", choices=["tcp", "udp"], default="tcp")
+    k = kinds.add_parser("rdma", help="give a host a RoCE device on its fabric")
+    k.add_argument("host")
+    k.add_argument("--device", default="rxe0")
     k = kinds.add_parser("mtu", help="set the MTU of a host's fabric interface")
     k.add_argument("host")
     k.add_argument("mtu", type=int)

@@ -259,6 +259,26 @@ class Faults:
         return self._record({"kind": "image", "host": host, "images": before,
                              "id": data["images"][0]["id"]})
 
+    def rdma(self, host: str, device: str = "rxe0") -> dict[str, Any]:
+        """Give a host a RoCE device on its fabric (what a NIC swap does): its inventory gains
+        the device, so the ib_write_bw double runs, and /dev/infiniband gains its uverbs node.
+        A fault rather than a spec variant because the lab is one session shared by every
+        test; undone by restoring the inventory and removing the node."""
+        data_path = self.plan.host(host).dir / "data" / "host.json"
+        data = json.loads(data_path.read_text())
+        hardware = data.setdefault("hardware", {})
+        before = list(hardware.get("rdma") or [])
+        if any(d["name"] == device for d in before):
+            raise LabError(f"host {host} already has RDMA device {device}")
+        hardware["rdma"] = [*before, {"name": device, "link_layer": "Ethernet"}]
+        data_path.write_text(json.dumps(data, indent=1))
+        node = f"/dev/infiniband/uverbs{len(before)}"
+        root = Path(f"/proc/{self._init(host).pid}/root")
+        (root / node.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / node.lstrip("/")).write_text("")
+        return self._record({"kind": "rdma", "host": host, "device": device, "rdma": before,
+                             "node": node})
+
     # undo ------------------------------------------------------------------
     def _undo(self, f: dict[str, Any]) -> None:
         kind = f["kind"]
@@ -268,6 +288,14 @@ class Faults:
             host = f["src"] if kind == "loss" else f["host"]
             run(in_netns(self.plan.host(host).netns, ["nft", "delete", "table", "inet", f"nwlab_{f['id']}"]),
                 check=False)
+        elif kind == "rdma":
+            data_path = self.plan.host(f["host"]).dir / "data" / "host.json"
+            data = json.loads(data_path.read_text())
+            data.setdefault("hardware", {})["rdma"] = f["rdma"]
+            data_path.write_text(json.dumps(data, indent=1))
+            hs = self.state.hosts[f["host"]]
+            if hs.init is not None and alive(hs.init):
+                (Path(f"/proc/{hs.init.pid}/root") / f["node"].lstrip("/")).unlink(missing_ok=True)
         elif kind == "mtu":
             run(in_netns(self.plan.host(f["host"]).netns,
                          ["ip", "link", "set", "dev", FABRIC_IF, "mtu", str(f["before"])]),

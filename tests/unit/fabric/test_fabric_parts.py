@@ -167,3 +167,65 @@ def test_the_matrix_round_trips_and_draws_a_png() -> None:
     assert [row_from(r.document()) for r in rows] == rows
     assert rows[0].margin == pytest.approx(455.0)
     assert heatmap_png(rows, ["a", "b"])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+PERFTEST = Path(__file__).resolve().parents[2] / "fixtures" / "perftest"
+
+
+def test_perftests_bw_average_is_read_from_its_report_not_typed() -> None:
+    from narwhal.deploy.fabric import perftest
+
+    s = perftest.parse((PERFTEST / "ib_write_bw-client-roce.txt").read_text(), "", 0)
+    assert s == perftest.PerftestSample(98.27, 1048576, 112500, "mlx5_0", "Ethernet", "3")
+    mb = perftest.parse(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   "
+                        "MsgRate[Mpps]\n 65536      5000             1192.09            "
+                        "1192.09\t\t   0.019073\n", "", 0)
+    assert isinstance(mb, perftest.PerftestSample)
+    assert mb.gbps == pytest.approx(1192.09 * 1048576 * 8 / 1e9)
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "status", "kind"), [
+    ("", " Did not detect devices \n If device exists, check if driver is up\n", 1,
+     "no_device"),
+    ("", " Couldn't connect to 10.0.0.2:18515\nConnection refused", 1, "refused"),
+    ("", " Couldn't connect to 10.0.0.2:18515\nUnable to open file descriptor", 1, "timed_out"),
+    ("garbage", "segfault", 139, "other"),
+])
+def test_perftest_failures_are_classified(stdout: str, stderr: str, status: int,
+                                          kind: str) -> None:
+    from narwhal.deploy.fabric import perftest
+
+    got = perftest.parse(stdout, stderr, status)
+    assert isinstance(got, iperf.IperfError) and got.kind == kind
+
+
+def test_the_rdma_tool_binds_both_ends_and_names_each_hca() -> None:
+    from narwhal.deploy.fabric.tools import Rdma, Tool
+
+    t = Tool("ib_write_bw", 10, 1, 1, 18515, Rdma("mlx5_1", 1), Rdma.parse("mlx5_0:2"))
+    assert t.server("10.0.0.2")[:5] == ["ib_write_bw", "-d", "mlx5_1", "-i", "1"]
+    assert t.server("10.0.0.2")[-2:] == ["--bind_source_ip", "10.0.0.2"]
+    client = t.client("10.0.0.1", "10.0.0.2")
+    assert client[1:5] == ["-d", "mlx5_0", "-i", "2"] and client[-3:] == [
+        "--bind_source_ip", "10.0.0.1", "10.0.0.2"]
+    assert t.parameters()["source_hca"] == "mlx5_0:2"
+    assert Rdma.parse("") is None and Rdma.parse("rxe0") == Rdma("rxe0", 1)
+
+
+def test_the_roce_v2_gid_of_the_fabric_address_is_picked_from_gate_as_facts() -> None:
+    from narwhal.deploy.fabric.tools import Rdma
+
+    facts = [{"device": "mlx5_0", "ports": [{"port": 1, "state": "ACTIVE",
+                                             "link_layer": "Ethernet", "gids": [
+        {"index": 0, "gid": "fe80::1", "type": "IB/RoCE v1"},
+        {"index": 1, "gid": "fe80::1", "type": "RoCE v2"},
+        {"index": 2, "gid": "::ffff:10.0.0.1", "type": "IB/RoCE v1"},
+        {"index": 3, "gid": "::ffff:10.0.0.1", "type": "RoCE v2"}]}]}]
+    hca = Rdma("mlx5_0", 1).with_gid(facts, "10.0.0.1")
+    assert hca.gid_index == 3
+    assert Rdma("mlx5_0", 1).with_gid(facts, "10.0.0.9").gid_index is None  # not on this port
+    assert Rdma("mlx5_1", 1).with_gid(facts, "10.0.0.1").gid_index is None
+    from narwhal.deploy.fabric.tools import Tool
+
+    t = Tool("ib_write_bw", 10, 0, 1, 18515, hca, hca)
+    assert t.server("10.0.0.1")[5:7] == ["-x", "3"]

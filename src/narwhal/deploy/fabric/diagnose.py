@@ -13,6 +13,7 @@ from typing import Any
 
 from narwhal.deploy.fabric.iperf import IperfError, IperfSample
 from narwhal.deploy.fabric.links import LinkRecord
+from narwhal.deploy.fabric.perftest import PerftestSample
 
 RETRANSMIT_SHARE = 0.005  # above 0.5 % of segments resent, loss on the path is a cause
 CPU_SATURATED_PERCENT = 90.0
@@ -32,7 +33,7 @@ class Cause:
 class Outcome:
     """What one attempt to sample an edge produced."""
 
-    sample: IperfSample | None = None
+    sample: IperfSample | PerftestSample | None = None
     error: IperfError | None = None
     listening: bool = False  # the consumer's test server was listening when the client ran
     port_owner: str | None = None  # a listener already on the test port before we started
@@ -64,6 +65,10 @@ def diagnose(link: LinkRecord, out: Outcome, required_gbps: float, port: int) ->
             causes.append(Cause("firewall", f"connecting to {dst} timed out: packets are "
                                 f"dropped ({e.message})", f"allow TCP {port} in on "
                                 f"{link.destination}, or fix the route"))
+        elif e.kind == "no_device":
+            causes.append(Cause("hca", f"{e.message} (the edge's transport is RDMA)",
+                                "check the HCA and its port (ibv_devinfo) on both hosts, and "
+                                "TRANSFER_NET_DEVICES in the .env"))
         elif e.kind == "busy":
             causes.append(Cause("busy", f"the test server on {dst} was busy ({e.message})",
                                 "another test ran at the same time: keep the fabric to one "
@@ -75,7 +80,7 @@ def diagnose(link: LinkRecord, out: Outcome, required_gbps: float, port: int) ->
                             + "; ".join(out.traffic), "stop the load on the engines, then "
                             "run `narwhal fabric` again"))
     s = out.sample
-    if s is not None:
+    if isinstance(s, IperfSample):  # TCP: the kernel counts resent segments, and both CPUs
         if s.retransmitted_share > RETRANSMIT_SHARE:
             causes.append(Cause("retransmissions", f"{s.retransmits} segments retransmitted "
                                 f"({s.retransmitted_share:.1%} of those sent): packets are lost "
@@ -87,12 +92,12 @@ def diagnose(link: LinkRecord, out: Outcome, required_gbps: float, port: int) ->
                 causes.append(Cause("cpu", f"{host} CPU at {cpu:.0f} % during the sample: the "
                                     "host, not the link, set the rate", "run the sample with "
                                     "the host otherwise idle, or with more parallel streams"))
-        if not causes and s.gbps < required_gbps:
-            causes.append(Cause("capacity", f"{s.gbps:.3f} Gbit/s with the route on the fabric, "
-                                "one MTU, no retransmissions to speak of and idle CPUs: the "
-                                "link itself carries less than the budget",
-                                "check the link speed (ethtool), shaping or a policer on the "
-                                "path; or lower the workload"))
+    if s is not None and not causes and s.gbps < required_gbps:
+        causes.append(Cause("capacity", f"{s.gbps:.3f} Gbit/s with the route on the fabric, "
+                            "one MTU, no retransmissions to speak of and idle CPUs: the "
+                            "link itself carries less than the budget",
+                            "check the link speed (ethtool), shaping or a policer on the "
+                            "path; or lower the workload"))
     return causes
 
 

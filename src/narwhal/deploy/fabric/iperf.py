@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ErrorKind = Literal["refused", "timed_out", "busy", "unreachable", "other"]
+ErrorKind = Literal["refused", "timed_out", "busy", "unreachable", "no_device", "other"]
 MAX_REPORT_BYTES = 8 << 20  # a 10 s run with intervals is ~30 KB; more is not a report
 
 

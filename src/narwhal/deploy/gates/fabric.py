@@ -28,6 +28,7 @@ from narwhal.deploy.fabric import diagnose as dx
 from narwhal.deploy.fabric import iperf, matrix
 from narwhal.deploy.fabric.budget import EdgeBudget, budget_document, edge_budget_digest
 from narwhal.deploy.fabric.links import Interface, LinkRecord, Route, parse_interface, parse_route
+from narwhal.deploy.fabric.tools import Rdma, Tool
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, Remote, targets_for
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.parallel import each
@@ -56,8 +57,8 @@ class FabricOptions:
     resample: tuple[str, ...] = ()  # --resample EDGE: measure again though it is reusable
 
     def parameters(self) -> dict[str, Any]:
-        return {"tool": "iperf3", "seconds": self.seconds, "omit_s": self.omit_s,
-                "parallel": self.parallel, "port": self.port}
+        return {"seconds": self.seconds, "omit_s": self.omit_s, "parallel": self.parallel,
+                "port": self.port}
 
 
 @dataclass
@@ -72,6 +73,15 @@ class FabricPlan:
     address: dict[str, str] = field(default_factory=dict)  # host -> fabric address
     interface: dict[str, str] = field(default_factory=dict)  # host -> fabric interface
     run_dir: dict[str, str] = field(default_factory=dict)  # host -> Gate C's run dir there
+    rdma: dict[str, Rdma | None] = field(default_factory=dict)  # host -> its HCA (ucx_rdma)
+
+    def tool(self, e: EdgeBudget) -> Tool:
+        """ib_write_bw when both ends transfer over RDMA, else iperf3 (TCP)."""
+        o, src, dst = self.options, self.rdma.get(e.source), self.rdma.get(e.destination)
+        name = "ib_write_bw" if src is not None and dst is not None else "iperf3"
+        return Tool(name, o.seconds, o.omit_s, o.parallel, o.port,
+                    dst if name == "ib_write_bw" else None,
+                    src if name == "ib_write_bw" else None)
 
     def document(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "addresses": self.address, "interfaces": self.interface,
@@ -98,6 +108,20 @@ def plan(inputs: Inputs, ledger: Ledger, options: FabricOptions) -> FabricPlan:
         p.address.setdefault(t.alias, t.record.fabric_address)
         p.interface.setdefault(t.alias, t.record.fabric_interface)
         p.run_dir.setdefault(t.alias, t.record.run_dir)
+    by_role = {e.role: e for e in inputs.engines}
+    for t in targets:
+        e = by_role[t.role]
+        hca = Rdma.parse(e.transfer_net_devices or "") if e.transfer_transport == "ucx_rdma" \
+            else None
+        if hca is not None and t.alias not in p.rdma:
+            facts = passed_artifact(ledger, "fabric",
+                                    Reads("discover", f"host-facts-{t.alias}.json")).json()
+            hca = hca.with_gid(list(facts.get("rdma") or []), t.record.fabric_address)
+        p.rdma.setdefault(t.alias, hca)
+        if e.transfer_transport == "ucx_rdma" and p.rdma[t.alias] is None:
+            raise InputError("transport", [Problem(
+                f"NARWHAL_NODE_{e.n}_TRANSFER_NET_DEVICES", "is empty, but the transport is "
+                "ucx_rdma", "name the HCA port, e.g. mlx5_0:1")])
     unknown = [e for e in options.resample if e not in {x.edge for x in edges}]
     if unknown:
         raise InputError("--resample", [Problem(
@@ -112,7 +136,7 @@ def plan(inputs: Inputs, ledger: Ledger, options: FabricOptions) -> FabricPlan:
 class HostLinks:
     interface: Interface | None
     routes: dict[str, Route]  # peer host -> this host's route to it
-    tool_version: str
+    tool_versions: dict[str, str]  # iperf3, and ib_write_bw on an RDMA host
 
 
 def _host_links(host: Host, p: FabricPlan) -> HostLinks:
@@ -126,12 +150,15 @@ def _host_links(host: Host, p: FabricPlan) -> HostLinks:
             continue
         got = host.run(["ip", "-j", "route", "get", p.address[peer], "from", addr])
         routes[peer] = parse_route(got.text) if got.ok else Route("", None, None)
-    version = host.run(["iperf3", "--version"])
-    if not version.ok:
-        raise HostError(alias, "iperf3 is not installed (Gate D measures every edge with it)",
-                        command="iperf3 --version", exit_status=version.exit_status)
-    return HostLinks(interface, routes, version.text.splitlines()[0].strip() if version.text
-                     else "")
+    versions = {}
+    for tool in ("iperf3", *(("ib_write_bw",) if p.rdma.get(alias) else ())):
+        version = host.run([tool, "--version"])
+        if not version.ok:
+            raise HostError(alias, f"{tool} is not installed (Gate D measures this host's "
+                            "edges with it)", command=f"{tool} --version",
+                            exit_status=version.exit_status)
+        versions[tool] = version.text.strip().splitlines()[0] if version.text.strip() else ""
+    return HostLinks(interface, routes, versions)
 
 
 def _missing_interface(name: str) -> Interface:
@@ -150,7 +177,8 @@ def link_records(p: FabricPlan, facts: dict[str, HostLinks], keys: dict[str, str
             destination_interface=d.interface or _missing_interface(p.interface[e.destination]),
             route=s.routes[e.destination], reverse_route=d.routes[e.source],
             transport={"source": transport[e.source], "destination": transport[e.destination]},
-            tool_version=s.tool_version, test_parameters=p.options.parameters(),
+            tool_version=s.tool_versions[p.tool(e).name],
+            test_parameters=p.tool(e).parameters(),
             host_keys={e.source: keys[e.source], e.destination: keys[e.destination]},
             budget_digest=edge_budget_digest(e, p.workload))
     return out
@@ -251,29 +279,25 @@ class Fabric:
                 owner = self._port_owner(dst)
             listening = False
             if owner is None:
-                server = self.attempt.start_process(dst, [
-                    "iperf3", "--server", "--one-off", "--bind", link.destination_address,
-                    "--port", str(o.port)], f"{self.p.run_dir[e.destination]}/fabric-iperf3.log")
+                tool = self.p.tool(e)
+                server = self.attempt.start_process(
+                    dst, tool.server(link.destination_address),
+                    f"{self.p.run_dir[e.destination]}/fabric-{tool.name}.log")
                 with self.attempt.bind(dst):
                     listening = self._wait_listening(dst)
                 try:
                     with self.attempt.bind(src):
-                        ran = src.run(["iperf3", "--client", link.destination_address, "--bind",
-                                       link.source_address, "--port", str(o.port), "--time",
-                                       str(o.seconds), "--omit", str(o.omit_s), "--parallel",
-                                       str(o.parallel), "--connect-timeout", "3000", "--json"],
-                                      timeout=o.seconds + o.omit_s + 30)
+                        ran = src.run(tool.client(link.source_address, link.destination_address),
+                                      timeout=tool.timeout_s)
                     raw = ran.text
                 finally:
                     with self.attempt.bind(dst):
                         if dst.process_start(server.pid) == server.start_ticks:
                             dst.signal(server.pid)
-                try:
-                    parsed = iperf.parse(raw)
-                except ValueError as exc:
-                    parsed = iperf.IperfError("other", str(exc))
+                parsed = tool.parse(ran.text, ran.stderr.decode("utf-8", "replace"),
+                                    ran.exit_status)
                 outcome = dx.Outcome(
-                    sample=parsed if isinstance(parsed, iperf.IperfSample) else None,
+                    sample=None if isinstance(parsed, iperf.IperfError) else parsed,
                     error=parsed if isinstance(parsed, iperf.IperfError) else None,
                     listening=listening)
             else:

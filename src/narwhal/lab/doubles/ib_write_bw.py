@@ -15,6 +15,7 @@ from typing import Any
 from narwhal.lab.doubles.common import host_data, injected_failure
 
 DEFAULT_PORT = 18515
+VERSION = "6.06"  # perftest 4.5's ib_write_bw, as Debian ships it
 RULE = "-" * 87
 NO_DEVICE = (" Did not detect devices \n If device exists, check if driver is up\n"
              " Unable to find the Infiniband/RoCE device\n")
@@ -33,11 +34,15 @@ def _header(dev: str, link: str, mtu: int) -> str:
 
 def _opts(argv: list[str]) -> dict[str, Any]:
     o: dict[str, Any] = {"port": DEFAULT_PORT, "size": 65536, "iters": 5000, "duration": None,
-                         "gbits": False, "server": None, "dev": None}
+                         "gbits": False, "server": None, "dev": None, "bind": None,
+                         "ib_port": 1}
     valued = {"-p": ("port", int), "--port": ("port", int), "-s": ("size", int), "--size": ("size", int),
               "-n": ("iters", int), "--iters": ("iters", int), "-D": ("duration", float),
-              "--duration": ("duration", float), "-d": ("dev", str), "--ib-dev": ("dev", str)}
+              "--duration": ("duration", float), "-d": ("dev", str), "--ib-dev": ("dev", str),
+              "-i": ("ib_port", int), "--ib-port": ("ib_port", int),
+              "--bind_source_ip": ("bind", str)}
     ignored_valued = {"-x", "--gid-index", "-q", "--qp", "-m", "--mtu"}
+    ignored_flags = {"-F", "--CPU-freq", "-R", "--rdma_cm"}
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -47,6 +52,8 @@ def _opts(argv: list[str]) -> dict[str, Any]:
             i += 1
         elif a == "--report_gbits":
             o["gbits"] = True
+        elif a in ignored_flags:
+            pass
         elif a in ignored_valued:
             i += 1
         elif not a.startswith("-"):
@@ -89,6 +96,9 @@ def main(host_dir: str, argv: list[str]) -> int:
     failed = injected_failure(host_dir, "ib_write_bw")
     if failed is not None:
         return failed
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"Version: {VERSION}")  # perftest's own line; no device is needed for it
+        return 0
     data = host_data(host_dir)
     rdma = (data.get("hardware") or {}).get("rdma") or []
     o = _opts(argv)
@@ -98,9 +108,9 @@ def main(host_dir: str, argv: list[str]) -> int:
         return 1
     sys.stdout.write(_header(dev["name"], dev["link_layer"], data["fabric_mtu"]))
     if o["server"] is None:
-        return _serve(data["fabric_ip"], o["port"])
+        return _serve(o["bind"] or data["fabric_ip"], o["port"])
     try:
-        sent, iters, elapsed = _client(o, data["fabric_ip"])
+        sent, iters, elapsed = _client(o, o["bind"] or data["fabric_ip"])
     except OSError as exc:
         print(f" Couldn't connect to {o['server']}:{o['port']}\nUnable to open file descriptor for socket connection {exc}",
               file=sys.stderr)
