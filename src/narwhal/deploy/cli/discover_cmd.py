@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rich.console import Console
@@ -12,7 +11,7 @@ from rich.table import Table
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import GateBlocked
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_output import Progress, report_blocked
+from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
 from narwhal.deploy.gates import discover
 from narwhal.deploy.gates.runner import run_gate
 
@@ -42,13 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     finally:
         ctx.close()
-    attempt = ctx.ledger.load()["gates"]["discover"]["last"]
-    if args.json:
-        print(json.dumps({"gate": "discover", "verdict": "passed", "attempt": attempt,
-                          "engines": result["engines"]}, indent=1))
-    else:
-        _table(result)
-        print(f"gate A passed: evidence in {ctx.ledger.attempt_folder('discover', attempt)}")
+    report_passed("discover", args, ctx.ledger, {"engines": result["engines"]}, lambda: _table(result))
     return EXIT_OK
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rich.console import Console
@@ -12,7 +11,7 @@ from rich.table import Table
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import GateBlocked
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_output import Progress, report_blocked
+from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
 from narwhal.deploy.gates import engines
 from narwhal.deploy.gates.runner import run_gate
 
@@ -42,13 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     finally:
         ctx.close()
-    attempt = ctx.ledger.load()["gates"]["engines"]["last"]
-    if args.json:
-        print(json.dumps({"gate": "engines", "verdict": "passed", "attempt": attempt, **result},
-                         indent=1))
-    else:
-        _table(result)
-        print(f"gate C passed: evidence in {ctx.ledger.attempt_folder('engines', attempt)}")
+    report_passed("engines", args, ctx.ledger, result, lambda: _table(result))
     return EXIT_OK
 
 

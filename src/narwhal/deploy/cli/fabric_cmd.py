@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rich.console import Console
@@ -13,7 +12,7 @@ from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import GateBlocked
 from narwhal.core.flag_types import number
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_output import Progress, report_blocked
+from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
 from narwhal.deploy.gates import fabric
 from narwhal.deploy.gates.runner import run_gate
 
@@ -58,13 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     finally:
         ctx.close()
-    attempt = ctx.ledger.load()["gates"]["fabric"]["last"]
-    if args.json:
-        print(json.dumps({"gate": "fabric", "verdict": "passed", "attempt": attempt, **result},
-                         indent=1))
-    else:
-        _table(result)
-        print(f"gate D passed: evidence in {ctx.ledger.attempt_folder('fabric', attempt)}")
+    report_passed("fabric", args, ctx.ledger, result, lambda: _table(result))
     return EXIT_OK
 
 

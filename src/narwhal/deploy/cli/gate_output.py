@@ -11,10 +11,14 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
 from narwhal.core.errors import GateBlocked
+from narwhal.core.gates import gate as gate_named
+from narwhal.deploy.ledger import Ledger
 
 
 class Progress:
@@ -50,3 +54,17 @@ def report_blocked(gate: str, args: argparse.Namespace, exc: GateBlocked,
         print(f"  - {p.line()}", file=sys.stderr)
     if not exc.problems:
         print(f"  - {exc.cause}", file=sys.stderr)
+
+
+def report_passed(gate: str, args: argparse.Namespace, ledger: Ledger, shown: dict[str, Any],
+                  table: Callable[[], None]) -> None:
+    """The passed verdict: one JSON document (the attempt and `shown`) with --json, else the
+    gate's table and where its evidence is."""
+    attempt = ledger.load()["gates"][gate]["last"]
+    if args.json:
+        print(json.dumps({"gate": gate, "verdict": "passed", "attempt": attempt, **shown},
+                         indent=1))
+        return
+    table()
+    print(f"gate {gate_named(gate).letter} passed: evidence in "
+          f"{ledger.attempt_folder(gate, attempt)}")

@@ -19,7 +19,7 @@ import narwhal
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import GateBlocked
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_output import Progress, report_blocked
+from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
 from narwhal.deploy.gates import install
 from narwhal.deploy.gates.runner import run_gate
 
@@ -70,13 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     finally:
         ctx.close()
-    attempt = ctx.ledger.load()["gates"]["install"]["last"]
-    if args.json:
-        print(json.dumps({"gate": "install", "verdict": "passed", "attempt": attempt,
-                          **result}, indent=1))
-    else:
-        _table(result)
-        print(f"gate B passed: evidence in {ctx.ledger.attempt_folder('install', attempt)}")
+    report_passed("install", args, ctx.ledger, result, lambda: _table(result))
     return EXIT_OK
 
 
