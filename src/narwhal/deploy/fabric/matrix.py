@@ -78,7 +78,8 @@ def heatmap_png(rows: Sequence[EdgeRow], hosts: Sequence[str]) -> bytes:
         i, j = index[r.source], index[r.destination]
         codes[i][j] = {"fail": 1.0, "void": 2.0, "pass": 3.0}.get(r.verdict, 0.0)
         measured = "-" if r.measured_gbps is None else f"{r.measured_gbps:.3g}"
-        margin = "" if r.margin is None else f"\n{r.margin:.3g}x"
+        margin = "" if r.margin is None else (
+            f"\n{r.margin:,.0f}x" if r.margin >= 100 else f"\n{r.margin:.2f}x")
         labels[i][j] = f"{r.verdict}\n{measured} / {r.required_gbps:.3g}{margin}" + (
             "\n(reused)" if r.reused else "")
     fig, ax = plt.subplots(figsize=(1.9 * n + 1.5, 1.6 * n + 1.2), dpi=100)
