@@ -80,8 +80,11 @@ class Faults:
     def loss(self, src: str, dst: str, percent: int) -> dict[str, Any]:
         if not 0 < percent <= 100:
             raise LabError(f"loss percent {percent} out of range; give 1..100")
-        fid, ip = self._next_id(), self.plan.host(dst).fabric_ip
-        self._nft(src, _table(fid, "output", f"ip daddr {ip} numgen random mod 100 < {percent} drop"))
+        # Dropped as they arrive at dst (its input hook), as a lossy wire drops them: a drop in
+        # src's own output path is reported to the sender's TCP as a local error and resent
+        # without being counted as a retransmission, which no real link does.
+        fid, ip = self._next_id(), self.plan.host(src).fabric_ip
+        self._nft(dst, _table(fid, "input", f"ip saddr {ip} numgen random mod 100 < {percent} drop"))
         return self._record({"id": fid, "kind": "loss", "src": src, "dst": dst, "percent": percent})
 
     def block(self, host: str, port: int, mode: str = "reject", proto: str = "tcp") -> dict[str, Any]:
@@ -285,7 +288,7 @@ class Faults:
         if kind == "shape":
             self._apply_shapes(f["src"])
         elif kind in ("loss", "block"):
-            host = f["src"] if kind == "loss" else f["host"]
+            host = f["dst"] if kind == "loss" else f["host"]
             run(in_netns(self.plan.host(host).netns, ["nft", "delete", "table", "inet", f"nwlab_{f['id']}"]),
                 check=False)
         elif kind == "rdma":
