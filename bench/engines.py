@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ def _start_to_healthy(attempt: Path) -> dict[str, float]:
         cap = json.loads((attempt / f"cache-layout-{role}.json").read_text())
         out[role] = round(start_s + cap["healthy_after_s"], 3)
     return out
+
+
+def _span_and_serial(attempt: Path) -> tuple[float, float, float]:
+    """From commands.jsonl: the span from the first command to the last; the slowest engine's
+    start + capture; and the sum of every engine's start + capture (what a serial gate
+    would spend on them)."""
+    rows = [json.loads(line) for line in (attempt / "commands.jsonl").read_text().splitlines()]
+    stamps = [datetime.fromisoformat(r[k].replace("Z", "+00:00")).timestamp()
+              for r in rows for k in ("start", "end")]
+    per: dict[str, float] = {}
+    for r in rows:
+        if r["argv"][0].endswith("/narwhal-engine") and r["argv"][1] in ("start", "capture"):
+            per[r["host"]] = per.get(r["host"], 0.0) + r["duration_s"]
+    return max(stamps) - min(stamps), max(per.values()), sum(per.values())
 
 
 def main() -> int:
@@ -71,15 +86,22 @@ def main() -> int:
                 doc = json.loads(done.stdout)
                 if doc.get("verdict") != "passed":
                     raise SystemExit(f"bench: engines did not pass: {doc}")
-                each = _start_to_healthy(runs / f"bench{k}" / "engines" / doc["attempt"])
+                attempt = runs / f"bench{k}" / "engines" / doc["attempt"]
+                each = _start_to_healthy(attempt)
                 slowest = max(each.values())
+                span, slowest_sc, serial = _span_and_serial(attempt)
                 rows.append({"run": k + 1, "wall_s": round(wall, 3), "engines_s": each,
+                             "gate_span_s": round(span, 3),
+                             "slowest_start_capture_s": round(slowest_sc, 3),
+                             "sum_start_capture_s": round(serial, 3),
                              "slowest_start_to_healthy_s": slowest,
                              "sum_start_to_healthy_s": round(sum(each.values()), 3),
                              "ratio": round(wall / slowest, 2)})
                 print(f"run {k + 1}: wall {wall:.2f} s, slowest engine start-to-healthy "
                       f"{slowest:.2f} s (x{wall / slowest:.2f}), sum over {len(each)} engines "
-                      f"{sum(each.values()):.2f} s", flush=True)
+                      f"{sum(each.values()):.2f} s; on the hosts: {span:.2f} s from first to "
+                      f"last command, start+capture slowest {slowest_sc:.2f} s, summed "
+                      f"{serial:.2f} s", flush=True)
             finally:
                 lifecycle.down(lab_spec.name)
     summary = {"engines": len(rows[0]["engines_s"]), "runs": len(rows),
@@ -88,7 +110,12 @@ def main() -> int:
                    r["slowest_start_to_healthy_s"] for r in rows),
                "median_sum_start_to_healthy_s": statistics.median(
                    r["sum_start_to_healthy_s"] for r in rows),
-               "median_ratio": statistics.median(r["ratio"] for r in rows)}
+               "median_ratio": statistics.median(r["ratio"] for r in rows),
+               "median_gate_span_s": statistics.median(r["gate_span_s"] for r in rows),
+               "median_slowest_start_capture_s": statistics.median(
+                   r["slowest_start_capture_s"] for r in rows),
+               "median_sum_start_capture_s": statistics.median(
+                   r["sum_start_capture_s"] for r in rows)}
     print(json.dumps(summary))
     out = HERE / "results" / f"engines-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
     out.write_text(json.dumps({"summary": summary, "runs": rows}, indent=1) + "\n")
