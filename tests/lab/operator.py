@@ -28,6 +28,12 @@ class Operator:
                 "--runs", str(self.runs)]
         return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
 
+    def shell(self, role: str, *command: str) -> subprocess.CompletedProcess[str]:
+        """`narwhal shell --role ROLE -- COMMAND`: one command in a role's shell on its host."""
+        argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "shell", "--role", role, "--env",
+                str(self.env), "--runs", str(self.runs), "--", *command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+
     def discover(self, env: Path | None = None) -> tuple[int, dict[str, Any]]:
         return self.json_command("discover", env=env)
 

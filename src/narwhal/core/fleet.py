@@ -28,12 +28,23 @@ _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+class EngineContract(StrictModel):
+    """What Gate E attested for an engine: the live engine is held to it."""
+
+    compatibility_hash: str = Field(min_length=1, max_length=128)
+    launch_record_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    attestation_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+
 class EngineEntry(StrictModel):
-    """One engine: a stable id, its OpenAI-compatible base URL and the legs it may serve."""
+    """One engine: a stable id, its OpenAI-compatible base URL and the legs it may serve;
+    after Gate E, its attestation sidecar's URL and the contract it attested."""
 
     id: str
     url: str
     role: Literal["prefill", "decode", "both"]
+    attestation_url: str | None = None  # http://HOST:PORT/v1/attestation
+    contract: EngineContract | None = None
 
 
 class Slo(StrictModel):
@@ -197,6 +208,15 @@ def _url_problem(url: str) -> str:
     return ""
 
 
+def _attestation_url_problem(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http(s) URL with a host"
+    if parts.path != "/v1/attestation" or parts.query or parts.fragment or parts.username:
+        return "must end in /v1/attestation, without query or credentials"
+    return ""
+
+
 def _relations(doc: FleetDocument) -> list[Problem]:
     """Checks between fields that a schema cannot express."""
     problems: list[Problem] = []
@@ -214,6 +234,15 @@ def _relations(doc: FleetDocument) -> list[Problem]:
         why = _url_problem(engine.url)
         if why:
             problems.append(Problem(f"{where}.url", f"{engine.url!r} {why}", "fix the URL"))
+        if engine.attestation_url is not None:
+            why = _attestation_url_problem(engine.attestation_url)
+            if why:
+                problems.append(Problem(f"{where}.attestation_url",
+                                        f"{engine.attestation_url!r} {why}", "fix the URL"))
+        if (engine.attestation_url is None) != (engine.contract is None):
+            problems.append(Problem(f"{where}.contract", "an attestation_url and a contract "
+                                    "come together (Gate E writes both)",
+                                    "give both, or neither"))
         key = engine.url.rstrip("/")
         if key in seen_urls:
             problems.append(Problem(f"{where}.url", f"same URL as engines[{seen_urls[key]}]",

@@ -1,15 +1,90 @@
-"""`narwhal-attest`: Attestation sidecar: binds one live engine process and serves its attested contract (gate E)."""
+"""`narwhal-attest`: the attestation sidecar of one engine (Gate E), and its client.
+
+    narwhal-attest serve --run-dir D --deployment NAME --bind ADDR --port P
+    narwhal-attest fetch --url URL [--timeout S]
+
+`serve` runs on the engine host, started detached by `narwhal attest` and owned by its
+attempt: it builds the attestation from Gate C's state in the run dir, prints one result line
+(its digest and URL), then serves it until stopped, re-checking the live engine on every
+request. `fetch` runs wherever a peer must see it (the router host) and prints one result
+line with the status and document.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
 
-from narwhal.core.cli_common import not_built
+from narwhal.core import result_line
+from narwhal.core.errors import NarwhalError
 
 DESCRIPTION = "Attestation sidecar: binds one live engine process and serves its attested contract (gate E)."
+COMMAND = "narwhal-attest"
+MAX_DOCUMENT_BYTES = 1 << 20
+
+
+def do_serve(args: argparse.Namespace) -> int:
+    from narwhal.node.attest.document import build
+    from narwhal.node.attest.server import serve
+
+    attested = build(Path(args.run_dir), args.deployment)
+    server = serve(attested, args.bind, args.port)
+    url = f"http://{args.bind}:{args.port}/v1/attestation"
+    print(result_line.render(f"{COMMAND} serve", True, {
+        "engine": attested.document["engine"], "digest": attested.document["digest"],
+        "url": url}), flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+def fetch(url: str, timeout_s: float) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:  # noqa: S310 - fleet URL
+            status, body = reply.status, reply.read(MAX_DOCUMENT_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read(MAX_DOCUMENT_BYTES + 1)
+    if len(body) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"{url} answered more than {MAX_DOCUMENT_BYTES} bytes")
+    document = json.loads(body)
+    if not isinstance(document, dict):
+        raise ValueError(f"{url} did not answer a JSON object")
+    return {"status": status, "document": document}
+
+
+def do_fetch(args: argparse.Namespace) -> int:
+    got = fetch(args.url, args.timeout)
+    print(result_line.render(f"{COMMAND} fetch", True, got))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="narwhal-attest", description=DESCRIPTION)
-    parser.parse_args(argv)
-    return not_built("narwhal-attest", DESCRIPTION)
+    parser = argparse.ArgumentParser(prog=COMMAND, description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="sub", required=True)
+    p = sub.add_parser("serve", help="serve one engine's attestation (runs until stopped)")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--deployment", required=True)
+    p.add_argument("--bind", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.set_defaults(handler=do_serve)
+    p = sub.add_parser("fetch", help="GET an attestation URL; one result line")
+    p.add_argument("--url", required=True)
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(handler=do_fetch)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (NarwhalError, OSError, ValueError, KeyError) as exc:
+        print(result_line.render(f"{COMMAND} {args.sub}", False, {}, str(exc)), flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

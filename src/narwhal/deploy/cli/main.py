@@ -13,6 +13,7 @@ from narwhal.core.cli_common import EXIT_FAILED, not_built
 from narwhal.core.errors import InputError, NarwhalError
 from narwhal.core.gates import GATES
 from narwhal.deploy.cli import (
+    attest_cmd,
     discover_cmd,
     engines_cmd,
     fabric_cmd,
@@ -29,9 +30,9 @@ Handler = Callable[[argparse.Namespace], int]
 # Command groups that live in their own modules; each has register(subparsers). They are
 # imported by name here so the architecture test can check their direction.
 COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd,
-                   shell_cmd, engines_cmd, fabric_cmd)
+                   shell_cmd, engines_cmd, fabric_cmd, attest_cmd)
 # Gates whose module registers its own command; the others answer "not built yet" (exit 3).
-BUILT_GATES = frozenset({"discover", "install", "engines", "fabric"})
+BUILT_GATES = frozenset({"discover", "install", "engines", "fabric", "attest"})
 
 
 def _gate_stub(title: str, command: str) -> Handler:

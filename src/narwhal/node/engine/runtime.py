@@ -29,9 +29,16 @@ class Started:
         return {"runtime": self.runtime, "id": self.id, "created": self.created}
 
 
+STOP_GRACE_S = 20.0
+
+
 def _start_ticks(pid: int) -> str:
+    """The kernel start time of a live pid; a zombie (exited, not yet reaped) counts as gone."""
     with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[19]
+        fields = f.read().rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        raise ProcessLookupError(pid)
+    return fields[19]
 
 
 def inspect(runtime: str, ref: str) -> tuple[str, str, bool] | None:
@@ -100,6 +107,12 @@ def stop(started: Started) -> str:
         if not alive(started):
             return "already gone"
         os.killpg(int(started.id), 15)
+        deadline = time.monotonic() + STOP_GRACE_S  # "stopped" means gone, not signalled
+        while alive(started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive(started):
+            os.killpg(int(started.id), 9)
+            return "killed: it did not exit within the grace period"
         return "stopped"
     found = inspect(started.runtime, started.id)
     if found is None:

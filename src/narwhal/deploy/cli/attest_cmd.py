@@ -1,0 +1,56 @@
+"""`narwhal attest`: Gate E, every engine's sidecar at once, checked from the router host."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
+from narwhal.core.errors import GateBlocked
+from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
+from narwhal.deploy.gates import attest
+from narwhal.deploy.gates.runner import run_gate
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("attest", help="gate E: start every engine's attestation sidecar and "
+                       "check it from the router host")
+    add_common(p)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = Context.load(args)
+    progress = Progress(args.json)
+    try:
+        sessions = ctx.sessions()
+        router = next(alias for alias, roles in sessions.roles().items() if "router" in roles)
+        p = attest.plan(ctx.inputs, ctx.ledger, router)
+        progress.say(f"narwhal attest: {len(p.sidecars)} sidecar(s) at once, checked from "
+                     f"{router}")
+        result = run_gate(attest.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
+                          ctx.inputs.revision, p.document(),
+                          lambda attempt: attest.execute(ctx.inputs, sessions, attempt, p,
+                                                         progress))
+    except GateBlocked as exc:
+        report_blocked("attest", args, exc)
+        return EXIT_FAILED
+    finally:
+        ctx.close()
+    report_passed("attest", args, ctx.ledger, result, lambda: _table(result))
+    return EXIT_OK
+
+
+def _table(result: dict[str, Any]) -> None:
+    table = Table(title=f"engines attested (checked from {result['router_host']})")
+    for column in ("engine", "attestation", "compatibility hash", "process"):
+        table.add_column(column)
+    for role, e in result["engines"].items():
+        table.add_row(role, str(e["digest"])[:19], str(e["compatibility_hash"])[:16],
+                      f"{e['process']['runtime']} {str(e['process']['id'])[:12]}")
+    Console().print(table)

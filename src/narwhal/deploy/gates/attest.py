@@ -1,0 +1,189 @@
+"""Gate E: attest the live engine processes (`narwhal attest`).
+
+Plan (recorded first): per engine its host, run dir and sidecar address (its fabric address
+and the launch record's attest port). Execute, every engine at once: `narwhal-attest serve`
+started detached on the engine host and owned by the attempt; then, from the router host (the
+peer that will rely on it), `narwhal-attest fetch` of its /v1/attestation until it answers.
+Each document is held to Gate C's capture of that engine (engine, deployment, launch record,
+compatibility hash, process start time) and to its own digest. The evidence: every
+attestation, engine-attestation.json, and the fleet document before (Gate A's draft) and
+after (one contract and an attestation_url per engine).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
+from narwhal.core.documents import canonical_json, digest
+from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
+from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
+from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install import install_dir
+from narwhal.deploy.gates.parallel import each
+from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger import Ledger
+from narwhal.deploy.ledger.attempt import Attempt
+
+CONTRACT = Reads("engines", "contract.json")
+EDGES = Reads("fabric", "edges.json")  # attestation follows fabric qualification
+DRAFT = Reads("discover", "fleet-draft.json")
+SPEC = GateSpec("attest", Spread.PER_ENGINE, reads=(INSTALL_PLAN, CONTRACT, EDGES, DRAFT))
+COMMAND = "narwhal-attest"
+SCHEMA = "narwhal.engine-attestation"
+READY_S = 20.0
+Progress = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    target: EngineTarget
+    capture: CacheLayout
+    bind: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.bind}:{self.port}/v1/attestation"
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.target.record.run_dir}/{self.target.role}"
+
+
+@dataclass
+class AttestPlan:
+    sidecars: list[Sidecar]
+    install: dict[str, Any]
+    router: str  # the physical host the router runs on
+    draft: dict[str, Any]
+
+    def document(self) -> dict[str, Any]:
+        return {"router_host": self.router,
+                "sidecars": [{"engine": s.target.role, "host": s.target.alias,
+                              "run_dir": s.run_dir, "url": s.url} for s in self.sidecars]}
+
+
+def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> AttestPlan:
+    install = passed_artifact(ledger, "attest", INSTALL_PLAN).json()
+    passed_artifact(ledger, "attest", EDGES)  # blocked until Gate D passed
+    draft = passed_artifact(ledger, "attest", DRAFT).json()
+    sidecars = []
+    for t in targets_for(inputs, ledger, "attest"):
+        art = passed_artifact(ledger, "attest", Reads("engines", f"cache-layout-{t.role}.json"))
+        capture = parse_cache_layout(art.json(), f"engines: cache-layout-{t.role}.json")
+        sidecars.append(Sidecar(t, capture, t.record.fabric_address, t.record.ports.attest))
+    return AttestPlan(sidecars, install, router_host, draft)
+
+
+def findings(s: Sidecar, doc: dict[str, Any], deployment: str) -> list[str]:
+    """Why this attestation does not vouch for the engine Gate C captured (empty: it does)."""
+    c = s.capture
+    want = {"schema": SCHEMA, "schema_version": 1, "deployment": deployment,
+            "engine": s.target.role, "launch_record_sha256": s.target.launch_sha256,
+            "compatibility_hash": c.ranks[0].compatibility_hash, "vllm_version": c.version}
+    out = [f"{k} is {doc.get(k)!r}, expected {v!r}" for k, v in want.items() if doc.get(k) != v]
+    process = doc.get("process") if isinstance(doc.get("process"), dict) else {}
+    assert isinstance(process, dict)
+    if process.get("process_start_time_seconds") != c.process_start_time_seconds:
+        out.append(f"process start {process.get('process_start_time_seconds')!r} is not the "
+                   f"captured {c.process_start_time_seconds!r}")
+    if process.get("id") != c.started.id:
+        out.append("the attested container or process is not the one Gate C started")
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    if doc.get("digest") != digest(body):
+        out.append("the document's digest does not match its content (tampered)")
+    return out
+
+
+def _fetch(router: Host, tool: str, url: str) -> dict[str, Any]:
+    """GET the attestation from the router host until it answers 200 or READY_S passes."""
+    deadline = time.monotonic() + READY_S
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        done = router.run([tool, "fetch", "--url", url, "--timeout", "5"], timeout=30)
+        try:
+            got = result_line.parse(done.text, f"{COMMAND} fetch")
+        except ContractError:
+            raise HostError(router.alias, f"`{COMMAND} fetch` printed no result line: "
+                            f"{done.stderr.decode('utf-8', 'replace')[-300:]}") from None
+        if got.ok and int(got.data.get("status", 0)) == 200:
+            return dict(got.data["document"])
+        last = {"error": got.error} if not got.ok else dict(got.data)
+        time.sleep(0.2)
+    raise HostError(router.alias, f"{url} did not attest within {READY_S:.0f} s: "
+                    f"{str(last)[:300]}")
+
+
+def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt, p: AttestPlan,
+            progress: Progress) -> dict[str, Any]:
+    remote = str(p.install["remote_dir"])
+    router = sessions.get(p.router)
+    router_tool = f"{install_dir(router, remote)}/venv/bin/{COMMAND}"
+
+    def attest(s: Sidecar) -> dict[str, Any]:
+        host = sessions.get(s.target.alias)
+        tool = f"{install_dir(host, remote)}/venv/bin/{COMMAND}"
+        progress(s.target.role, f"starting its sidecar on {s.target.alias}")
+        attempt.start_process(host, [tool, "serve", "--run-dir", s.run_dir, "--deployment",
+                                     inputs.deployment, "--bind", s.bind, "--port",
+                                     str(s.port)], f"{s.run_dir}/attest.log")
+        with attempt.bind(router):
+            doc = _fetch(router, router_tool, s.url)
+        progress(s.target.role, f"attested {str(doc.get('digest', ''))[:19]} (from "
+                 f"{p.router})")
+        return doc
+
+    docs: dict[str, dict[str, Any]] = {}
+    problems: list[Problem] = []
+    for o in each(p.sidecars, attest):
+        s = o.item
+        if o.error is not None:
+            if not isinstance(o.error, HostError):
+                raise o.error
+            problems.append(Problem(f"{s.target.alias}: {s.target.role}",
+                                    str(o.error).splitlines()[0],
+                                    f"read {s.run_dir}/attest.log on the host"))
+            continue
+        doc = o.value or {}
+        docs[s.target.role] = doc
+        attempt.add_artifact(f"attestation-{s.target.role}.json",
+                             canonical_json(doc).encode() + b"\n")
+        for f in findings(s, doc, inputs.deployment):
+            problems.append(Problem(f"{s.target.alias}: {s.target.role}", f,
+                                    "run `narwhal engines` again, then `narwhal attest`"))
+    summary = {"schema": "narwhal.fleet-attestation", "schema_version": 1,
+               "engines": {role: {"url": next(s.url for s in p.sidecars
+                                              if s.target.role == role),
+                                  "digest": d.get("digest"),
+                                  "compatibility_hash": d.get("compatibility_hash"),
+                                  "process": d.get("process")} for role, d in docs.items()}}
+    attempt.add_artifact("engine-attestation.json", canonical_json(summary).encode() + b"\n")
+    if problems:
+        attempt.add_artifact("problems.json", canonical_json(
+            [{"field": x.field, "problem": x.problem, "fix": x.fix} for x in problems]).encode())
+        raise GateBlocked("attest", "; ".join(x.line() for x in problems[:2]), problems)
+    fleet = finalised_fleet(p, docs)
+    attempt.add_artifact("fleet-before.json", canonical_json(p.draft).encode() + b"\n")
+    attempt.add_artifact("fleet.json", canonical_json(fleet).encode() + b"\n")
+    return {"engines": summary["engines"], "router_host": p.router}
+
+
+def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Gate A's draft with each engine's attestation URL and contract (what it attests)."""
+    by_role = {s.target.role: s for s in p.sidecars}
+    engines = []
+    for e in p.draft["engines"]:
+        s, d = by_role[e["id"]], docs[e["id"]]
+        engines.append({**e, "attestation_url": s.url, "contract": {
+            "compatibility_hash": d["compatibility_hash"],
+            "launch_record_sha256": d["launch_record_sha256"],
+            "attestation_digest": d["digest"]}})
+    return {**p.draft, "engines": engines}

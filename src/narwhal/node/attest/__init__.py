@@ -1,0 +1,1 @@
+"""narwhal-attest's parts: the attestation document of one live engine, and its server."""

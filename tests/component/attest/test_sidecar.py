@@ -1,0 +1,134 @@
+"""narwhal-attest on loopback: the sidecar of an engine that `narwhal-engine` started from a
+launch record (native runtime, the engine emulator). It serves the attestation of that live
+process, answers 503 with the reason the moment the process changes, refuses what is not a
+GET of its two paths, survives a slow sender, and will not attest a run dir whose plan was
+edited after `check`."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from narwhal.core import result_line
+from narwhal.lab.engine.testing import free_port, write_tiny_llama
+from tests.native_engine import engine, launch_record, start
+
+pytestmark = pytest.mark.timeout(180)
+ENTRYPOINT = [sys.executable, "-m", "narwhal.lab.engine", "serve"]
+
+
+@dataclass
+class Sidecar:
+    run_dir: Path
+    port: int
+    engine_port: int
+    layout: dict[str, Any]
+    process: subprocess.Popen[str] | None = None
+
+    def get(self, path: str = "/v1/attestation", method: str = "GET") -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(method, path)
+            reply = conn.getresponse()
+            return reply.status, json.loads(reply.read())
+        finally:
+            conn.close()
+
+
+def _serve(run_dir: Path, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "narwhal.node.attest_cli", "serve",
+                             "--run-dir", str(run_dir), "--deployment", "t", "--bind",
+                             "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
+    model = write_tiny_llama(tmp_path / "tiny")
+    http_port = free_port()
+    launch_record(tmp_path / "e0.json", "e0", entrypoint=ENTRYPOINT, model=model, served="tiny",
+                  http=http_port, side=free_port(), attest=free_port(),
+                  vllm_args=["--dtype", "float32", "--kv-cache-memory-bytes", "64M"],
+                  environment={})
+    run_dir = tmp_path / "e0"
+    layout = start(tmp_path / "e0.json", run_dir)
+    s = Sidecar(run_dir, free_port(), http_port, layout)
+    try:
+        s.process = _serve(run_dir, s.port)
+        assert s.process.stdout is not None
+        started = result_line.parse(s.process.stdout.readline(), "narwhal-attest serve")
+        assert started.ok, started.error
+        yield s
+    finally:
+        if s.process is not None:
+            s.process.terminate()
+            s.process.wait(timeout=10)
+        engine("stop", "--run-dir", str(run_dir))
+
+
+def test_the_attestation_is_the_captured_engine_bound_to_its_live_process(
+        sidecar: Sidecar) -> None:
+    status, doc = sidecar.get()
+    assert status == 200, doc
+    assert doc["schema"] == "narwhal.engine-attestation" and doc["engine"] == "e0"
+    assert doc["compatibility_hash"] == sidecar.layout["ranks"][0]["compatibility_hash"]
+    assert doc["process"]["process_start_time_seconds"] == \
+        sidecar.layout["process_start_time_seconds"]
+    assert doc["launch_record_sha256"] == sidecar.layout["launch_record_sha256"]
+    assert doc["vllm_version"] == sidecar.layout["version"]
+    assert doc["kv_transfer_config"]["kv_role"] == "kv_both"
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    from narwhal.core.documents import digest
+    assert doc["digest"] == digest(body)
+
+
+def test_a_restarted_engine_is_refused_with_the_reason_at_once(sidecar: Sidecar) -> None:
+    assert sidecar.get()[0] == 200
+    run_dir = str(sidecar.run_dir)
+    assert engine("stop", "--run-dir", run_dir).ok
+    status, body = sidecar.get()
+    assert status == 503 and "engine process changed" in body["error"], body
+    assert engine("start", "--run-dir", run_dir).ok  # same plan, a new process
+    assert engine("capture", "--run-dir", run_dir, "--timeout", "60", timeout=160).ok
+    status, body = sidecar.get()
+    assert status == 503 and "engine process changed" in body["error"], body  # no re-binding
+
+
+def test_only_a_get_of_its_two_paths_is_answered(sidecar: Sidecar) -> None:
+    assert sidecar.get("/health") == (200, {"status": "ok"})
+    assert sidecar.get("/v1/attestation/../../etc/passwd")[0] == 404
+    assert sidecar.get("/v1/attestation", method="POST")[0] == 405
+    assert sidecar.get("/v1/attestation", method="DELETE")[0] == 405
+
+
+def test_a_slow_sender_is_cut_off_and_others_are_served_meanwhile(sidecar: Sidecar) -> None:
+    slow = socket.create_connection(("127.0.0.1", sidecar.port), timeout=15)
+    try:
+        slow.sendall(b"GET /v1/attestation HTTP/1.1\r\nHost: x\r\n")  # never finishes
+        t0 = time.monotonic()
+        assert sidecar.get()[0] == 200  # another client is not held up by it
+        assert slow.recv(1024) == b""  # closed by the sidecar, not by us
+        assert 4.0 <= time.monotonic() - t0 < 12.0
+    finally:
+        slow.close()
+
+
+def test_a_plan_edited_after_check_is_not_attested(sidecar: Sidecar) -> None:
+    plan = sidecar.run_dir / "launch.json"
+    doc = json.loads(plan.read_text())
+    doc["image_id"] = "sha256:" + "0" * 64
+    plan.write_text(json.dumps(doc))
+    other = _serve(sidecar.run_dir, free_port())
+    out, _ = other.communicate(timeout=30)
+    assert other.returncode == 1
+    assert "not the one `check` passed" in result_line.parse(out, "narwhal-attest serve").error
