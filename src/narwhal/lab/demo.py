@@ -144,6 +144,9 @@ def main() -> int:
              "one edge at a time with every engine idle, then again: every sample reused")
         for _ in range(2):
             _run([narwhal, "lab", "exec", "--", narwhal, "fabric", "--seconds", "2", *common])
+        _say("gate E: every engine's attestation sidecar, checked from the router host "
+             "against Gate C's capture; the fleet document gains each engine's contract")
+        _run([narwhal, "lab", "exec", "--", narwhal, "attest", *common])
         _say("handoffs: the engines Gate C started hand KV to each other across the fabric")
         _handoffs()
         _say("engines down, each through its role shell (`narwhal-engine stop` on its host)")
@@ -162,7 +165,7 @@ def main() -> int:
         _run([narwhal, "lab", "down"], check=False)
     _say("not built yet in this revision: " + ", ".join(
         f"{g.letter} {g.name}" for g in GATES if g.name not in ("discover", "install", "engines",
-                                                       "fabric")) +
+                                                       "fabric", "attest")) +
          " (each says so when run)")
     _say("status")
     _run([narwhal, "status", *common])
