@@ -19,6 +19,7 @@ from typing import Any
 
 from narwhal.core.errors import InputError, Problem
 from narwhal.serve import descriptors
+from narwhal.serve.attestation import HELD, Attestation, Attestor
 from narwhal.serve.connections import Connections
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine, EngineChooser, LeastOutstanding
@@ -84,6 +85,16 @@ class Router:
                 engine.held, engine.held_detail = "generation_unknown", "generation not read yet"
             self.binder = Binder(self.engines, book, self.deadlines,
                                  settings.health.probe_timeout_s, settings.health.probe_interval_s)
+        self.attestor: Attestor | None = None
+        if settings.attestations:  # Gate E's fleet: placed only while its sidecar vouches
+            for engine in self.engines:
+                if engine.id in settings.attestations:
+                    engine.held, engine.held_detail = HELD, "attestation not read yet"
+            self.attestor = Attestor(
+                self.engines, {k: Attestation(url, contract)
+                               for k, (url, contract) in settings.attestations.items()},
+                settings.health.probe_timeout_s, settings.health.probe_interval_s,
+                rebind=self.binder.bind if self.binder is not None else None)
         self.health = Health(self.engines, settings.health, self.deadlines)
         self.metrics = RouterMetrics(settings.ttft_s, settings.tpot_s)
         self.journal = Journal(settings.journal_path, settings.journal_max_rows)
@@ -132,6 +143,8 @@ class Router:
             await asyncio.to_thread(lead.claim)
         self.journal.open()
         await self.health.probe_all()
+        if self.attestor is not None:
+            await self.attestor.sweep()
         if self.binder is not None:
             await self.binder.sweep()
         clients = self.settings.clients
@@ -143,6 +156,8 @@ class Router:
         background = [loop.create_task(c) for c in (
             self.deadlines.run(), self.health.run(), self.metrics.watch_loop_lag(),
             self.connections.run())]
+        if self.attestor is not None:
+            background.append(loop.create_task(self.attestor.run()))
         if self.binder is not None:
             background.append(loop.create_task(self.binder.run()))
             loop.add_signal_handler(signal.SIGHUP, self.binder.reload_now)

@@ -27,6 +27,7 @@ from typing import Any
 
 from narwhal.core.errors import InputError
 from narwhal.core.profiles import Generation, ProfileStore, load_profiles
+from narwhal.serve.attestation import HELD as ATTESTATION_HELD
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine
 from narwhal.serve.jsonio import loads
@@ -149,8 +150,8 @@ class Binder:
         """Decide from the engine's last live generation and the current store."""
         live = engine.live_generation
         store = self.book.store
-        if live is None or store is None:
-            return
+        if live is None or store is None or engine.held == ATTESTATION_HELD:
+            return  # an engine its sidecar does not vouch for stays out (attestation.py)
         row = store.row(engine.id)
         if row is None:
             held, detail, profile = NO_PROFILE, f"the profile store has no row for {engine.id}", None

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.core.fleet import FleetDocument, RoleFlips, Serving, beside
+from narwhal.core.fleet import EngineContract, FleetDocument, RoleFlips, Serving, beside
 from narwhal.core.secret import Secret
 
 
@@ -138,6 +138,8 @@ class RouterSettings:
     profiles_path: Path | None
     role_flips: RoleFlips | None = None  # the reactive role controller's policy (roles.py)
     ops: OpsAccess = OpsAccess(True, b"", None)
+    # engine id -> (its sidecar's /v1/attestation URL, the contract Gate E attested)
+    attestations: Mapping[str, tuple[str, EngineContract]] = field(default_factory=dict)
 
 
 def _engine(entry_id: str, url: str, role: str) -> EngineSpec:
@@ -241,4 +243,6 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         profiles_path=profiles,
         role_flips=doc.role_flips,
         ops=_ops(doc, env, source, tenants),
+        attestations={e.id: (e.attestation_url, e.contract) for e in doc.engines
+                      if e.attestation_url is not None and e.contract is not None},
     )
