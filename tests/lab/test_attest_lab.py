@@ -27,6 +27,20 @@ def _clear_containers(plan: LabPlan) -> None:
         ssh(plan, h.name, "docker ps -aq | xargs -r docker rm -f >/dev/null")
 
 
+def _stop_sidecars(installer: Installer) -> None:
+    """End the sidecars the attest attempts started (by pid and start time, as owned), so the
+    next module finds the attest ports free. In a deployment they keep running."""
+    for owned in (installer.op.runs / "lab" / "attest").glob("*/owned.jsonl"):
+        for line in owned.read_text().splitlines():
+            row = json.loads(line)
+            if row["kind"] != "process":
+                continue
+            pid, ticks = int(row["pid"]), int(row["start_ticks"])
+            ssh(installer.op.plan, installer.lab_host(row["host"]),
+                f"s=$(cat /proc/{pid}/stat 2>/dev/null) && t=$(echo \"${{s##*) }}\" | cut -d' ' "
+                f"-f20) && [ \"$t\" = {ticks} ] && kill {pid}; true")
+
+
 @pytest.fixture(scope="module")
 def attested(installer: Installer) -> Iterator[Installer]:
     done = installer.install()
@@ -38,6 +52,7 @@ def attested(installer: Installer) -> Iterator[Installer]:
             assert code == 0 and doc["verdict"] == "passed", doc
         yield installer
     finally:
+        _stop_sidecars(installer)
         _clear_containers(installer.op.plan)
 
 
@@ -98,3 +113,13 @@ def test_a_replaced_engine_is_refused_by_its_sidecar_with_the_reason(
     assert "engine process changed" in got["document"]["error"]
     other = next(e["attestation_url"] for e in fleet["engines"] if e["id"] == "engine-1")
     assert _from_router(attested, other)["status"] == 200  # the others still attest
+
+
+def test_the_sidecars_are_stopped_by_their_owner_record(attested: Installer) -> None:
+    """What the module's cleanup does, checked: no attest port is held afterwards."""
+    _stop_sidecars(attested)
+    for n in (1, 2, 3):
+        port = json.loads((attested.op.last_attempt("discover") / f"launch-engine-{n}.json")
+                          .read_text())["ports"]["attest"]
+        held = ssh(attested.op.plan, f"eng{n}", f"ss -Hltn 'sport = :{port}'").stdout
+        assert not held.strip(), held

@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
                      f"{router}")
         result = run_gate(attest.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
                           ctx.inputs.revision, p.document(),
-                          lambda attempt: attest.execute(ctx.inputs, sessions, attempt, p,
-                                                         progress))
+                          lambda attempt: attest.execute(ctx.inputs, sessions, ctx.ledger,
+                                                         attempt, p, progress))
     except GateBlocked as exc:
         report_blocked("attest", args, exc)
         return EXIT_FAILED

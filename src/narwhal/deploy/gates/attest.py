@@ -12,6 +12,7 @@ after (one contract and an attestation_url per engine).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,15 +123,54 @@ def _fetch(router: Host, tool: str, url: str) -> dict[str, Any]:
                     f"{str(last)[:300]}")
 
 
-def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt, p: AttestPlan,
-            progress: Progress) -> dict[str, Any]:
+def previous_sidecars(ledger: Ledger, this_attempt: str) -> list[dict[str, Any]]:
+    """The sidecar processes earlier attest attempts started (their owned.jsonl rows)."""
+    entry = ledger.load().get("gates", {}).get("attest", {}) if ledger.exists() else {}
+    rows = []
+    for attempt_id in entry.get("attempts") or []:
+        if attempt_id == this_attempt:
+            continue
+        owned = ledger.attempt_folder("attest", attempt_id) / "owned.jsonl"
+        if not owned.exists():
+            continue
+        for line in owned.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("kind") == "process" and str(row.get("argv0", "")).endswith(COMMAND):
+                rows.append(row)
+    return rows
+
+
+def _retire(host: Host, rows: list[dict[str, Any]], progress: Progress, role: str) -> None:
+    """Stop this host's sidecars from earlier attempts while each is still that process (pid
+    and start time), so the new one binds the port and nothing else answers for the engine."""
+    for row in rows:
+        pid, ticks = int(row["pid"]), int(row["start_ticks"])
+        if host.process_start(pid) != ticks:
+            continue  # gone, or the pid is another process now: not ours to end
+        progress(role, f"replacing the sidecar an earlier attempt started (pid {pid})")
+        host.signal(pid)
+        deadline = time.monotonic() + 10.0
+        while host.process_start(pid) == ticks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if host.process_start(pid) == ticks:
+            raise HostError(host.alias, f"the earlier sidecar (pid {pid}) did not stop")
+
+
+def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
+            p: AttestPlan, progress: Progress) -> dict[str, Any]:
     remote = str(p.install["remote_dir"])
     router = sessions.get(p.router)
     router_tool = f"{install_dir(router, remote)}/venv/bin/{COMMAND}"
 
+    earlier = previous_sidecars(ledger, attempt.id)
+
     def attest(s: Sidecar) -> dict[str, Any]:
         host = sessions.get(s.target.alias)
         tool = f"{install_dir(host, remote)}/venv/bin/{COMMAND}"
+        with attempt.bind(host):
+            _retire(host, [r for r in earlier if r["host"] == s.target.alias
+                           and r.get("role", s.target.role) == s.target.role], progress,
+                    s.target.role)
         progress(s.target.role, f"starting its sidecar on {s.target.alias}")
         attempt.start_process(host, [tool, "serve", "--run-dir", s.run_dir, "--deployment",
                                      inputs.deployment, "--bind", s.bind, "--port",
