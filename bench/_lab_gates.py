@@ -3,9 +3,12 @@ workstation namespace, and a fresh lab's `.env` for one run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from narwhal.lab import envfile
 from narwhal.lab.plan import LabPlan
@@ -35,3 +38,26 @@ def lab_env(plan: LabPlan, path: Path, deployment: str, revision: str) -> Path:
     with path.open("a") as fh:
         fh.write(f"NARWHAL_DEPLOYMENT={deployment}\nNARWHAL_DEPLOYMENT_REVISION={revision}\n")
     return path
+
+
+def pass_gates(env: Path, runs: Path, checkout: Path, *, engines: bool) -> None:
+    """Gates A and B (prepared in the root namespace, where a package index answers), and C
+    when `engines`: what a gate bench needs behind it before it times its own gate."""
+    steps: list[tuple[list[str], bool]] = [
+        (["hosts", "trust", "--yes"], True), (["discover"], True),
+        (["install", "--prepare-only", "--checkout", str(checkout)], False),
+        (["install", "--checkout", str(checkout)], True),
+        *([(["engines"], True)] if engines else [])]
+    for step, in_lab in steps:
+        done = narwhal(env, runs, *step, lab=in_lab)
+        if done.returncode != 0:
+            raise SystemExit(f"bench: {step[0]} failed: {done.stderr[-2000:]}")
+
+
+def write_results(name: str, summary: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+    """The summary and per-run rows to bench/results/<name>-<local time>.json."""
+    print(json.dumps(summary))
+    out = REPO / "bench" / "results" / f"{name}-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
+    out.write_text(json.dumps({"summary": summary, "runs": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+    return out

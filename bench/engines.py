@@ -24,11 +24,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _lab_gates import clean_checkout, lab_env, narwhal
+from _lab_gates import clean_checkout, lab_env, narwhal, pass_gates, write_results
 
 from narwhal.lab import lifecycle, spec
-
-HERE = Path(__file__).resolve().parent
 
 
 def _start_to_healthy(attempt: Path) -> dict[str, float]:
@@ -72,14 +70,7 @@ def main() -> int:
             plan = lifecycle.up(lab_spec)
             try:
                 env = lab_env(plan, Path(tmp) / f".env-{k}", f"bench{k}", revision)
-                steps: list[tuple[list[str], bool]] = [
-                    (["hosts", "trust", "--yes"], True), (["discover"], True),
-                    (["install", "--prepare-only", "--checkout", str(checkout)], False),
-                    (["install", "--checkout", str(checkout)], True)]
-                for step, in_lab in steps:
-                    done = narwhal(env, runs, *step, lab=in_lab)
-                    if done.returncode != 0:
-                        raise SystemExit(f"bench: {step[0]} failed: {done.stderr[-2000:]}")
+                pass_gates(env, runs, checkout, engines=False)
                 t0 = time.monotonic()
                 done = narwhal(env, runs, "engines", "--json")
                 wall = time.monotonic() - t0
@@ -116,10 +107,7 @@ def main() -> int:
                    r["slowest_start_capture_s"] for r in rows),
                "median_sum_start_capture_s": statistics.median(
                    r["sum_start_capture_s"] for r in rows)}
-    print(json.dumps(summary))
-    out = HERE / "results" / f"engines-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
-    out.write_text(json.dumps({"summary": summary, "runs": rows}, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_results("engines", summary, rows)
     return 0
 
 

@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _lab_gates import clean_checkout, lab_env, narwhal
+from _lab_gates import clean_checkout, lab_env, narwhal, pass_gates, write_results
 
 from narwhal.lab import lifecycle, spec
-
-HERE = Path(__file__).resolve().parent
 
 
 def _sample_seconds(attempt: Path) -> list[float]:
@@ -48,14 +46,7 @@ def main() -> int:
         plan = lifecycle.up(lab_spec)
         try:
             env = lab_env(plan, Path(tmp) / ".env", "bench", revision)
-            steps: list[tuple[list[str], bool]] = [
-                (["hosts", "trust", "--yes"], True), (["discover"], True),
-                (["install", "--prepare-only", "--checkout", str(checkout)], False),
-                (["install", "--checkout", str(checkout)], True), (["engines"], True)]
-            for step, in_lab in steps:
-                done = narwhal(env, runs, *step, lab=in_lab)
-                if done.returncode != 0:
-                    raise SystemExit(f"bench: {step[0]} failed: {done.stderr[-2000:]}")
+            pass_gates(env, runs, checkout, engines=True)
             edges = [f"node-{a}->node-{b}" for a in (1, 2, 3) for b in (1, 2, 3) if a != b]
             for k in range(args.runs):
                 t0 = time.monotonic()
@@ -77,10 +68,7 @@ def main() -> int:
                "runs": len(rows), "median_wall_s": statistics.median(r["wall_s"] for r in rows),
                "median_sum_samples_s": statistics.median(r["sum_samples_s"] for r in rows),
                "median_ratio": statistics.median(r["ratio"] for r in rows)}
-    print(json.dumps(summary))
-    out = HERE / "results" / f"fabric-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
-    out.write_text(json.dumps({"summary": summary, "runs": rows}, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_results("fabric", summary, rows)
     return 0
 
 

@@ -62,6 +62,7 @@ class Attestor:
         self.rebind = rebind  # the profile binding, once an attestation hold lifts
         self.holds = 0
         self.last: dict[str, str] = {}  # engine id -> the last reason ("" when vouched for)
+        self._session: aiohttp.ClientSession | None = None  # one for every sweep
 
     async def _read(self, session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
         async with session.get(url, allow_redirects=False) as reply:
@@ -93,14 +94,20 @@ class Attestor:
                 self.rebind(engine)
 
     async def sweep(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            await asyncio.gather(*(self.check(session, e) for e in self.engines))
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        session = self._session
+        await asyncio.gather(*(self.check(session, e) for e in self.engines))
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.sweep()
+        try:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                await self.sweep()
+        finally:
+            if self._session is not None:
+                await self._session.close()
 
     def state(self) -> dict[str, Any]:
         return {e.id: {"url": self.attestations[e.id].url, "vouched": not self.last.get(e.id),

@@ -5,8 +5,6 @@ and a fleet document as Gate E writes it (attestation_url and contract per engin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from narwhal.core import result_line
-from narwhal.lab.engine.testing import free_port, write_tiny_llama
+from narwhal.lab.engine.testing import free_port
+from tests.component.attest.sidecars import engine_with_sidecar
 from tests.component.serve.harness import Router, call
-from tests.native_engine import engine, launch_record, start
+from tests.native_engine import engine
 
 pytestmark = pytest.mark.timeout(180)
-ENTRYPOINT = [sys.executable, "-m", "narwhal.lab.engine", "serve"]
 
 
 @dataclass
@@ -48,28 +45,10 @@ class Attested:
 
 @pytest.fixture
 def attested(tmp_path: Path) -> Iterator[Attested]:
-    model = write_tiny_llama(tmp_path / "tiny")
-    http_port, attest_port = free_port(), free_port()
-    launch_record(tmp_path / "e0.json", "e0", entrypoint=ENTRYPOINT, model=model, served="tiny",
-                  http=http_port, side=free_port(), attest=attest_port,
-                  vllm_args=["--dtype", "float32", "--kv-cache-memory-bytes", "64M"],
-                  environment={})
-    run_dir = tmp_path / "e0"
-    start(tmp_path / "e0.json", run_dir)
-    sidecar = subprocess.Popen([sys.executable, "-m", "narwhal.node.attest_cli", "serve",
-                                "--run-dir", str(run_dir), "--deployment", "t", "--bind",
-                                "127.0.0.1", "--port", str(attest_port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert sidecar.stdout is not None
-        assert result_line.parse(sidecar.stdout.readline(), "narwhal-attest serve").ok
-        url = f"http://127.0.0.1:{attest_port}/v1/attestation"
-        doc = call(attest_port, "GET", "/v1/attestation").json()
-        yield Attested(tmp_path, run_dir, f"http://127.0.0.1:{http_port}", url, doc)
-    finally:
-        sidecar.terminate()
-        sidecar.wait(timeout=10)
-        engine("stop", "--run-dir", str(run_dir))
+    with engine_with_sidecar(tmp_path) as e:
+        doc = call(e.port, "GET", "/v1/attestation").json()
+        yield Attested(tmp_path, e.run_dir, f"http://127.0.0.1:{e.engine_port}",
+                       f"http://127.0.0.1:{e.port}/v1/attestation", doc)
 
 
 def _engine(router: Router) -> dict[str, Any]:

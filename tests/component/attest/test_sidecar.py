@@ -9,8 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,20 +18,19 @@ from typing import Any
 import pytest
 
 from narwhal.core import result_line
-from narwhal.lab.engine.testing import free_port, write_tiny_llama
-from tests.native_engine import engine, launch_record, start
+from narwhal.core.documents import digest
+from narwhal.lab.engine.testing import free_port
+from tests.component.attest.sidecars import engine_with_sidecar, serve
+from tests.native_engine import engine
 
 pytestmark = pytest.mark.timeout(180)
-ENTRYPOINT = [sys.executable, "-m", "narwhal.lab.engine", "serve"]
 
 
 @dataclass
 class Sidecar:
     run_dir: Path
     port: int
-    engine_port: int
     layout: dict[str, Any]
-    process: subprocess.Popen[str] | None = None
 
     def get(self, path: str = "/v1/attestation", method: str = "GET") -> tuple[int, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
@@ -45,35 +42,10 @@ class Sidecar:
             conn.close()
 
 
-def _serve(run_dir: Path, port: int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "narwhal.node.attest_cli", "serve",
-                             "--run-dir", str(run_dir), "--deployment", "t", "--bind",
-                             "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
-    model = write_tiny_llama(tmp_path / "tiny")
-    http_port = free_port()
-    launch_record(tmp_path / "e0.json", "e0", entrypoint=ENTRYPOINT, model=model, served="tiny",
-                  http=http_port, side=free_port(), attest=free_port(),
-                  vllm_args=["--dtype", "float32", "--kv-cache-memory-bytes", "64M"],
-                  environment={})
-    run_dir = tmp_path / "e0"
-    layout = start(tmp_path / "e0.json", run_dir)
-    s = Sidecar(run_dir, free_port(), http_port, layout)
-    try:
-        s.process = _serve(run_dir, s.port)
-        assert s.process.stdout is not None
-        started = result_line.parse(s.process.stdout.readline(), "narwhal-attest serve")
-        assert started.ok, started.error
-        yield s
-    finally:
-        if s.process is not None:
-            s.process.terminate()
-            s.process.wait(timeout=10)
-        engine("stop", "--run-dir", str(run_dir))
+    with engine_with_sidecar(tmp_path) as e:
+        yield Sidecar(e.run_dir, e.port, e.layout)
 
 
 def test_the_attestation_is_the_captured_engine_bound_to_its_live_process(
@@ -88,7 +60,6 @@ def test_the_attestation_is_the_captured_engine_bound_to_its_live_process(
     assert doc["vllm_version"] == sidecar.layout["version"]
     assert doc["kv_transfer_config"]["kv_role"] == "kv_both"
     body = {k: v for k, v in doc.items() if k != "digest"}
-    from narwhal.core.documents import digest
     assert doc["digest"] == digest(body)
 
 
@@ -128,7 +99,7 @@ def test_a_plan_edited_after_check_is_not_attested(sidecar: Sidecar) -> None:
     doc = json.loads(plan.read_text())
     doc["image_id"] = "sha256:" + "0" * 64
     plan.write_text(json.dumps(doc))
-    other = _serve(sidecar.run_dir, free_port())
+    other = serve(sidecar.run_dir, free_port())
     out, _ = other.communicate(timeout=30)
     assert other.returncode == 1
     assert "not the one `check` passed" in result_line.parse(out, "narwhal-attest serve").error

@@ -8,12 +8,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
-from narwhal.core.errors import GateBlocked
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
+from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.gate_output import Progress
 from narwhal.deploy.gates import attest
-from narwhal.deploy.gates.runner import run_gate
+from narwhal.deploy.hosts.sessions import Sessions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,23 +26,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     progress = Progress(args.json)
-    try:
-        sessions = ctx.sessions()
+
+    def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         router = next(alias for alias, roles in sessions.roles().items() if "router" in roles)
         p = attest.plan(ctx.inputs, ctx.ledger, router)
         progress.say(f"narwhal attest: {len(p.sidecars)} sidecar(s) at once, checked from "
                      f"{router}")
-        result = run_gate(attest.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
-                          ctx.inputs.revision, p.document(),
-                          lambda attempt: attest.execute(ctx.inputs, sessions, ctx.ledger,
-                                                         attempt, p, progress))
-    except GateBlocked as exc:
-        report_blocked("attest", args, exc)
-        return EXIT_FAILED
-    finally:
-        ctx.close()
-    report_passed("attest", args, ctx.ledger, result, lambda: _table(result))
-    return EXIT_OK
+        return p.document(), lambda attempt: attest.execute(ctx.inputs, sessions, ctx.ledger,
+                                                            attempt, p, progress)
+
+    return run_gate_command(args, ctx, attest.SPEC, prepare, _table)
 
 
 def _table(result: dict[str, Any]) -> None:

@@ -8,12 +8,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
-from narwhal.core.errors import GateBlocked
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
+from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.gate_output import Progress
 from narwhal.deploy.gates import engines
-from narwhal.deploy.gates.runner import run_gate
+from narwhal.deploy.hosts.sessions import Sessions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,22 +26,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     progress = Progress(args.json)
-    try:
+
+    def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         targets, doc = engines.plan(ctx.inputs, ctx.ledger)
-        sessions = ctx.sessions()
         progress.say(f"narwhal engines: {len(targets)} engine(s) in "
                      f"{len(doc['start_groups'])} start group(s)")
-        result = run_gate(engines.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
-                          ctx.inputs.revision, doc,
-                          lambda attempt: engines.execute(sessions, attempt, targets, doc,
-                                                          progress))
-    except GateBlocked as exc:
-        report_blocked("engines", args, exc)
-        return EXIT_FAILED
-    finally:
-        ctx.close()
-    report_passed("engines", args, ctx.ledger, result, lambda: _table(result))
-    return EXIT_OK
+        return doc, lambda attempt: engines.execute(sessions, attempt, targets, doc, progress)
+
+    return run_gate_command(args, ctx, engines.SPEC, prepare, _table)
 
 
 def _table(result: dict[str, Any]) -> None:

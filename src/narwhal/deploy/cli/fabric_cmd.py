@@ -8,13 +8,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
-from narwhal.core.errors import GateBlocked
 from narwhal.core.flag_types import number
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_output import Progress, report_blocked, report_passed
+from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.gate_output import Progress
 from narwhal.deploy.gates import fabric
-from narwhal.deploy.gates.runner import run_gate
+from narwhal.deploy.hosts.sessions import Sessions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,22 +42,15 @@ def run(args: argparse.Namespace) -> int:
     options = fabric.FabricOptions(seconds=args.seconds, omit_s=args.omit,
                                    parallel=args.parallel, port=args.port,
                                    resample=tuple(args.resample))
-    try:
+
+    def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         p = fabric.plan(ctx.inputs, ctx.ledger, options)
-        sessions = ctx.sessions()
         progress.say(f"narwhal fabric: {len(p.edges)} directed edge(s) between "
                      f"{len(p.hosts)} hosts, one at a time")
-        result = run_gate(fabric.SPEC, ctx.ledger, ctx.fingerprints(), sessions.roles(),
-                          ctx.inputs.revision, p.document(),
-                          lambda attempt: fabric.execute(ctx.inputs, sessions, ctx.ledger,
-                                                         attempt, p, progress))
-    except GateBlocked as exc:
-        report_blocked("fabric", args, exc)
-        return EXIT_FAILED
-    finally:
-        ctx.close()
-    report_passed("fabric", args, ctx.ledger, result, lambda: _table(result))
-    return EXIT_OK
+        return p.document(), lambda attempt: fabric.execute(ctx.inputs, sessions, ctx.ledger,
+                                                            attempt, p, progress)
+
+    return run_gate_command(args, ctx, fabric.SPEC, prepare, _table)
 
 
 def _table(result: dict[str, Any]) -> None:

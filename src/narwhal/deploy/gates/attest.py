@@ -24,7 +24,7 @@ from narwhal.core.documents import canonical_json, digest
 from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
 from narwhal.deploy.gates.handoff import passed_artifact
-from narwhal.deploy.gates.install import install_dir
+from narwhal.deploy.gates.install import installed_tool
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts.base import Host
@@ -91,8 +91,8 @@ def findings(s: Sidecar, doc: dict[str, Any], deployment: str) -> list[str]:
             "engine": s.target.role, "launch_record_sha256": s.target.launch_sha256,
             "compatibility_hash": c.ranks[0].compatibility_hash, "vllm_version": c.version}
     out = [f"{k} is {doc.get(k)!r}, expected {v!r}" for k, v in want.items() if doc.get(k) != v]
-    process = doc.get("process") if isinstance(doc.get("process"), dict) else {}
-    assert isinstance(process, dict)
+    process = doc.get("process")
+    process = process if isinstance(process, dict) else {}
     if process.get("process_start_time_seconds") != c.process_start_time_seconds:
         out.append(f"process start {process.get('process_start_time_seconds')!r} is not the "
                    f"captured {c.process_start_time_seconds!r}")
@@ -160,13 +160,13 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
             p: AttestPlan, progress: Progress) -> dict[str, Any]:
     remote = str(p.install["remote_dir"])
     router = sessions.get(p.router)
-    router_tool = f"{install_dir(router, remote)}/venv/bin/{COMMAND}"
+    router_tool = installed_tool(router, remote, COMMAND)
 
     earlier = previous_sidecars(ledger, attempt.id)
 
     def attest(s: Sidecar) -> dict[str, Any]:
         host = sessions.get(s.target.alias)
-        tool = f"{install_dir(host, remote)}/venv/bin/{COMMAND}"
+        tool = installed_tool(host, remote, COMMAND)
         with attempt.bind(host):
             _retire(host, [r for r in earlier if r["host"] == s.target.alias
                            and r.get("role", s.target.role) == s.target.role], progress,

@@ -102,7 +102,7 @@ class Remote:
         base = install_dir(host, str(install["remote_dir"]))
         run = f"{base}/runs/{install['prepared_run']}"
         self.host, self.t = host, t
-        self.tool = f"{base}/venv/bin/{COMMAND}"
+        self.tool = f"{base}/venv/bin/{COMMAND}"  # as installed_tool names it; $HOME read once
         self.launch, self.secrets = f"{run}/launch/{t.role}.json", f"{run}/secrets"
         self.run_dir = f"{t.record.run_dir}/{t.role}"
 

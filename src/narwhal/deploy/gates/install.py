@@ -241,6 +241,11 @@ def install_dir(host: Host, remote_dir: str) -> str:
     return f"{home}/{remote_dir.removeprefix('~/')}"
 
 
+def installed_tool(host: Host, remote_dir: str, name: str) -> str:
+    """The absolute path of one of the revision's console scripts in the installed venv."""
+    return f"{install_dir(host, remote_dir)}/venv/bin/{name}"
+
+
 def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostPackage,
                  owner: str, progress: Progress) -> dict[str, Any]:
     base = install_dir(host, p.remote_dir)

@@ -1,0 +1,40 @@
+"""The shape every gate command shares: plan, run the gate on the spine, report the verdict.
+
+`prepare` gets the run's sessions and returns the plan document (recorded first) and the
+execute step; a GateBlocked anywhere is the blocked verdict (exit 1), and the sessions are
+closed however it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
+from narwhal.core.errors import GateBlocked
+from narwhal.deploy.cli.context import Context
+from narwhal.deploy.cli.gate_output import report_blocked, report_passed
+from narwhal.deploy.gates.runner import run_gate
+from narwhal.deploy.gates.spec import GateSpec
+from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.ledger.attempt import Attempt
+
+Execute = Callable[[Attempt], dict[str, Any]]
+
+
+def run_gate_command(args: argparse.Namespace, ctx: Context, spec: GateSpec,
+                     prepare: Callable[[Sessions], tuple[Any, Execute]],
+                     table: Callable[[dict[str, Any]], None]) -> int:
+    try:
+        sessions = ctx.sessions()
+        plan_doc, execute = prepare(sessions)
+        result = run_gate(spec, ctx.ledger, ctx.fingerprints(), sessions.roles(),
+                          ctx.inputs.revision, plan_doc, execute)
+    except GateBlocked as exc:
+        report_blocked(spec.name, args, exc)
+        return EXIT_FAILED
+    finally:
+        ctx.close()
+    report_passed(spec.name, args, ctx.ledger, result, lambda: table(result))
+    return EXIT_OK
