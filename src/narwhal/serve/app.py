@@ -84,7 +84,9 @@ class Router:
             for engine in self.engines:
                 engine.held, engine.held_detail = "generation_unknown", "generation not read yet"
             self.binder = Binder(self.engines, book, self.deadlines,
-                                 settings.health.probe_timeout_s, settings.health.probe_interval_s)
+                                 settings.health.probe_timeout_s, settings.health.probe_interval_s,
+                                 {k: c.attestation_digest
+                                  for k, (_, c) in settings.attestations.items()})
         self.attestor: Attestor | None = None
         if settings.attestations:  # Gate E's fleet: placed only while its sidecar vouches
             for engine in self.engines:

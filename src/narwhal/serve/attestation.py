@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from narwhal.core.fleet import EngineContract
+from narwhal.core.fleet import EngineContract, EngineEntry
 from narwhal.serve.engines import Engine
 
 _log = logging.getLogger("narwhal.serve.attestation")
@@ -33,6 +33,12 @@ MAX_DOCUMENT_BYTES = 1 << 20
 class Attestation:
     url: str
     contract: EngineContract
+
+
+def attested_engines(engines: Iterable[EngineEntry]) -> dict[str, Attestation]:
+    """Each engine of a Gate E fleet document with its sidecar and contract."""
+    return {e.id: Attestation(e.attestation_url, e.contract) for e in engines
+            if e.attestation_url is not None and e.contract is not None}
 
 
 def judge(status: int, body: Any, contract: EngineContract) -> str:

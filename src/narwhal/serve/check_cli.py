@@ -30,6 +30,7 @@ from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import number
 from narwhal.core.fleet import beside, load_fleet
 from narwhal.core.private_file import write_private_json
+from narwhal.serve.attestation import attested_engines
 from narwhal.serve.engine_client import clients
 from narwhal.serve.preflight import report
 from narwhal.serve.preflight.calibrate import CalibrationFailed, calibrate
@@ -182,7 +183,7 @@ async def _run(state: CheckState, args: argparse.Namespace,
     _, cal_opts = _options(args)
     async with aiohttp.ClientSession() as session:
         state.clients = clients(((e.id, e.url) for e in state.engines), session,
-                                state.options.call_timeout_s)
+                                state.options.call_timeout_s, attested_engines(state.engines))
         if calibration_out is None:
             only = with_needs(args.only) if args.only else None
             return await run_gates(state, only, _progress), extra

@@ -20,6 +20,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from narwhal.core.profiles import Generation
+from narwhal.serve.attestation import MAX_DOCUMENT_BYTES, Attestation, judge
 from narwhal.serve.generation import GenerationUnreadable, parse_start_time, parse_version
 
 # The producer leg of a P/D handoff: one token, and keep the KV for a remote decoder. vLLM
@@ -115,11 +116,12 @@ class EngineClient:
     """Calls one engine at `base_url` (no trailing slash) on a shared aiohttp session."""
 
     def __init__(self, engine_id: str, base_url: str, session: aiohttp.ClientSession,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, attestation: Attestation | None = None) -> None:
         self.id = engine_id
         self.base_url = base_url.rstrip("/")
         self.session = session
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.attestation = attestation  # Gate E's fleet: the generation includes its digest
 
     async def _get(self, path: str) -> bytes:
         try:
@@ -156,7 +158,32 @@ class EngineClient:
             started = parse_start_time(page.text if page is not None else await self._get("/metrics"))
         except GenerationUnreadable as exc:
             raise EngineCallFailed(self.id, "GET /metrics", str(exc)) from None
-        return Generation(engine_version=version, process_start_time_seconds=started)
+        return Generation(engine_version=version, process_start_time_seconds=started,
+                          attestation_digest=await self.attested_digest())
+
+    async def attested_digest(self) -> str | None:
+        """The digest the engine's sidecar vouches for now, when the fleet is attested: a row
+        measured on an attested engine names the attestation as part of its generation, and
+        an engine whose sidecar refuses (restarted, relaid out) has no generation to measure
+        or check against (EngineCallFailed with the sidecar's reason)."""
+        a = self.attestation
+        if a is None:
+            return None
+        try:
+            async with self.session.get(a.url, timeout=self.timeout,
+                                        allow_redirects=False) as resp:
+                data = await resp.content.read(MAX_DOCUMENT_BYTES + 1)
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise EngineCallFailed(self.id, "GET attestation", _describe(exc)) from None
+        try:
+            body = json.loads(data) if len(data) <= MAX_DOCUMENT_BYTES else None
+        except ValueError:
+            body = None
+        why = judge(status, body, a.contract)
+        if why:
+            raise EngineCallFailed(self.id, "GET attestation", why)
+        return a.contract.attestation_digest
 
     async def model_cards(self) -> list[dict[str, Any]]:
         """The `data` cards of GET /v1/models (vLLM's carry `max_model_len`)."""
@@ -289,9 +316,12 @@ async def handoff(producer: EngineClient, consumer: EngineClient, model: str, pr
 
 
 def clients(engines: Iterable[tuple[str, str]], session: aiohttp.ClientSession,
-            timeout_s: float = 30.0) -> dict[str, EngineClient]:
-    """One client per (engine id, base URL), in fleet order."""
-    return {eid: EngineClient(eid, url, session, timeout_s) for eid, url in engines}
+            timeout_s: float = 30.0, attested: Mapping[str, Attestation] | None = None
+            ) -> dict[str, EngineClient]:
+    """One client per (engine id, base URL), in fleet order; `attested` gives Gate E's
+    sidecar and contract per engine of an attested fleet."""
+    return {eid: EngineClient(eid, url, session, timeout_s, (attested or {}).get(eid))
+            for eid, url in engines}
 
 
 def _snippet(body: bytes, limit: int = 200) -> str:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +137,13 @@ class Binder:
     """Reads live generations and binds each engine to its row, or holds it out."""
 
     def __init__(self, engines: Sequence[Engine], book: ProfileBook, deadlines: Deadlines,
-                 timeout_s: float, interval_s: float) -> None:
+                 timeout_s: float, interval_s: float,
+                 attested: Mapping[str, str] | None = None) -> None:
         self.engines = tuple(engines)
+        # engine id -> the attestation digest of Gate E's contract: such an engine is placed
+        # only while its sidecar vouches for exactly that digest (attestation.py), so it is
+        # part of the live generation a profile row must name
+        self.attested = dict(attested or {})
         self.book = book
         self.deadlines = deadlines
         self.timeout_s = timeout_s
@@ -170,10 +175,13 @@ class Binder:
 
     async def _read(self, engine: Engine) -> None:
         try:
-            engine.live_generation = await read_generation(engine, self.timeout_s, self.deadlines)
+            live = await read_generation(engine, self.timeout_s, self.deadlines)
         except GenerationUnreadable as exc:
             _log.debug("engine %s generation unreadable: %s", engine.id, exc)
             return
+        if engine.id in self.attested:
+            live = live.model_copy(update={"attestation_digest": self.attested[engine.id]})
+        engine.live_generation = live
         self.bind(engine)
 
     async def sweep(self, force_reload: bool = False) -> None:

@@ -30,6 +30,7 @@ from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import increasing_ints, number
 from narwhal.core.fleet import FleetDocument, beside, load_fleet
 from narwhal.core.profiles import now_utc
+from narwhal.serve.attestation import attested_engines
 from narwhal.serve.engine_client import EngineCallFailed, EngineClient
 from narwhal.serve.profiler import plan as sweep_plan
 from narwhal.serve.profiler.plan import SweepPlan, SweepSettings, plan_for
@@ -160,7 +161,9 @@ async def run(job: Job, progress: Reporter) -> tuple[list[EngineOutcome], list[d
     """Facts of every engine, then (all idle and planned) the sweeps, host by host."""
     model = job.fleet.model
     async with aiohttp.ClientSession() as session:
-        clients = {eid: EngineClient(eid, url, session, job.timeout_s) for eid, url in job.engines}
+        attested = attested_engines(job.fleet.engines)
+        clients = {eid: EngineClient(eid, url, session, job.timeout_s, attested.get(eid))
+                   for eid, url in job.engines}
         facts = await _facts(clients, model)
         outcomes: list[EngineOutcome] = []
         plans: dict[str, tuple[SweepPlan, EngineFacts]] = {}

@@ -133,3 +133,21 @@ def test_container_command_lines_refuse_what_could_name_another_container(
     for build in (cl.container_identity, cl.container_remove):
         with pytest.raises(ValueError):
             build(runtime, container_id)
+
+
+def test_the_doubles_restart_keeps_the_container_and_starts_a_new_process(docker: Path) -> None:
+    """What the restart acceptance leans on: `docker restart` keeps Id and Created (so the
+    container still looks like the one Gate C started) while the process is a new one."""
+    host = LocalHost("eng1")
+    cid = host.run(["docker", "run", "-d", "lab/engine:v1"], check=True).text.strip()
+    fmt = "{{.Id}}|{{.Created}}|{{.State.Pid}}|{{.State.Running}}"
+    before = host.run(["docker", "inspect", "--format", fmt, cid], check=True).text.split("|")
+    try:
+        done = host.run(["docker", "restart", "-t", "5", cid], check=True)
+        assert done.text.strip() == cid
+        after = host.run(["docker", "inspect", "--format", fmt, cid], check=True).text.split("|")
+        assert after[:2] == before[:2] and after[3].strip() == "true"
+        assert after[2] != before[2] and int(after[2]) > 0
+        os.kill(int(after[2]), 0)  # the new process is alive
+    finally:
+        host.run(["docker", "rm", "-f", cid])

@@ -40,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _table(result: dict[str, Any]) -> None:
     table = Table(title=f"engines attested (checked from {result['router_host']})")
-    for column in ("engine", "attestation", "compatibility hash", "process"):
+    for column in ("engine", "attestation", "compatibility hash", "process", "sidecar"):
         table.add_column(column)
     for role, e in result["engines"].items():
         table.add_row(role, str(e["digest"])[:19], str(e["compatibility_hash"])[:16],
-                      f"{e['process']['runtime']} {str(e['process']['id'])[:12]}")
+                      f"{e['process']['runtime']} {str(e['process']['id'])[:12]}",
+                      e["sidecar"])
     Console().print(table)

@@ -20,7 +20,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "live KV cache")
     add_common(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--recapture", type=roles_list, default=None, metavar="ENGINE[,ENGINE]",
+                   help="after a restart with the same launch plan: capture only these "
+                        "running engines again and keep the others' captures")
     p.set_defaults(handler=run)
+
+
+def roles_list(text: str) -> list[str]:
+    roles = [r.strip() for r in text.split(",")]
+    if not all(roles) or len(set(roles)) != len(roles):
+        raise argparse.ArgumentTypeError("give engine ids separated by commas, each once")
+    return roles
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +39,14 @@ def run(args: argparse.Namespace) -> int:
 
     def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         targets, doc = engines.plan(ctx.inputs, ctx.ledger)
+        if args.recapture is not None:
+            carried = engines.carried_captures(ctx.ledger, targets, args.recapture)
+            doc["recapture"] = {"engines": args.recapture, "carried": {
+                role: art.attempt for role, art in carried.items()}}
+            progress.say(f"narwhal engines: capturing {', '.join(args.recapture)} again; "
+                         f"{len(carried)} capture(s) carried")
+            return doc, lambda attempt: engines.recapture(sessions, attempt, targets, doc,
+                                                          carried, progress)
         progress.say(f"narwhal engines: {len(targets)} engine(s) in "
                      f"{len(doc['start_groups'])} start group(s)")
         return doc, lambda attempt: engines.execute(sessions, attempt, targets, doc, progress)

@@ -12,13 +12,19 @@ from rich.console import Console
 from rich.table import Table
 
 from narwhal.core.cli_common import EXIT_OK
+from narwhal.core.errors import HostError
 from narwhal.core.gates import GATE_NAMES, gate
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.gates import restarts
+from narwhal.deploy.gates.engines import INSTALL_PLAN
+from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install import installed_tool
 from narwhal.deploy.gates.registry import SPECS
+from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.ledger.export import export
 from narwhal.deploy.ledger.recover import recover
-from narwhal.deploy.ledger.status import compute
+from narwhal.deploy.ledger.status import compute, with_live_changes
 
 STATE_STYLE = {"passed": "green", "stale": "yellow", "blocked": "red", "failed": "red",
                "running": "cyan", "pending": "dim"}
@@ -28,6 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = sub.add_parser("status", help="every gate: passed, blocked, stale (and why), pending")
     add_common(status)
     status.add_argument("--json", action="store_true")
+    status.add_argument("--offline", action="store_true",
+                        help="the record only: do not ask the attested engines' sidecars "
+                             "(from the router host) whether they still vouch")
     status.set_defaults(handler=run_status)
 
     record = sub.add_parser("record", help="the deployment record")
@@ -45,13 +54,44 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rec.set_defaults(handler=run_recover)
 
 
+def _live_changes(ctx: Context) -> tuple[list[EngineChange], str]:
+    """The attested engines that changed, read from the router host (recorded as activity
+    `status`); ([], why) when the live check cannot run."""
+    if restarts.attested_fleet(ctx.ledger) is None:
+        return [], ""
+    plan = passed_artifact(ctx.ledger, "status", INSTALL_PLAN).json()
+    sessions = ctx.sessions()
+    alias = next(a for a, rs in sessions.roles().items() if "router" in rs)
+    try:
+        with ctx.ledger.attempt("status", fingerprint={}, hosts={alias: ["router"]},
+                                deployment_revision=ctx.inputs.revision) as attempt:
+            router = sessions.get(alias)
+            with attempt.bind(router):
+                tool = installed_tool(router, str(plan["remote_dir"]), restarts.COMMAND)
+                changes = restarts.changed_engines(ctx.ledger, router, tool)
+            attempt.add_artifact("live-attestation.json", json.dumps(
+                {"router_host": alias, "changed": [c.as_dict() for c in changes]},
+                indent=1).encode() + b"\n")
+        return changes, ""
+    except HostError as exc:
+        return [], f"live check skipped: {exc}"
+    finally:
+        ctx.close()
+
+
 def run_status(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     ledger = ctx.ledger.ensure()
-    rows = compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints()))
+    changes, skipped = ([], "") if args.offline else _live_changes(ctx)
+    rows = with_live_changes(
+        compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints())),
+        ledger.load(), changes)
     if args.json:
         print(json.dumps({"deployment": ledger.deployment,
-                          "gates": [r.as_dict() for r in rows]}, indent=2))
+                          "gates": [r.as_dict() for r in rows],
+                          "engines_changed": [c.as_dict() for c in changes],
+                          "live_check": "off" if args.offline else (skipped or "done")},
+                         indent=2))
         return EXIT_OK
     table = Table(title=f"deployment {ledger.deployment}")
     for column in ("gate", "state", "attempts", "last attempt", "why / what to repeat"):
@@ -61,7 +101,18 @@ def run_status(args: argparse.Namespace) -> int:
         style = STATE_STYLE.get(row.state, "")
         table.add_row(f"{row.letter} {row.gate}", f"[{style}]{row.state}[/]", str(row.attempts),
                       row.last or "-", why or "")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if changes:
+        live = Table(title="engines that are not what gate E attested (read from the router "
+                           "host)")
+        for column in ("engine", "why", "repeat, in order"):
+            live.add_column(column)
+        for c in changes:
+            live.add_row(c.engine, c.reason, "\n".join(c.repeat))
+        console.print(live)
+    if skipped:
+        console.print(f"[yellow]{skipped}[/]")
     return EXIT_OK
 
 

@@ -21,9 +21,9 @@ from typing import Any
 from narwhal.core import result_line
 from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
 from narwhal.core.documents import canonical_json, digest
-from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
+from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
-from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import installed_tool
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
@@ -156,6 +156,31 @@ def _retire(host: Host, rows: list[dict[str, Any]], progress: Progress, role: st
             raise HostError(host.alias, f"the earlier sidecar (pid {pid}) did not stop")
 
 
+def kept_attestation(ledger: Ledger, router: Host, router_tool: str, s: Sidecar,
+                     deployment: str) -> dict[str, Any] | None:
+    """The last passed attempt's attestation of this engine when it still holds: made for the
+    capture Gate C holds now, and its sidecar answering that very document to the router host.
+    Such a sidecar is kept running (and its document carried); only the others are replaced."""
+    if passed_attempt(ledger, "attest") is None:
+        return None
+    try:
+        art = passed_artifact(ledger, "attest", Reads("attest", f"attestation-{s.target.role}.json"))
+    except (GateBlocked, LedgerError):
+        return None
+    doc = dict(art.json())
+    if findings(s, doc, deployment):
+        return None  # not of the capture Gate C holds now (the engine was captured again)
+    done = router.run([router_tool, "fetch", "--url", s.url, "--timeout", "5"], timeout=30)
+    try:
+        got = result_line.parse(done.text, f"{COMMAND} fetch")
+    except ContractError:
+        return None
+    if not got.ok or int(got.data.get("status", 0)) != 200 \
+            or got.data.get("document", {}).get("digest") != doc.get("digest"):
+        return None
+    return doc
+
+
 def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
             p: AttestPlan, progress: Progress) -> dict[str, Any]:
     remote = str(p.install["remote_dir"])
@@ -163,18 +188,27 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
     router_tool = installed_tool(router, remote, COMMAND)
 
     earlier = previous_sidecars(ledger, attempt.id)
+    kept_roles: set[str] = set()
 
     def attest(s: Sidecar) -> dict[str, Any]:
+        with attempt.bind(router):
+            kept = kept_attestation(ledger, router, router_tool, s, inputs.deployment)
+        if kept is not None:
+            progress(s.target.role, f"still attests {str(kept['digest'])[:19]}: its sidecar "
+                     "is kept")
+            kept_roles.add(s.target.role)
+            return kept
         host = sessions.get(s.target.alias)
         tool = installed_tool(host, remote, COMMAND)
         with attempt.bind(host):
             _retire(host, [r for r in earlier if r["host"] == s.target.alias
-                           and r.get("role", s.target.role) == s.target.role], progress,
+                           and r.get("serves", s.target.role) == s.target.role], progress,
                     s.target.role)
         progress(s.target.role, f"starting its sidecar on {s.target.alias}")
         attempt.start_process(host, [tool, "serve", "--run-dir", s.run_dir, "--deployment",
                                      inputs.deployment, "--bind", s.bind, "--port",
-                                     str(s.port)], f"{s.run_dir}/attest.log")
+                                     str(s.port)], f"{s.run_dir}/attest.log",
+                              serves=s.target.role)
         with attempt.bind(router):
             doc = _fetch(router, router_tool, s.url)
         progress(s.target.role, f"attested {str(doc.get('digest', ''))[:19]} (from "
@@ -204,7 +238,9 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
                                               if s.target.role == role),
                                   "digest": d.get("digest"),
                                   "compatibility_hash": d.get("compatibility_hash"),
-                                  "process": d.get("process")} for role, d in docs.items()}}
+                                  "process": d.get("process"),
+                                  "sidecar": "kept" if role in kept_roles else "started"}
+                           for role, d in docs.items()}}
     attempt.add_artifact("engine-attestation.json", canonical_json(summary).encode() + b"\n")
     if problems:
         attempt.add_artifact("problems.json", canonical_json(

@@ -28,7 +28,7 @@ from narwhal.core.kv.capture.contract import (
 )
 from narwhal.core.kv.pair import check_fleet
 from narwhal.core.launch_record import LaunchRecord
-from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.handoff import Artifact, passed_artifact
 from narwhal.deploy.gates.install import install_dir
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
@@ -116,6 +116,25 @@ class Remote:
                             f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
 
 
+def _capture(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
+    """`narwhal-engine capture` of the running engine; its capture kept as evidence."""
+    t = r.t
+    progress(t.role, "capturing")
+    cap = r.call("capture", "--run-dir", r.run_dir, "--timeout", str(int(CAPTURE_TIMEOUT_S)),
+                 timeout=CAPTURE_TIMEOUT_S + 60)
+    if not cap.ok:
+        raise HostError(t.alias, f"{t.role}: capture failed: {cap.error}")
+    attempt.add_artifact(f"cache-layout-{t.role}.json", canonical_json(
+        cap.data["cache_layout"]).encode() + b"\n")  # kept even when malformed
+    try:
+        capture = parse_cache_layout(cap.data["cache_layout"], f"{t.alias}: {t.role} capture")
+    except InputError as exc:
+        raise HostError(t.alias, f"{t.role}: capture is malformed: "
+                        f"{exc.problems[0].line()}") from None
+    progress(t.role, "captured")
+    return capture
+
+
 def _check_problems(t: EngineTarget, result: result_line.ResultLine) -> list[Problem]:
     if not result.data.get("checks"):
         return [Problem(f"{t.alias}: {t.role}", result.error or "check failed",
@@ -178,20 +197,7 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
                 if started.data["runtime"] != "native":
                     attempt.own_container(r.host, str(started.data["runtime"]),
                                           str(started.data["id"]), str(started.data["created"]))
-                progress(t.role, "capturing")
-                cap = r.call("capture", "--run-dir", r.run_dir, "--timeout",
-                             str(int(CAPTURE_TIMEOUT_S)), timeout=CAPTURE_TIMEOUT_S + 60)
-                if not cap.ok:
-                    raise HostError(t.alias, f"{t.role}: capture failed: {cap.error}")
-                attempt.add_artifact(f"cache-layout-{t.role}.json", canonical_json(
-                    cap.data["cache_layout"]).encode() + b"\n")  # kept even when malformed
-                try:
-                    captures[t.role] = parse_cache_layout(cap.data["cache_layout"],
-                                                          f"{t.alias}: {t.role} capture")
-                except InputError as exc:
-                    raise HostError(t.alias, f"{t.role}: capture is malformed: "
-                                    f"{exc.problems[0].line()}") from None
-                progress(t.role, "captured")
+                captures[t.role] = _capture(r, attempt, progress)
 
     for started in each(start_groups(targets), start_group):
         if started.error is not None:
@@ -204,6 +210,62 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
     if problems:
         raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
 
+    return judge(attempt, targets, captures)
+
+
+def carried_captures(ledger: Ledger, targets: list[EngineTarget], roles: list[str]
+                     ) -> dict[str, Artifact]:
+    """For `--recapture ROLES`: the last passed attempt's capture of every other engine, or
+    InputError / GateBlocked before anything is recorded (an unknown role, no passed Gate C)."""
+    unknown = sorted(set(roles) - {t.role for t in targets})
+    if unknown or not roles:
+        raise InputError("--recapture", [Problem("--recapture", f"{', '.join(unknown)!r} is "
+                                                 "not an engine of this deployment", "use one "
+                                                 "of: " + ", ".join(t.role for t in targets))])
+    return {t.role: passed_artifact(ledger, "engines",
+                                    Reads("engines", f"cache-layout-{t.role}.json"))
+            for t in targets if t.role not in roles}
+
+
+def recapture(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
+              doc: dict[str, Any], carried: dict[str, Artifact],
+              progress: Progress) -> dict[str, Any]:
+    """After a restart with the same launch plan: capture the named running engines again and
+    carry every other engine's capture from the last passed attempt unchanged (its bytes and
+    digest), then the whole contract again. Nothing is started or stopped; an engine that is
+    not running fails its capture by name. When the new captures keep the geometry,
+    contract.json comes out byte for byte the same, so Gate D's fabric budget stays valid."""
+    captures: dict[str, CacheLayout] = {}
+    for role, art in carried.items():
+        attempt.add_artifact(art.name, art.read_bytes())
+        captures[role] = parse_cache_layout(art.json(), f"engines: {art.name}")
+        progress(role, f"capture carried from attempt {art.attempt}")
+
+    def again(t: EngineTarget) -> CacheLayout:
+        host = sessions.get(t.alias)
+        with attempt.bind(host):
+            return _capture(Remote(host, doc["install"], t), attempt, progress)
+
+    problems: list[Problem] = []
+    for o in each([t for t in targets if t.role not in carried], again):
+        if o.error is None and o.value is not None:
+            captures[o.item.role] = o.value
+        elif isinstance(o.error, HostError):
+            problems.append(Problem(f"{o.item.alias}: {o.item.role}",
+                                    str(o.error).splitlines()[0],
+                                    "is the engine running? `--recapture` reads the live "
+                                    "engine; start it with `narwhal engines` otherwise"))
+        elif o.error is not None:
+            raise o.error
+    if problems:
+        raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
+    return judge(attempt, targets, captures)
+
+
+def judge(attempt: Attempt, targets: list[EngineTarget],
+          captures: dict[str, CacheLayout]) -> dict[str, Any]:
+    """The live KV contract over every engine's capture (contract.json); blocked on a finding."""
+    problems: list[Problem] = []
     geometries = []
     for t in targets:
         where, capture = f"{t.alias}: {t.role}", captures[t.role]

@@ -121,12 +121,15 @@ class Attempt:
             raise LedgerError(f"{host.alias}: {path} is not a directory right after it was made")
         self._own({"kind": "tree", "host": host.alias, "path": path, "inode": inode})
 
-    def start_process(self, host: Host, argv: Sequence[str], log_path: str) -> ProcessRef:
-        """Start a detached process and own it by pid and kernel start time."""
+    def start_process(self, host: Host, argv: Sequence[str], log_path: str,
+                      serves: str = "") -> ProcessRef:
+        """Start a detached process and own it by pid and kernel start time; `serves` names
+        what it is for (an engine id), so a later attempt can replace exactly that one."""
         with self.bind(host):
             ref = host.start_detached(argv, log_path)
         self._own({"kind": "process", "host": host.alias, "pid": ref.pid,
-                   "start_ticks": ref.start_ticks, "argv0": argv[0]})
+                   "start_ticks": ref.start_ticks, "argv0": argv[0],
+                   **({"serves": serves} if serves else {})})
         return ref
 
     def own_container(self, host: Host, runtime: str, container_id: str, created: str) -> None:

@@ -6,7 +6,8 @@ recorded fingerprints instead of remembered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from narwhal.core.gates import GATE_NAMES, GATES
@@ -58,3 +59,31 @@ def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None) -> l
         rows.append(GateStatus(gate.name, gate.letter, state, len(attempts),
                                attempts[-1] if attempts else "", reason, repeat))
     return rows
+
+
+def with_live_changes(rows: list[GateStatus], doc: dict[str, Any],
+                      changes: Sequence[Any]) -> list[GateStatus]:
+    """The rows with what the live check found: an engine that must be captured again makes
+    Gate C stale, any engine its sidecar no longer vouches for makes Gate E stale, each naming
+    the engines; the later passed gates are to repeat, as for a moved input."""
+    if not changes:
+        return rows
+    recapture = [c.engine for c in changes if c.recapture]
+    causes = {"attest": "not attested now: " + "; ".join(f"{c.engine}: {c.reason}"
+                                                         for c in changes)}
+    if recapture:
+        causes["engines"] = f"restarted since captured: {', '.join(recapture)}"
+    out, stale_from = [], ""
+    for row in rows:
+        if row.gate in causes and row.state in ("passed", "stale"):
+            stale_from = stale_from or row.gate
+            reason = causes[row.gate] if row.state == "passed" else \
+                f"{row.reason}; {causes[row.gate]}"
+            row = replace(row, state="stale", reason=reason)
+        if row.state == "stale" and stale_from:
+            later = GATE_NAMES[GATE_NAMES.index(row.gate):]
+            row = replace(row, repeat=tuple(g for g in later if doc.get("gates", {})
+                                            .get(g, {}).get("state") == "passed"
+                                            or g == row.gate))
+        out.append(row)
+    return out

@@ -413,6 +413,42 @@ def _cp(store: Store, args: list[str]) -> int:
     return 0
 
 
+def _restart(store: Store, args: list[str]) -> int:
+    """`docker restart [-t S] C...`: stop (SIGTERM, SIGKILL after S seconds) and start again;
+    the same container (Id, Created) with a new process, as dockerd does."""
+    grace, refs = 10.0, []
+    it = iter(args)
+    for a in it:
+        if a in ("-t", "--time", "--timeout"):
+            grace = float(next(it, "10"))
+        else:
+            refs.append(a)
+    rc = 0
+    for ref in refs:
+        c = _need(store, ref)
+        if c is None:
+            rc = 1
+            continue
+        before = c["State"].get("Pid")
+        _stop_proc(c, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while store.load(c["Id"])["State"]["Running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if store.load(c["Id"])["State"]["Running"]:
+            _stop_proc(c, signal.SIGKILL)
+            while store.load(c["Id"])["State"]["Running"] and time.monotonic() < deadline + 5:
+                time.sleep(0.05)
+        c = store.load(c["Id"])
+        _start(store, c)
+        deadline = time.monotonic() + 5
+        while not (store.load(c["Id"])["State"]["Running"]
+                   and store.load(c["Id"])["State"].get("Pid") != before) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(ref)
+    return rc
+
+
 def main(host_dir: str, argv: list[str]) -> int:
     failed = injected_failure(host_dir, "docker")
     if failed is not None:
@@ -433,6 +469,8 @@ def main(host_dir: str, argv: list[str]) -> int:
             c.pop("_detach")
             print(c["Id"])
         return rc
+    if cmd == "restart":
+        return _restart(store, args)
     if cmd in ("start", "stop", "kill"):
         rc = 0
         for ref in args:

@@ -1,0 +1,114 @@
+"""Which engines are no longer what Gate E attested, and exactly the work each needs again.
+
+`narwhal status` asks every sidecar of the attested fleet, from the router host (the peer that
+relies on them), whether it still vouches for the contract the fleet document names. The
+runbook's repeat rows decide the rest:
+- the engine process changed (a restart with the same launch plan) or its layout changed:
+  capture it again (unless Gate C already holds a capture newer than the attestation), attest
+  it again, profile it, run the full preflight; the fabric only when the new capture's geometry
+  differs, which Gate D's fingerprint then shows by itself;
+- the sidecar cannot be read, or vouches for another digest: attest again (its own document is
+  rebuilt from the same capture, so nothing measured on the engine is lost).
+Engines whose sidecar vouches need nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError
+from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
+from narwhal.deploy.gates.spec import Reads
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.ledger import Ledger
+
+COMMAND = "narwhal-attest"
+
+
+@dataclass(frozen=True)
+class EngineChange:
+    engine: str
+    reason: str
+    repeat: tuple[str, ...]
+    recapture: bool  # Gate C must capture it again first
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "reason": self.reason, "repeat": list(self.repeat),
+                "recapture": self.recapture}
+
+
+def attested_fleet(ledger: Ledger) -> dict[str, Any] | None:
+    """The fleet document Gate E's last passed attempt finalised, or None before that."""
+    if passed_attempt(ledger, "attest") is None:
+        return None
+    try:
+        return dict(passed_artifact(ledger, "status", Reads("attest", "fleet.json")).json())
+    except (GateBlocked, LedgerError):
+        return None
+
+
+def _captured_since(ledger: Ledger, engine: str) -> bool:
+    """Gate C holds a capture of another process than the one attested (recaptured since)."""
+    try:
+        cap = passed_artifact(ledger, "status", Reads("engines", f"cache-layout-{engine}.json"))
+        att = passed_artifact(ledger, "status", Reads("attest", f"attestation-{engine}.json"))
+    except (GateBlocked, LedgerError):
+        return False
+    attested = att.json().get("process", {}).get("process_start_time_seconds")
+    return bool(cap.json().get("process_start_time_seconds") != attested)
+
+
+def judge(engine: dict[str, Any], got: result_line.ResultLine) -> tuple[str, bool]:
+    """(why the sidecar does not vouch for the fleet's contract, whether the engine itself
+    changed); ("", False) when it vouches."""
+    if not got.ok:
+        return f"the sidecar cannot be read ({got.error[:200]})", False
+    status, doc = int(got.data.get("status", 0)), got.data.get("document") or {}
+    if status == 503:
+        error = str(doc.get("error", ""))[:300]
+        return error, error.startswith(("engine process changed", "layout changed"))
+    if status != 200:
+        return f"the sidecar answered {status}", False
+    want = engine["contract"]["attestation_digest"]
+    if doc.get("digest") != want:
+        return (f"the sidecar vouches for {str(doc.get('digest'))[:19]}, the fleet's contract "
+                f"names {want[:19]}"), False
+    return "", False
+
+
+def _repeat(engine: str, process_changed: bool, recaptured: bool) -> tuple[str, ...]:
+    if not process_changed:
+        return (f"attestation: `narwhal attest` (replaces the sidecar of {engine} only)",)
+    steps = [] if recaptured else [f"capture: `narwhal engines --recapture {engine}`"]
+    return (*steps,
+            f"attestation: `narwhal attest` (replaces the sidecar of {engine} only)",
+            f"profile of {engine}: `narwhal-profile --only {engine}` on the router host",
+            "full preflight: narwhal-check on the router host (gate F)",
+            "fabric: only when the new capture's geometry differs (gate D then shows stale)")
+
+
+def changed_engines(ledger: Ledger, router: Host, tool: str) -> list[EngineChange]:
+    """Every attested engine whose sidecar does not vouch for the fleet's contract now, read
+    from the router host in one command per engine; HostError when the host is unreachable."""
+    fleet = attested_fleet(ledger)
+    if fleet is None:
+        return []
+    out = []
+    for engine in fleet.get("engines", []):
+        url = engine.get("attestation_url")
+        if not url or not engine.get("contract"):
+            continue
+        done = router.run([tool, "fetch", "--url", url, "--timeout", "5"], timeout=30)
+        try:
+            got = result_line.parse(done.text, f"{COMMAND} fetch")
+        except ContractError:
+            raise HostError(router.alias, f"`{COMMAND} fetch` printed no result line") from None
+        why, process_changed = judge(engine, got)
+        if why:
+            recaptured = process_changed and _captured_since(ledger, engine["id"])
+            out.append(EngineChange(engine["id"], why,
+                                    _repeat(engine["id"], process_changed, recaptured),
+                                    process_changed and not recaptured))
+    return out
