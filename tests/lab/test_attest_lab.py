@@ -6,8 +6,10 @@ the tests read the sidecars from the router host too (its role shell), as the ro
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,6 +115,141 @@ def test_a_replaced_engine_is_refused_by_its_sidecar_with_the_reason(
     assert "engine process changed" in got["document"]["error"]
     other = next(e["attestation_url"] for e in fleet["engines"] if e["id"] == "engine-1")
     assert _from_router(attested, other)["status"] == 200  # the others still attest
+
+
+ROUTER_PORT = 8391
+
+
+def _router_get(plan: LabPlan, path: str) -> Any:
+    text = ssh(plan, "router", f"python3 -c \"import urllib.request; print(urllib.request."
+                               f"urlopen('http://127.0.0.1:{ROUTER_PORT}{path}', timeout=5)"
+                               ".read().decode())\"").stdout
+    return json.loads(text)
+
+
+def _complete(plan: LabPlan, model: str) -> int:
+    body = json.dumps({"model": model, "prompt": "the sea", "max_tokens": 2}).replace('"', '\\"')
+    code = ("import urllib.request, urllib.error\n"
+            f"r = urllib.request.Request('http://127.0.0.1:{ROUTER_PORT}/v1/completions', "
+            f"data=b'{body}', headers={{'Content-Type': 'application/json'}})\n"
+            "try:\n    print(urllib.request.urlopen(r, timeout=30).status)\n"
+            "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+    done = ssh(plan, "router", f"python3 -c \"{code}\"", timeout=60)
+    return int(done.stdout.strip() or 0)
+
+
+def _start_router(fleet: Installer, doc: dict[str, Any]) -> int:
+    """narwhal-serve on the router host with Gate E's fleet, from the role shell (what Gate G
+    will do; until it exists the test starts it so). Returns its pid."""
+    raw = base64.b64encode(json.dumps(doc).encode()).decode()
+    done = fleet.op.shell("router", "sh", "-c",
+                          f"mkdir -p ~/restart-test && cd ~/restart-test && printf %s {raw} | "
+                          "base64 -d > fleet.json && setsid narwhal-serve --fleet fleet.json "
+                          f"--host 127.0.0.1 --port {ROUTER_PORT} >router.log 2>&1 </dev/null "
+                          "& echo $!")
+    return int(done.stdout.strip())
+
+
+def _wait(what: str, check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.2)
+
+
+def _status(fleet: Installer) -> dict[str, Any]:
+    code, doc = fleet.op.json_command("status")
+    assert code == 0, doc
+    return doc
+
+
+def _gate_states(doc: dict[str, Any]) -> dict[str, str]:
+    return {g["gate"]: g["state"] for g in doc["gates"]}
+
+
+def _sidecar_pids(fleet: Installer) -> dict[str, int]:
+    """Every sidecar process the attest attempts started that is alive now, by engine."""
+    out = {}
+    for owned in (fleet.op.runs / "lab" / "attest").glob("*/owned.jsonl"):
+        for line in owned.read_text().splitlines():
+            row = json.loads(line)
+            host = fleet.lab_host(row["host"])
+            alive = ssh(fleet.op.plan, host, f"cut -d' ' -f22 /proc/{row['pid']}/stat "
+                                             "2>/dev/null").stdout.strip()
+            if alive == str(row["start_ticks"]):
+                out[row["serves"]] = int(row["pid"])
+    return out
+
+
+def test_a_restarted_engine_is_held_named_by_status_and_attested_again_alone(
+        attested: Installer) -> None:
+    """The runbook's repeat row "engine restart with the same launch plan", end to end: the
+    router holds the restarted engine out while serving on the others, `narwhal status`
+    names it with the work to repeat, and the repeat touches that engine alone."""
+    op, plan = attested.op, attested.op.plan
+    # Whatever the earlier tests left: capture engine-2 again, attest (the others are kept).
+    code, doc = op.json_command("engines", "--recapture", "engine-2")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    code, doc = op.json_command("attest")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    assert _status(attested)["engines_changed"] == []
+    contract_before = (op.last_attempt("engines") / "contract.json").read_bytes()
+    fleet = json.loads((op.last_attempt("attest") / "fleet.json").read_text())
+    pids_before = _sidecar_pids(attested)
+    assert sorted(pids_before) == ["engine-1", "engine-2", "engine-3"]
+
+    router = _start_router(attested, fleet)
+    try:
+        _wait("the router to place on every engine", lambda: [
+            e["held_reason"] for e in _router_get(plan, "/narwhal/state")["engines"]]
+            == [None, None, None], timeout=30)
+        assert _complete(plan, fleet["model"]) == 200
+
+        ssh(plan, "eng2", "docker restart -t 5 $(docker ps -q)", timeout=60)
+        sweep = float(fleet.get("health", {}).get("probe_interval_s", 2.0))
+        _wait("the hold of engine-2", lambda: next(
+            e for e in _router_get(plan, "/narwhal/state")["engines"]
+            if e["id"] == "engine-2")["held_reason"] == "attestation", timeout=2 * sweep + 3)
+        held = next(e for e in _router_get(plan, "/narwhal/state")["engines"]
+                    if e["id"] == "engine-2")
+        assert "engine process changed" in held["held_detail"]
+        assert [_complete(plan, fleet["model"]) for _ in range(4)] == [200] * 4  # the others
+
+        status = _status(attested)
+        [change] = status["engines_changed"]
+        assert change["engine"] == "engine-2" and change["recapture"] is True
+        assert "engine process changed" in change["reason"]
+        assert [s.split(":")[0] for s in change["repeat"]] == [
+            "capture", "attestation", "profile of engine-2", "full preflight", "fabric"]
+        states = _gate_states(status)
+        assert states["engines"] == states["attest"] == "stale"
+        assert states["fabric"] == "passed"  # the geometry has not been shown to move
+
+        code, doc = op.json_command("engines", "--recapture", "engine-2")
+        assert code == 0 and doc["verdict"] == "passed", doc
+        assert (op.last_attempt("engines") / "contract.json").read_bytes() == contract_before
+        assert _gate_states(_status(attested))["fabric"] == "passed"
+
+        code, doc = op.json_command("attest")
+        assert code == 0 and doc["verdict"] == "passed", doc
+        summary = json.loads((op.last_attempt("attest") / "engine-attestation.json").read_text())
+        assert {k: v["sidecar"] for k, v in summary["engines"].items()} == {
+            "engine-1": "kept", "engine-2": "started", "engine-3": "kept"}
+        after = json.loads((op.last_attempt("attest") / "fleet.json").read_text())
+        digests = {e["id"]: e["contract"]["attestation_digest"] for e in fleet["engines"]}
+        again = {e["id"]: e["contract"]["attestation_digest"] for e in after["engines"]}
+        assert [k for k in digests if digests[k] != again[k]] == ["engine-2"]
+        pids_after = _sidecar_pids(attested)
+        assert pids_after["engine-1"] == pids_before["engine-1"]
+        assert pids_after["engine-3"] == pids_before["engine-3"]
+        assert pids_after["engine-2"] != pids_before["engine-2"]
+        assert "engine-2" in pids_after and len(pids_after) == 3  # the old one is gone
+
+        status = _status(attested)
+        assert status["engines_changed"] == []
+        assert _gate_states(status)["attest"] == "passed"
+    finally:
+        op.shell("router", "kill", str(router))
 
 
 def test_the_sidecars_are_stopped_by_their_owner_record(attested: Installer) -> None:
