@@ -121,10 +121,19 @@ ROUTER_PORT = 8391
 
 
 def _router_get(plan: LabPlan, path: str) -> Any:
+    """The router's JSON answer from the router host; None while it does not answer."""
     text = ssh(plan, "router", f"python3 -c \"import urllib.request; print(urllib.request."
                                f"urlopen('http://127.0.0.1:{ROUTER_PORT}{path}', timeout=5)"
                                ".read().decode())\"").stdout
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _holds(plan: LabPlan) -> dict[str, str | None] | None:
+    state = _router_get(plan, "/narwhal/state")
+    return None if state is None else {e["id"]: e["held_reason"] for e in state["engines"]}
 
 
 def _complete(plan: LabPlan, model: str) -> int:
@@ -200,16 +209,18 @@ def test_a_restarted_engine_is_held_named_by_status_and_attested_again_alone(
 
     router = _start_router(attested, fleet)
     try:
-        _wait("the router to place on every engine", lambda: [
-            e["held_reason"] for e in _router_get(plan, "/narwhal/state")["engines"]]
-            == [None, None, None], timeout=30)
+        try:
+            _wait("the router to place on every engine", lambda: _holds(plan) == {
+                "engine-1": None, "engine-2": None, "engine-3": None}, timeout=30)
+        except AssertionError:
+            log = op.shell("router", "sh", "-c", "cat ~/restart-test/router.log").stdout
+            raise AssertionError(f"{_holds(plan)}; router log: {log[-3000:]}") from None
         assert _complete(plan, fleet["model"]) == 200
 
         ssh(plan, "eng2", "docker restart -t 5 $(docker ps -q)", timeout=60)
         sweep = float(fleet.get("health", {}).get("probe_interval_s", 2.0))
-        _wait("the hold of engine-2", lambda: next(
-            e for e in _router_get(plan, "/narwhal/state")["engines"]
-            if e["id"] == "engine-2")["held_reason"] == "attestation", timeout=2 * sweep + 3)
+        _wait("the hold of engine-2", lambda: (_holds(plan) or {}).get("engine-2")
+              == "attestation", timeout=2 * sweep + 3)
         held = next(e for e in _router_get(plan, "/narwhal/state")["engines"]
                     if e["id"] == "engine-2")
         assert "engine process changed" in held["held_detail"]

@@ -3,6 +3,7 @@ its real `narwhal-attest serve` sidecar on loopback, for the attestation compone
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,3 +56,25 @@ def engine_with_sidecar(root: Path) -> Iterator[EngineWithSidecar]:
             sidecar.terminate()
             sidecar.wait(timeout=10)
         engine("stop", "--run-dir", str(run_dir))
+
+
+@dataclass
+class Attested:
+    root: Path
+    run_dir: Path
+    engine_url: str
+    attestation_url: str
+    document: dict[str, Any]
+
+    def fleet(self, **contract: str) -> Path:
+        path = self.root / "fleet.json"
+        path.write_text(json.dumps({
+            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
+            "engines": [{"id": "e0", "url": self.engine_url, "role": "both",
+                         "attestation_url": self.attestation_url, "contract": {
+                             "compatibility_hash": self.document["compatibility_hash"],
+                             "launch_record_sha256": self.document["launch_record_sha256"],
+                             "attestation_digest": self.document["digest"], **contract}}],
+            "slo": {"ttft_s": 5.0, "tpot_s": 1.0}, "journal": {"path": "journal.jsonl"},
+            "health": {"probe_interval_s": 0.3, "probe_timeout_s": 2.0}}))
+        return path

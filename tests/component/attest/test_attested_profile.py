@@ -13,30 +13,21 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from narwhal.core.profiles import load_profiles
 from narwhal.lab.engine.testing import free_port
-from tests.component.attest.sidecars import engine_with_sidecar
-from tests.component.attest.test_router_attestation import Attested, _engine, _wait
+from tests.component.attest.sidecars import Attested
+from tests.component.attest.test_router_attestation import _engine, _wait
 from tests.component.preflight.check_fleet import run_check
-from tests.component.serve.harness import Router, call
+from tests.component.serve.harness import Router
 from tests.native_engine import engine
 
 pytestmark = pytest.mark.timeout(300)
 SWEEP = ["--repeats", "1", "--prefill-lengths", "64,128,256,512", "--decode-concurrency", "1,2",
          "--decode-contexts", "64,256", "--decode-tokens", "8"]
-
-
-@pytest.fixture
-def attested(tmp_path: Path) -> Iterator[Attested]:
-    with engine_with_sidecar(tmp_path) as e:
-        doc = call(e.port, "GET", "/v1/attestation").json()
-        yield Attested(tmp_path, e.run_dir, f"http://127.0.0.1:{e.engine_port}",
-                       f"http://127.0.0.1:{e.port}/v1/attestation", doc)
 
 
 def _answers(url: str) -> bool:

@@ -4,51 +4,18 @@ and a fleet document as Gate E writes it (attestation_url and contract per engin
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from narwhal.lab.engine.testing import free_port
-from tests.component.attest.sidecars import engine_with_sidecar
+from tests.component.attest.sidecars import Attested
 from tests.component.serve.harness import Router, call
 from tests.native_engine import engine
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@dataclass
-class Attested:
-    root: Path
-    run_dir: Path
-    engine_url: str
-    attestation_url: str
-    document: dict[str, Any]
-
-    def fleet(self, **contract: str) -> Path:
-        path = self.root / "fleet.json"
-        path.write_text(json.dumps({
-            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
-            "engines": [{"id": "e0", "url": self.engine_url, "role": "both",
-                         "attestation_url": self.attestation_url, "contract": {
-                             "compatibility_hash": self.document["compatibility_hash"],
-                             "launch_record_sha256": self.document["launch_record_sha256"],
-                             "attestation_digest": self.document["digest"], **contract}}],
-            "slo": {"ttft_s": 5.0, "tpot_s": 1.0}, "journal": {"path": "journal.jsonl"},
-            "health": {"probe_interval_s": 0.3, "probe_timeout_s": 2.0}}))
-        return path
-
-
-@pytest.fixture
-def attested(tmp_path: Path) -> Iterator[Attested]:
-    with engine_with_sidecar(tmp_path) as e:
-        doc = call(e.port, "GET", "/v1/attestation").json()
-        yield Attested(tmp_path, e.run_dir, f"http://127.0.0.1:{e.engine_port}",
-                       f"http://127.0.0.1:{e.port}/v1/attestation", doc)
 
 
 def _engine(router: Router) -> dict[str, Any]:
