@@ -65,11 +65,14 @@ class AttestPlan:
     install: dict[str, Any]
     router: str  # the physical host the router runs on
     draft: dict[str, Any]
+    previous: dict[str, dict[str, Any]]  # the last passed attempt's attestation per engine
 
     def document(self) -> dict[str, Any]:
         return {"router_host": self.router,
                 "sidecars": [{"engine": s.target.role, "host": s.target.alias,
-                              "run_dir": s.run_dir, "url": s.url} for s in self.sidecars]}
+                              "run_dir": s.run_dir, "url": s.url} for s in self.sidecars],
+                "kept_if_still_vouching": {role: d.get("digest")
+                                           for role, d in sorted(self.previous.items())}}
 
 
 def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> AttestPlan:
@@ -81,7 +84,21 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> AttestPlan:
         art = passed_artifact(ledger, "attest", Reads("engines", f"cache-layout-{t.role}.json"))
         capture = parse_cache_layout(art.json(), f"engines: cache-layout-{t.role}.json")
         sidecars.append(Sidecar(t, capture, t.record.fabric_address, t.record.ports.attest))
-    return AttestPlan(sidecars, install, router_host, draft)
+    return AttestPlan(sidecars, install, router_host, draft, previous_attestations(ledger))
+
+
+def previous_attestations(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """The attestations of the last passed attempt (read before this attempt starts, since a
+    running attempt makes the gate's state `running`), by engine."""
+    if passed_attempt(ledger, "attest") is None:
+        return {}
+    try:
+        summary = passed_artifact(ledger, "attest", Reads("attest", "engine-attestation.json"))
+        return {role: dict(passed_artifact(ledger, "attest",
+                                           Reads("attest", f"attestation-{role}.json")).json())
+                for role in summary.json().get("engines", {})}
+    except (GateBlocked, LedgerError):
+        return {}
 
 
 def findings(s: Sidecar, doc: dict[str, Any], deployment: str) -> list[str]:
@@ -156,29 +173,22 @@ def _retire(host: Host, rows: list[dict[str, Any]], progress: Progress, role: st
             raise HostError(host.alias, f"the earlier sidecar (pid {pid}) did not stop")
 
 
-def kept_attestation(ledger: Ledger, router: Host, router_tool: str, s: Sidecar,
-                     deployment: str) -> dict[str, Any] | None:
+def kept_attestation(previous: dict[str, Any] | None, router: Host, router_tool: str,
+                     s: Sidecar, deployment: str) -> dict[str, Any] | None:
     """The last passed attempt's attestation of this engine when it still holds: made for the
     capture Gate C holds now, and its sidecar answering that very document to the router host.
     Such a sidecar is kept running (and its document carried); only the others are replaced."""
-    if passed_attempt(ledger, "attest") is None:
-        return None
-    try:
-        art = passed_artifact(ledger, "attest", Reads("attest", f"attestation-{s.target.role}.json"))
-    except (GateBlocked, LedgerError):
-        return None
-    doc = dict(art.json())
-    if findings(s, doc, deployment):
-        return None  # not of the capture Gate C holds now (the engine was captured again)
+    if previous is None or findings(s, previous, deployment):
+        return None  # none, or not of the capture Gate C holds now (captured again since)
     done = router.run([router_tool, "fetch", "--url", s.url, "--timeout", "5"], timeout=30)
     try:
         got = result_line.parse(done.text, f"{COMMAND} fetch")
     except ContractError:
         return None
     if not got.ok or int(got.data.get("status", 0)) != 200 \
-            or got.data.get("document", {}).get("digest") != doc.get("digest"):
+            or got.data.get("document", {}).get("digest") != previous.get("digest"):
         return None
-    return doc
+    return previous
 
 
 def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
@@ -192,7 +202,8 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
 
     def attest(s: Sidecar) -> dict[str, Any]:
         with attempt.bind(router):
-            kept = kept_attestation(ledger, router, router_tool, s, inputs.deployment)
+            kept = kept_attestation(p.previous.get(s.target.role), router, router_tool, s,
+                                    inputs.deployment)
         if kept is not None:
             progress(s.target.role, f"still attests {str(kept['digest'])[:19]}: its sidecar "
                      "is kept")
