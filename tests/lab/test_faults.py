@@ -42,6 +42,24 @@ def test_blocked_port_is_refused_and_full_disk_gives_enospc(faults: Faults) -> N
 
 
 @pytest.mark.lab
+def test_an_isolated_host_is_cut_both_ways_until_cleared_and_keeps_running(
+        faults: Faults) -> None:
+    plan = faults.plan
+    start = ssh(plan, "eng3", "setsid -f sleep 300 >/dev/null 2>&1 </dev/null; sleep 0.1; "
+                              "ps -o pid= -C sleep | head -1")
+    pid = int(start.stdout.split()[0])
+    fault = faults.isolate("eng3")
+    assert ssh(plan, "eng3", "true", timeout=20).returncode != 0  # management: cut
+    eng3 = plan.host("eng3").fabric_ip
+    probe = ssh(plan, "eng1", f"timeout 3 bash -c 'echo > /dev/tcp/{eng3}/22' && echo open "
+                              "|| echo cut", timeout=20)
+    assert probe.stdout.strip() == "cut"  # fabric: cut
+    faults.clear(fault["id"])
+    assert ssh(plan, "eng3", f"kill -0 {pid} && echo alive; kill {pid}").stdout.strip() == \
+        "alive"  # a partition, not a crash
+
+
+@pytest.mark.lab
 def test_kill_ends_one_process_by_its_pid_on_that_host(faults: Faults) -> None:
     start = ssh(faults.plan, "eng3", "setsid -f sleep 300 >/dev/null 2>&1 </dev/null; sleep 0.1; "
                                      "ps -o pid= -C sleep | head -1")

@@ -31,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
             result = f.mtu(args.host, args.mtu)
         elif kind == "rdma":
             result = f.rdma(args.host, args.device)
-        elif kind in ("crash", "rekey", "fill", "image"):
+        elif kind in ("crash", "rekey", "fill", "image", "isolate"):
             result = getattr(f, kind)(args.host)
         elif kind == "boot":
             f.boot(args.host)
@@ -76,7 +76,8 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     for name, helptext in (("crash", "power-cut a host"), ("boot", "boot a crashed host"),
                            ("rekey", "give a host a new sshd host key"),
                            ("fill", "fill a host's disk directory"),
-                           ("image", "replace a host's engine image by a rebuild under its tag")):
+                           ("image", "replace a host's engine image by a rebuild under its tag"),
+                           ("isolate", "cut a host from every network; its processes run on")):
         kinds.add_parser(name, help=helptext).add_argument("host")
     k = kinds.add_parser("kill", help="kill a process on a host by its PID there")
     k.add_argument("host")

@@ -96,6 +96,17 @@ class Faults:
         return self._record({"id": fid, "kind": "block", "host": host, "port": port, "mode": mode,
                              "proto": proto})
 
+    def isolate(self, host: str) -> dict[str, Any]:
+        """Cut a host from every network (management and fabric, both ways) while its
+        processes run on: a partition, not a crash. Only its loopback still works."""
+        self.plan.host(host)
+        fid = self._next_id()
+        chains = "".join(f"  chain {hook} {{\n    type filter hook {hook} priority -10; "
+                         f"policy drop;\n    {'iif' if hook == 'input' else 'oif'} \"lo\" "
+                         "accept\n  }\n" for hook in ("input", "output"))
+        self._nft(host, f"table inet nwlab_{fid} {{\n{chains}}}\n")
+        return self._record({"id": fid, "kind": "isolate", "host": host})
+
     def mtu(self, host: str, mtu: int) -> dict[str, Any]:
         """Set the MTU of one host's fabric interface (only that end of its links changes)."""
         if not 576 <= mtu <= 9000:
@@ -287,7 +298,7 @@ class Faults:
         kind = f["kind"]
         if kind == "shape":
             self._apply_shapes(f["src"])
-        elif kind in ("loss", "block"):
+        elif kind in ("loss", "block", "isolate"):
             host = f["dst"] if kind == "loss" else f["host"]
             run(in_netns(self.plan.host(host).netns, ["nft", "delete", "table", "inet", f"nwlab_{f['id']}"]),
                 check=False)
