@@ -13,6 +13,7 @@ after (one contract and an attestation_url per engine).
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +23,13 @@ from narwhal.core import result_line
 from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
 from narwhal.core.documents import canonical_json, digest
 from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
+from narwhal.core.private_file import write_private
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
-from narwhal.deploy.gates.install import installed_tool
+from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
 from narwhal.deploy.inputs.model import Inputs
@@ -40,6 +43,8 @@ SPEC = GateSpec("attest", Spread.PER_ENGINE, reads=(INSTALL_PLAN, CONTRACT, EDGE
 COMMAND = "narwhal-attest"
 SCHEMA = "narwhal.engine-attestation"
 READY_S = 20.0
+KEY_FILE = ".controller-lease.key"
+MIN_QUORUM = 3  # sidecars; below it a majority is too few to outlive one host
 Progress = Callable[[str, str], None]
 
 
@@ -191,11 +196,34 @@ def kept_attestation(previous: dict[str, Any] | None, router: Host, router_tool:
     return previous
 
 
+def controller_key(ledger: Ledger) -> bytes:
+    """The deployment's controller key, made once: the sidecars grant the controller lease
+    only to a router that shows it. It lives beside the record in a dot file (so `narwhal
+    record export` leaves it out), mode 0600, and travels to hosts only as file content."""
+    path = ledger.root / KEY_FILE
+    if not path.exists():
+        write_private(path, secrets.token_hex(24) + "\n")
+    return path.read_bytes()
+
+
+def provision_key(host: Host, install: dict[str, Any], key: bytes) -> str:
+    """Put the controller key on `host` (a private folder of the prepared run); its path."""
+    folder = (f"{install_dir(host, str(install['remote_dir']))}/runs/"
+              f"{install['prepared_run']}/controller")
+    host.run(cl.private_dir(folder), check=True)
+    path = f"{folder}/lease.key"
+    host.put(key, path)  # exclusive: the same key again passes, another one is refused
+    return path
+
+
 def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
             p: AttestPlan, progress: Progress) -> dict[str, Any]:
     remote = str(p.install["remote_dir"])
     router = sessions.get(p.router)
     router_tool = installed_tool(router, remote, COMMAND)
+    key = controller_key(ledger)
+    with attempt.bind(router):
+        router_key = provision_key(router, p.install, key)
 
     earlier = previous_sidecars(ledger, attempt.id)
     kept_roles: set[str] = set()
@@ -212,13 +240,15 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
         host = sessions.get(s.target.alias)
         tool = installed_tool(host, remote, COMMAND)
         with attempt.bind(host):
+            key_path = provision_key(host, p.install, key)
             _retire(host, [r for r in earlier if r["host"] == s.target.alias
                            and r.get("serves", s.target.role) == s.target.role], progress,
                     s.target.role)
         progress(s.target.role, f"starting its sidecar on {s.target.alias}")
         attempt.start_process(host, [tool, "serve", "--run-dir", s.run_dir, "--deployment",
                                      inputs.deployment, "--bind", s.bind, "--port",
-                                     str(s.port)], f"{s.run_dir}/attest.log",
+                                     str(s.port), "--lease-key-file", key_path],
+                              f"{s.run_dir}/attest.log",
                               serves=s.target.role)
         with attempt.bind(router):
             doc = _fetch(router, router_tool, s.url)
@@ -257,14 +287,17 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
         attempt.add_artifact("problems.json", canonical_json(
             [{"field": x.field, "problem": x.problem, "fix": x.fix} for x in problems]).encode())
         raise GateBlocked("attest", "; ".join(x.line() for x in problems[:2]), problems)
-    fleet = finalised_fleet(p, docs)
+    fleet = finalised_fleet(p, docs, inputs.deployment, router_key)
     attempt.add_artifact("fleet-before.json", canonical_json(p.draft).encode() + b"\n")
     attempt.add_artifact("fleet.json", canonical_json(fleet).encode() + b"\n")
     return {"engines": summary["engines"], "router_host": p.router}
 
 
-def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Gate A's draft with each engine's attestation URL and contract (what it attests)."""
+def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]], deployment: str,
+                    key_file: str) -> dict[str, Any]:
+    """Gate A's draft with each engine's attestation URL and contract (what it attests) and,
+    with three sidecars or more, the controller lease granted by a majority of them (the key
+    file as the router host holds it); fewer keep the file lease."""
     by_role = {s.target.role: s for s in p.sidecars}
     engines = []
     for e in p.draft["engines"]:
@@ -273,4 +306,9 @@ def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]]) -> dict[str,
             "compatibility_hash": d["compatibility_hash"],
             "launch_record_sha256": d["launch_record_sha256"],
             "attestation_digest": d["digest"]}})
-    return {**p.draft, "engines": engines}
+    fleet = {**p.draft, "engines": engines}
+    if len(p.sidecars) >= MIN_QUORUM:
+        fleet["controller"] = {**p.draft.get("controller", {}), "quorum": {
+            "deployment": deployment, "key_file": key_file,
+            "lease_urls": [f"http://{s.bind}:{s.port}/v1/lease" for s in p.sidecars]}}
+    return fleet

@@ -18,6 +18,8 @@ START_DETACHED = 'log="$1"; shift; setsid "$@" >"$log" 2>&1 </dev/null & echo $!
 # Print "<inode> <sha256>" of a regular file, or nothing when absent.
 STAT_FILE = '[ -f "$1" ] && [ ! -L "$1" ] || exit 3; i=$(stat -c %i -- "$1") && ' \
     's=$(sha256sum -- "$1") && echo "$i ${s%% *}"'
+# Make the directory $1 (and its parents) readable by the login only.
+PRIVATE_DIR = 'umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1"'
 # Print "<inode>" of a directory, or exit 3.
 STAT_DIR = '[ -d "$1" ] && [ ! -L "$1" ] || exit 3; stat -c %i -- "$1"'
 
@@ -175,6 +177,10 @@ def pip_install_offline(venv: str, wheel_dirs: Sequence[str], requirements: str)
 
 def write_marker(path: str, text: str) -> list[str]:
     return sh(WRITE_MARKER, path, text)
+
+
+def private_dir(path: str) -> list[str]:
+    return sh(PRIVATE_DIR, path)
 
 
 def home() -> list[str]:
