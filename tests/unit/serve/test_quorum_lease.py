@@ -123,7 +123,7 @@ def test_a_partial_acquire_is_released_and_the_refusing_holder_named(
 
 def test_a_renewal_refused_because_another_holder_took_over_is_lost(
         sidecars: list[Sidecar]) -> None:
-    lease = QuorumLease([s.url for s in sidecars], KEY, "fleet-1", 0.2)
+    lease = QuorumLease([s.url for s in sidecars], KEY, "fleet-1", 0.2, timeout_s=1.0)
     grant = lease.acquire(A)
     time.sleep(0.3)  # A is paused past its ttl; B takes the lease
     assert QuorumLease([s.url for s in sidecars], KEY, "fleet-1", 5.0).acquire(B).epoch == 2
@@ -137,7 +137,7 @@ def test_a_renewal_refused_because_another_holder_took_over_is_lost(
 
 def test_an_expired_grant_is_not_renewed_even_when_nobody_else_holds_it(
         sidecars: list[Sidecar]) -> None:
-    lease = QuorumLease([s.url for s in sidecars], KEY, "fleet-1", 0.2)
+    lease = QuorumLease([s.url for s in sidecars], KEY, "fleet-1", 0.2, timeout_s=1.0)
     grant = lease.acquire(A)
     time.sleep(0.3)
     forged = dataclasses.replace(grant, valid_until=time.monotonic() + 10)

@@ -57,17 +57,18 @@ class LeaseDesk:
     def post(self, verb: str, body: bytes) -> Answer:
         """One authenticated verb; the caller has checked the key and bounded the body."""
         try:
-            raw = json.loads(body)
+            raw = json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError:
+            return 400, {"error": "the body is not UTF-8"}
         except json.JSONDecodeError as exc:
             return 400, {"error": f"the body is not JSON ({exc.msg} at byte {exc.pos})"}
-        except (ValueError, RecursionError):  # not UTF-8, or nested beyond the parser's depth
-            return 400, {"error": "the body is not UTF-8 JSON of a readable depth"}
-        model = _MODELS[verb]
+        except RecursionError:
+            return 400, {"error": "the body is not JSON of a readable depth"}
         if not isinstance(raw, dict):
             return 400, {"error": "the body is not a JSON object"}
+        model = _MODELS[verb]
         try:
-            # JSON mode, so the strict rules are those of a document read from a file
-            request = model.model_validate_json(json.dumps(raw))
+            request = model.model_validate(raw)  # strict: no "1" for 1, no true for 1, no NaN
         except ValidationError as exc:
             lines = [p.line() for p in problems_from(exc, model,
                                                      reference="docs/controller-lease.md")]
