@@ -40,6 +40,7 @@ class Sidecar:
     proc: subprocess.Popen[str]
     started: dict[str, Any] = field(default_factory=dict)  # its result line's data
     paused: bool = False
+    stderr: str = ""  # what it wrote there, once stopped
 
     @property
     def lease_url(self) -> str:
@@ -58,14 +59,11 @@ class Sidecar:
             if self.paused:
                 self.resume()  # a stopped process would hold SIGTERM until continued
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        try:
+            _, self.stderr = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, self.stderr = self.proc.communicate(timeout=10)
 
 
 def serve(run_dir: Path, port: int, *extra: str) -> subprocess.Popen[str]:

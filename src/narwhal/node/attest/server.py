@@ -91,7 +91,7 @@ def _handler(attested: Attested, desk: LeaseDesk | None) -> type[BaseHTTPRequest
             if length_text is None:
                 self._send(411, {"error": "a lease request needs Content-Length"})
                 return None
-            if not length_text.isdigit():
+            if not (length_text.isascii() and length_text.isdigit()):  # "²" is a digit too
                 self._send(400, {"error": "Content-Length is not a whole number"})
                 return None
             length = int(length_text)
