@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
 from narwhal.core.lease_wire import HolderView
@@ -66,12 +66,25 @@ class QuorumLease:
                                         thread_name_prefix="narwhal-quorum")
 
     # -- one round --------------------------------------------------------------------------
-    def _round(self, verb: str | None, body: dict[str, Any] | None) -> list[Answer]:
-        """Every sidecar's answer; one that has not answered by the deadline counts as none."""
+    def _round(self, verb: str | None, body: dict[str, Any] | None,
+               *, until_majority: bool = False) -> list[Answer]:
+        """Every sidecar's answer; one that has not answered by the deadline counts as none.
+        `until_majority` returns as soon as a majority has granted: what a straggler says
+        then cannot undo it (two majorities overlap), and a hung sidecar must not delay the
+        next renewal by its whole timeout."""
         futures = [self._pool.submit(call, url, verb, body, self.key, self.timeout_s)
                    for url in self.urls]
-        done, _ = wait(futures, timeout=2 * self.timeout_s + 0.05)
-        return [f.result() if f in done else
+        deadline = time.monotonic() + 2 * self.timeout_s + 0.05
+        pending = set(futures)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+            if until_majority and sum(f.result().granted for f in futures
+                                      if f not in pending) >= self.majority:
+                break
+        return [f.result() if f not in pending else
                 Answer(url, 0, None, f"{url} did not answer within {2 * self.timeout_s:.2f} s")
                 for f, url in zip(futures, self.urls, strict=True)]
 
@@ -104,7 +117,7 @@ class QuorumLease:
             started = time.monotonic()
             answers = self._round("acquire", self._body(
                 claimant.holder_id, epoch, ttl_s=self.ttl_s, url=claimant.url,
-                pid=claimant.pid, host=claimant.host))
+                pid=claimant.pid, host=claimant.host), until_majority=True)
             granted = [a for a in answers if a.granted]
             ahead = max((a.reply.highest_epoch for a in answers
                          if a.refused and a.reply is not None), default=0)
@@ -135,7 +148,8 @@ class QuorumLease:
         if started >= grant.valid_until:
             raise LeaseLost(f"the lease of epoch {grant.epoch} expired before it was renewed")
         holder_id = grant.record.holder_id
-        answers = self._round("renew", self._body(holder_id, grant.epoch, ttl_s=self.ttl_s))
+        answers = self._round("renew", self._body(holder_id, grant.epoch, ttl_s=self.ttl_s),
+                              until_majority=True)
         other = self._named_holder(answers, holder_id)
         if other is not None:
             raise LeaseLost(f"the lease moved on (epoch {grant.epoch} is fenced): "

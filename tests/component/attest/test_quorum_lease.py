@@ -200,6 +200,29 @@ def test_a_standby_takes_over_through_the_quorum_after_the_primary_is_killed(
                for s in quorum.states())
 
 
+def test_a_primary_that_stops_releases_its_grants_for_the_standby_at_once(
+        quorum: Quorum, spawn: Spawner) -> None:
+    _, _, primary = spawn.pd(controller=quorum.controller())
+    standby = spawn.router_on(primary.fleet, "--standby-of", primary.url, wait_ready=False)
+    assert primary.stop() == 0 and primary.result()["data"]["lease"]["epoch"] == 1
+    took = _until("the standby to serve", lambda: _serves(standby), timeout=TTL)
+    print(f"standby took over {took:.2f} s after the primary stopped")  # released: not expired
+
+
+def test_one_sidecar_of_three_lost_does_not_disturb_the_primary(
+        quorum: Quorum, spawn: Spawner) -> None:
+    _, _, primary = spawn.pd(controller=quorum.controller())
+    quorum.sidecars[2].pause()
+    renewals = _controller(primary)["renewals"]
+    deadline = time.monotonic() + 3 * TTL
+    while time.monotonic() < deadline:
+        assert _serves(primary)
+        time.sleep(0.05)
+    state = _controller(primary)
+    assert state["role"] == "primary" and state["epoch"] == 1
+    assert state["renewals"] >= renewals + 8  # still four a second: the hung one delays none
+
+
 # -- cut off from the majority --------------------------------------------------------------
 def test_a_primary_cut_off_from_the_majority_stops_within_the_lease_period_and_is_fenced(
         quorum: Quorum, spawn: Spawner) -> None:
