@@ -56,7 +56,9 @@ def call(url: str, verb: str | None, body: dict[str, Any] | None, key: Secret,
                 "Content-Type": "application/json", "Authorization": f"Bearer {key.reveal()}"})
         response = conn.getresponse()
         status, data = response.status, response.read(MAX_REPLY_BYTES + 1)
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        # ValueError: a host name IDNA cannot encode. Nothing may escape: the renewal loop
+        # that called this must keep running to fence the router when its lease runs out.
         return Answer(url, 0, None, f"{url} did not answer ({type(exc).__name__}: {exc})")
     finally:
         conn.close()

@@ -119,6 +119,12 @@ class QuorumLease:
                 claimant.holder_id, epoch, ttl_s=self.ttl_s, url=claimant.url,
                 pid=claimant.pid, host=claimant.host), until_majority=True)
             granted = [a for a in answers if a.granted]
+            for a in answers:
+                if a.refused and a.reply is not None and a.reply.reason == "deployment":
+                    self._release_at(granted, claimant.holder_id, epoch)
+                    raise LeaseUnavailable(
+                        f"{a.url} is a sidecar of deployment {a.reply.deployment!r}, not "
+                        f"{self.deployment!r}: fix controller.quorum in the fleet document")
             ahead = max((a.reply.highest_epoch for a in answers
                          if a.refused and a.reply is not None), default=0)
             if len(granted) >= self.majority and ahead <= epoch:
@@ -132,11 +138,6 @@ class QuorumLease:
             other = self._named_holder(answers, claimant.holder_id)
             if other is not None:
                 raise LeaseHeld(_record(other))
-            for a in answers:
-                if a.refused and a.reply is not None and a.reply.reason == "deployment":
-                    raise LeaseUnavailable(
-                        f"{a.url} is a sidecar of deployment {a.reply.deployment!r}, not "
-                        f"{self.deployment!r}: fix controller.quorum in the fleet document")
             raise self._short("acquire the lease", answers)
         raise LeaseUnavailable(f"epochs kept moving during {ACQUIRE_ROUNDS} acquisition rounds "
                                "(another router is acquiring at the same time)")
