@@ -4,6 +4,7 @@ expiry, and a persisted epoch (and grant) that a restarted sidecar honours."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -177,3 +178,18 @@ def test_concurrent_acquirers_get_exactly_one_grant(keeper: Keeper) -> None:
     for t in threads:
         t.join()
     assert len(winners) == 1
+
+
+def test_a_grant_that_cannot_be_recorded_is_not_given(tmp_path: Path, clock: Clock) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    keeper = Keeper(folder / STATE_FILE, clock)
+    keeper.acquire(A, 1, 1.0)
+    keeper.release(A.holder_id, 1)
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")  # the state file can no longer be written
+    with pytest.raises(OSError):
+        keeper.acquire(B, 2, 1.0)
+    assert keeper.state()[:2] == (None, 1)  # neither the grant nor its epoch was taken
+    folder.unlink()
+    assert keeper.acquire(B, 2, 1.0).epoch == 2

@@ -122,11 +122,14 @@ class Keeper:
                 "epochs it cannot prove are new. Move the file aside only when no router of "
                 "this fleet is running")
 
-    def _persist(self) -> None:
-        grant = None if self._grant is None else {
-            **asdict(self._grant.holder), "epoch": self._grant.epoch, "ttl_s": self._grant.ttl_s}
+    def _commit(self, highest: int, grant: Grant | None) -> None:
+        """Write the new state, then adopt it: a grant this sidecar could not make durable is
+        never given (OSError reaches the caller and the old state stands)."""
+        record = None if grant is None else {
+            **asdict(grant.holder), "epoch": grant.epoch, "ttl_s": grant.ttl_s}
         write_private_json(self.state_path, stamp(STATE_SCHEMA, STATE_VERSION, {
-            "highest_epoch": self._highest, "grant": grant}))
+            "highest_epoch": highest, "grant": record}))
+        self._highest, self._grant = highest, grant
 
     # -- verbs ------------------------------------------------------------------------------
     def acquire(self, holder: Holder, epoch: int, ttl_s: float) -> Grant:
@@ -142,10 +145,9 @@ class Keeper:
             if epoch <= self._highest:
                 raise Refused("stale_epoch", f"epoch {epoch} is not above {self._highest}, the "
                               "highest this sidecar has granted", self._live(now))
-            self._grant = Grant(holder, epoch, ttl_s, now, now + ttl_s)
-            self._highest = epoch
-            self._persist()
-            return self._grant
+            grant = Grant(holder, epoch, ttl_s, now, now + ttl_s)
+            self._commit(epoch, grant)
+            return grant
 
     def renew(self, holder_id: str, epoch: int, ttl_s: float) -> Grant:
         """Extend the live grant of `holder_id` at `epoch` to `ttl_s` from now."""
@@ -164,11 +166,11 @@ class Keeper:
             if not current.live(now):
                 raise Refused("expired", f"the grant of epoch {epoch} expired "
                               f"{now - current.expires:.3f} s ago; acquire a new epoch", None)
-            longer = ttl_s > current.ttl_s
-            self._grant = replace(current, ttl_s=max(ttl_s, current.ttl_s), expires=now + ttl_s)
-            if longer:  # a restart must honour the longest ttl this grant was given
-                self._persist()
-            return self._grant
+            renewed = replace(current, ttl_s=max(ttl_s, current.ttl_s), expires=now + ttl_s)
+            if ttl_s > current.ttl_s:  # a restart must honour the longest ttl it was given
+                self._commit(self._highest, renewed)
+            self._grant = renewed
+            return renewed
 
     def release(self, holder_id: str, epoch: int) -> bool:
         """Drop the grant of `holder_id` at `epoch`; False when it is not the current one."""
@@ -176,8 +178,7 @@ class Keeper:
             current = self._grant
             if current is None or current.holder.holder_id != holder_id or current.epoch != epoch:
                 return False
-            self._grant = None
-            self._persist()
+            self._commit(self._highest, None)
             return True
 
     def state(self) -> tuple[Grant | None, int, float]:

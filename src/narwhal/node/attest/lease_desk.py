@@ -90,3 +90,6 @@ class LeaseDesk:
                                     "not the current grant: nothing to release")
         except Refused as exc:
             return 409, self._reply(False, exc.reason, str(exc), holder=exc.holder)
+        except OSError as exc:  # the state file could not be written: nothing was granted
+            return 503, {"error": f"cannot record the lease state in "
+                         f"{self.keeper.state_path} ({exc.strerror}); nothing changed"}
