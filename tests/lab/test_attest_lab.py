@@ -9,8 +9,11 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from tests.lab.installing import Installer
 
 from narwhal.core import result_line
 from narwhal.core.fleet import FleetDocument
+from narwhal.lab.faults import Faults
 from narwhal.lab.plan import LabPlan
 from narwhal.lab.testing import ssh
 
@@ -120,15 +124,21 @@ def test_a_replaced_engine_is_refused_by_its_sidecar_with_the_reason(
 ROUTER_PORT = 8391
 
 
-def _router_get(plan: LabPlan, path: str) -> Any:
-    """The router's JSON answer from the router host; None while it does not answer."""
-    text = ssh(plan, "router", f"python3 -c \"import urllib.request; print(urllib.request."
-                               f"urlopen('http://127.0.0.1:{ROUTER_PORT}{path}', timeout=5)"
-                               ".read().decode())\"").stdout
+def _router_get(plan: LabPlan, path: str, host: str = "router", port: int = ROUTER_PORT
+                ) -> Any:
+    """A router's JSON answer from its own host; None while it does not answer."""
+    text = ssh(plan, host, f"python3 -c \"import urllib.request; print(urllib.request."
+                           f"urlopen('http://127.0.0.1:{port}{path}', timeout=5)"
+                           ".read().decode())\"").stdout
     try:
         return json.loads(text)
     except ValueError:
         return None
+
+
+def _router_get_at(plan: LabPlan, role_host: str, port: int) -> Any:
+    host = "router" if role_host == "router" else "eng1"
+    return _router_get(plan, "/narwhal/state", host, port)
 
 
 def _holds(plan: LabPlan) -> dict[str, str | None] | None:
@@ -261,6 +271,88 @@ def test_a_restarted_engine_is_held_named_by_status_and_attested_again_alone(
         assert _gate_states(status)["attest"] == "passed"
     finally:
         op.shell("router", "kill", str(router))
+
+
+LEASE_PORT = 8392
+POLLER = Path(__file__).with_name("ready_poller.py")
+
+
+def _serve_detached(fleet: Installer, role: str, doc: dict[str, Any], *extra: str) -> int:
+    """narwhal-serve on the host of `role` from its role shell, listening on every address."""
+    raw = base64.b64encode(json.dumps(doc).encode()).decode()
+    done = fleet.op.shell(role, "sh", "-c",
+                          f"mkdir -p ~/lease-test && cd ~/lease-test && printf %s {raw} | "
+                          "base64 -d > fleet.json && setsid narwhal-serve --fleet fleet.json "
+                          f"--host 0.0.0.0 --port {LEASE_PORT} {' '.join(extra)} "
+                          ">router.log 2>&1 </dev/null & echo $!")
+    return int(done.stdout.strip())
+
+
+def _poll(netns: str, seconds: float, url: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, str(POLLER),
+                             str(seconds), url], stdout=subprocess.PIPE, text=True)
+
+
+def _answers(poller: subprocess.Popen[str]) -> list[tuple[float, bool]]:
+    out, _ = poller.communicate(timeout=120)
+    return [(row["t"], row["ok"]) for row in map(json.loads, out.splitlines())]
+
+
+def test_one_router_serves_through_the_sidecars_quorum_and_a_cut_primary_yields(
+        attested: Installer, faults: Faults) -> None:
+    """Routers on two lab hosts hold the controller lease through the sidecars' majority: the
+    primary serves alone; cut from every network it stops within the lease period, the
+    standby takes over within 2 s of that, and the old primary never serves again."""
+    op, plan = attested.op, attested.op.plan
+    code, doc = op.json_command("attest")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    fleet = json.loads((op.last_attempt("attest") / "fleet.json").read_text())
+    quorum = fleet["controller"]["quorum"]
+    assert len(quorum["lease_urls"]) == 3 and quorum["deployment"] == "lab"
+    ttl = float(fleet["controller"].get("lease_ttl_s", 1.0))
+    router_host = plan.host(attested.lab_host("router"))
+    standby_host = plan.host(attested.lab_host("engine-1"))
+    primary_url = f"http://{router_host.mgmt_ip}:{LEASE_PORT}"
+    standby_url = f"http://{standby_host.mgmt_ip}:{LEASE_PORT}"
+    primary = _serve_detached(attested, "router", fleet)
+    standby = 0
+    try:
+        _wait("the primary", lambda: _router_get_at(plan, "router", LEASE_PORT) is not None,
+              timeout=30)
+        second = op.shell("engine-1", "sh", "-c", f"cd ~/lease-test 2>/dev/null || mkdir -p "
+                          f"~/lease-test; printf %s {base64.b64encode(json.dumps(fleet).encode()).decode()} "
+                          f"| base64 -d > ~/lease-test/fleet.json; cd ~/lease-test && timeout 20 "
+                          f"narwhal-serve --fleet fleet.json --host 0.0.0.0 --port {LEASE_PORT + 1}")
+        said = second.stdout + second.stderr
+        assert second.returncode == 1, said
+        assert "holds the lease" in said and "pid" in said, said  # the holder is named
+        standby = _serve_detached(attested, "engine-1", fleet, "--standby-of", primary_url)
+        run_s, cut_after = 20.0, 8.0
+        client = [_poll(plan.ws_netns, run_s, f"{u}/ready") for u in (primary_url, standby_url)]
+        inside = _poll(router_host.netns, run_s, f"http://127.0.0.1:{LEASE_PORT}/ready")
+        time.sleep(cut_after)
+        cut_at = time.monotonic()
+        cut = faults.isolate(router_host.name)
+        seen_primary, seen_standby = (_answers(c) for c in client)
+        seen_inside = _answers(inside)
+        faults.clear(cut["id"])
+        serving_p = [t for t, ok in seen_primary + seen_inside if ok]
+        serving_s = [t for t, ok in seen_standby if ok]
+        assert serving_p and serving_s, (seen_primary[-3:], seen_standby[-3:])
+        assert max(serving_p) < min(serving_s)  # never both at any instant
+        last_primary = max(t for t, ok in seen_inside if ok)
+        assert last_primary - cut_at <= ttl + 0.2, (last_primary - cut_at, ttl)
+        assert min(serving_s) - last_primary <= 2.0, min(serving_s) - last_primary
+        assert all(ok for t, ok in seen_standby if t > min(serving_s) + 0.5)  # it goes on
+
+        reconnected = _poll(plan.ws_netns, 3.0, f"{primary_url}/ready")
+        assert not any(ok for _, ok in _answers(reconnected))  # no serving without an epoch
+        state = _router_get_at(plan, "engine-1", LEASE_PORT)
+        assert state is not None and state["controller"]["role"] == "primary"
+    finally:
+        op.shell("router", "kill", str(primary))
+        if standby:
+            op.shell("engine-1", "kill", str(standby))
 
 
 def test_the_sidecars_are_stopped_by_their_owner_record(attested: Installer) -> None:

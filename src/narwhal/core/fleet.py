@@ -125,17 +125,34 @@ class Journal(StrictModel):
     max_queued_rows: int = Field(default=65_536, ge=16, le=10_000_000)
 
 
+class Quorum(StrictModel):
+    """The controller lease granted by a majority of the attestation sidecars (Gate E).
+
+    `lease_urls` are the sidecars' lease routes (`http://HOST:PORT/v1/lease`, one per sidecar
+    started with `--lease-key-file`), `key_file` the private file holding the key those
+    sidecars were started with (relative paths are taken from the document's folder), and
+    `deployment` the name the sidecars were started with (`--deployment`): a sidecar of
+    another deployment refuses. See docs/controller-lease.md.
+    """
+
+    deployment: str = Field(min_length=1, max_length=128)
+    lease_urls: tuple[str, ...] = Field(min_length=3, max_length=15)
+    key_file: str = Field(min_length=1, max_length=4096)
+
+
 class Controller(StrictModel):
     """The controller lease: exactly one router places requests for this fleet.
 
-    `lease_path` defaults to `<fleet document>.lease` beside the document, so two routers
-    started on the same document contend for the same lease. A standby takes over at most
-    `lease_ttl_s` (plus one `handoff_poll_s`) after the primary dies.
+    Without `quorum`, the lease is a file: `lease_path` defaults to `<fleet document>.lease`
+    beside the document, so two routers started on the same document contend for the same
+    lease. With `quorum`, a strict majority of the sidecars grants it instead. A standby takes
+    over at most `lease_ttl_s` (plus one `handoff_poll_s`) after the primary dies.
     """
 
     lease_path: str = ""
     lease_ttl_s: float = Field(default=1.0, ge=0.2, le=60)
     handoff_poll_s: float = Field(default=0.1, ge=0.02, le=10)
+    quorum: Quorum | None = None
 
 
 class Profiles(StrictModel):
@@ -217,6 +234,56 @@ def _attestation_url_problem(url: str) -> str:
     return ""
 
 
+def _lease_url_problem(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http(s) URL with a host"
+    if parts.path != "/v1/lease" or parts.query or parts.fragment or parts.username:
+        return "must end in /v1/lease (the sidecar's lease route), without query or credentials"
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        return "has a port that is not a number in 1-65535"
+    return ""
+
+
+def _sidecar_key(url: str) -> str:
+    """host:port of a lease URL, default ports made explicit, so repeats are found."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return url
+    return f"{(parts.hostname or '').lower()}:{port}"
+
+
+def _quorum_problems(c: Controller) -> list[Problem]:
+    q = c.quorum
+    if q is None:
+        return []
+    problems: list[Problem] = []
+    if c.lease_path.strip():
+        problems.append(Problem("controller.lease_path", "is set while controller.quorum is",
+                                "choose one: a lease file, or the quorum of sidecars"))
+    seen: dict[str, int] = {}
+    for i, url in enumerate(q.lease_urls):
+        why = _lease_url_problem(url)
+        if why:
+            problems.append(Problem(f"controller.quorum.lease_urls[{i}]", f"{url!r} {why}",
+                                    "write http://SIDECAR:PORT/v1/lease"))
+        key = _sidecar_key(url)
+        if key in seen:
+            problems.append(Problem(f"controller.quorum.lease_urls[{i}]",
+                                    f"names the same sidecar as lease_urls[{seen[key]}]",
+                                    "list each sidecar once: a repeated one would count twice "
+                                    "towards the majority"))
+        seen.setdefault(key, i)
+    if not q.key_file.strip():
+        problems.append(Problem("controller.quorum.key_file", "is empty",
+                                "name the private (0600) file holding the controller key"))
+    return problems
+
+
 def _relations(doc: FleetDocument) -> list[Problem]:
     """Checks between fields that a schema cannot express."""
     problems: list[Problem] = []
@@ -275,6 +342,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
     problems += _role_flip_problems(doc)
     problems += _limit_problems(doc)
     c = doc.controller
+    problems += _quorum_problems(c)
     if c.handoff_poll_s >= c.lease_ttl_s:
         problems.append(Problem("controller.handoff_poll_s",
                                 f"{c.handoff_poll_s:g} s is not shorter than lease_ttl_s {c.lease_ttl_s:g} s",

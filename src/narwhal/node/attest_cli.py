@@ -1,12 +1,14 @@
 """`narwhal-attest`: the attestation sidecar of one engine (Gate E), and its client.
 
-    narwhal-attest serve --run-dir D --deployment NAME --bind ADDR --port P
+    narwhal-attest serve --run-dir D --deployment NAME --bind ADDR --port P [--lease-key-file F]
     narwhal-attest fetch --url URL [--timeout S]
 
 `serve` runs on the engine host, started detached by `narwhal attest` and owned by its
 attempt: it builds the attestation from Gate C's state in the run dir, prints one result line
 (its digest and URL), then serves it until stopped, re-checking the live engine on every
-request. `fetch` runs wherever a peer must see it (the router host) and prints one result
+request. With `--lease-key-file` it also keeps this sidecar's share of the fleet's controller
+lease (docs/controller-lease.md): the key file must be private (0600) and hold the key the
+router's `controller.quorum.key_file` holds; the grants' state lives in the run dir. `fetch` runs wherever a peer must see it (the router host) and prints one result
 line with the status and document.
 """
 
@@ -18,10 +20,13 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from narwhal.core import result_line
 from narwhal.core.errors import NarwhalError
+
+if TYPE_CHECKING:
+    from narwhal.node.attest.lease_desk import LeaseDesk
 
 DESCRIPTION = "Attestation sidecar: binds one live engine process and serves its attested contract (gate E)."
 COMMAND = "narwhal-attest"
@@ -32,17 +37,30 @@ def do_serve(args: argparse.Namespace) -> int:
     from narwhal.node.attest.document import build
     from narwhal.node.attest.server import serve
 
+    desk = _lease_desk(args)  # a bad key file stops the sidecar before it builds anything
     attested = build(Path(args.run_dir), args.deployment)
-    server = serve(attested, args.bind, args.port)
-    url = f"http://{args.bind}:{args.port}/v1/attestation"
+    server = serve(attested, args.bind, args.port, desk)
+    base = f"http://{args.bind}:{args.port}"
     print(result_line.render(f"{COMMAND} serve", True, {
         "engine": attested.document["engine"], "digest": attested.document["digest"],
-        "url": url}), flush=True)
+        "url": f"{base}/v1/attestation",
+        "lease_url": f"{base}/v1/lease" if desk is not None else None}), flush=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
     return 0
+
+
+def _lease_desk(args: argparse.Namespace) -> LeaseDesk | None:
+    from narwhal.core.key_file import read_key_file
+    from narwhal.node.attest.lease import STATE_FILE, Keeper
+    from narwhal.node.attest.lease_desk import LeaseDesk
+
+    if args.lease_key_file is None:
+        return None
+    key = read_key_file(Path(args.lease_key_file), "--lease-key-file")
+    return LeaseDesk(Keeper(Path(args.run_dir) / STATE_FILE), key, args.deployment)
 
 
 def fetch(url: str, timeout_s: float) -> dict[str, Any]:
@@ -73,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deployment", required=True)
     p.add_argument("--bind", required=True)
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--lease-key-file", metavar="FILE",
+                   help="keep this sidecar's share of the controller lease, for routers that "
+                        "send the key in FILE (mode 0600); without it the lease routes answer 404")
     p.set_defaults(handler=do_serve)
     p = sub.add_parser("fetch", help="GET an attestation URL; one result line")
     p.add_argument("--url", required=True)

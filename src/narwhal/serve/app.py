@@ -31,13 +31,22 @@ from narwhal.serve.leadership import Leadership
 from narwhal.serve.lease import Claimant, FileLease, Lease
 from narwhal.serve.metrics import RouterMetrics
 from narwhal.serve.proxy import Proxy
+from narwhal.serve.quorum_lease import QuorumLease
 from narwhal.serve.roles import RoleController
 from narwhal.serve.routes import Routes
 from narwhal.serve.scheduler import CurvePriced
-from narwhal.serve.settings import RouterSettings
+from narwhal.serve.settings import ControllerPolicy, RouterSettings
 from narwhal.serve.upstream import Connector, EnginePool
 
 _log = logging.getLogger("narwhal.serve")
+
+
+def _lease(control: ControllerPolicy) -> Lease:
+    """The fleet's lease backend: a majority of its sidecars when it names them, else the file."""
+    q = control.quorum
+    if q is None:
+        return FileLease(control.lease_path, control.lease_ttl_s)
+    return QuorumLease(q.lease_urls, q.key, q.deployment, control.lease_ttl_s)
 
 
 class Router:
@@ -116,7 +125,7 @@ class Router:
                            self.deadlines)
         control = settings.controller
         self.leadership = Leadership(
-            lease or FileLease(control.lease_path, control.lease_ttl_s),
+            lease or _lease(control),
             Claimant.this_process(""), control, self.engines, standby_of=standby_of,
             ops_key=settings.ops.secret.reveal().encode() if settings.ops.secret else b"")
         self.leadership.on_fenced = self.stop

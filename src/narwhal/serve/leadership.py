@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine
 from narwhal.serve.jsonio import loads
-from narwhal.serve.lease import Claimant, Grant, Lease, LeaseHeld, LeaseLost
+from narwhal.serve.lease import Claimant, Grant, Lease, LeaseHeld, LeaseLost, LeaseRecord
 from narwhal.serve.legs import LegFailed, LegTimedOut, exchange, request_bytes
 from narwhal.serve.settings import ControllerPolicy
 from narwhal.serve.upstream import EnginePool, EngineUnreachable
@@ -58,6 +58,7 @@ class Leadership:
         self.last_handoff_at = 0.0
         self.renewals = 0
         self.last_epoch = 0
+        self.holder_seen: LeaseRecord | None = None  # the holder as last learned (ours or not)
         self.on_fenced: Callable[[], None] = lambda: None
         self._warned_handoff = False
 
@@ -70,6 +71,7 @@ class Leadership:
         self.grant = grant
         self.until = grant.valid_until
         self.last_epoch = grant.epoch
+        self.holder_seen = grant.record
 
     @property
     def epoch(self) -> int:
@@ -95,6 +97,8 @@ class Leadership:
                     self._granted(await asyncio.to_thread(self.lease.acquire, self.claimant))
                     _log.warning("lease lapsed (%s); re-acquired at epoch %d", exc, self.epoch)
                 except (LeaseHeld, OSError) as again:
+                    if isinstance(again, LeaseHeld):
+                        self.holder_seen = again.record
                     self.fence(f"{exc}; {again}")
                     return
             except OSError as exc:  # transient: retry until our own deadline passes
@@ -143,7 +147,8 @@ class Leadership:
                     self.handoff_errors += 1
                 try:
                     grant = await asyncio.to_thread(self.lease.acquire, self.claimant)
-                except LeaseHeld:
+                except LeaseHeld as held:
+                    self.holder_seen = held.record
                     await asyncio.sleep(self.policy.handoff_poll_s)
                     continue
                 except OSError as exc:
@@ -193,8 +198,15 @@ class Leadership:
         self.last_handoff_at = time.time()
 
     def state(self) -> dict[str, Any]:
+        quorum = self.policy.quorum
+        seen = self.holder_seen
         return {
-            "role": self.role, "epoch": self.epoch, "lease_path": str(self.policy.lease_path),
+            "role": self.role, "epoch": self.epoch, "backend": self.lease.backend,
+            "lease_path": str(self.policy.lease_path) if quorum is None else None,
+            "lease_sidecars": list(quorum.lease_urls) if quorum is not None else None,
+            "holder": None if seen is None else {
+                "url": seen.url, "pid": seen.pid, "host": seen.host, "epoch": seen.epoch,
+                "holder_id": seen.holder_id},
             "lease_ttl_s": self.policy.lease_ttl_s, "holder_id": self.claimant.holder_id,
             "valid_for_s": round(max(0.0, self.until - time.monotonic()), 3),
             "standby_of": self.standby_of, "took_over_at": self.took_over_at,

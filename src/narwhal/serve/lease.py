@@ -12,7 +12,7 @@ a temporary file (fsynced, except on renewal: see `_write`), so a reader never s
 the old one. Expiry is wall-clock time, because the processes that share the file may sit on
 different hosts of a shared file system; the holder also keeps a monotonic deadline of its own
 (`Grant.valid_until`) taken *before* each write, so a clock step cannot stretch its lease.
-A quorum-of-sidecars backend comes with the attestation gate behind the same `Lease` protocol.
+The quorum-of-sidecars backend (quorum_lease.py) sits behind the same `Lease` protocol.
 The verbs block (file I/O); the router calls them from a worker thread, never the event loop.
 """
 
@@ -94,7 +94,10 @@ class LeaseLost(Exception):
 
 
 class Lease(Protocol):
-    """The controller lease seam; every implementation raises the two exceptions above."""
+    """The controller lease seam; every implementation raises the two exceptions above, and
+    OSError for what may pass (an unreadable file, sidecars that do not answer)."""
+
+    backend: str  # what holds it, for /narwhal/state: "file", "quorum of 3 sidecars"
 
     def acquire(self, claimant: Claimant) -> Grant: ...
 
@@ -113,6 +116,7 @@ class FileLease:
             raise ValueError("lease ttl must be positive")
         self.path = path
         self.ttl_s = ttl_s
+        self.backend = "file"
         self._lock_path = path.with_name(path.name + ".lock")
         self._lock_fd = -1
         self._thread_lock = threading.Lock()  # flock on one shared fd does not exclude threads

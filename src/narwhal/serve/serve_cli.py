@@ -4,9 +4,10 @@
                   [--standby-of http://PRIMARY:PORT]
 
 The fleet document is read and checked before anything listens; every problem in it is
-printed at once (exit 2). A router then claims the fleet's controller lease; if another router
-holds it, this one refuses to serve and names that router (exit 1), unless it was started as
-a warm standby (`--standby-of`), which waits for the lease. The process runs until
+printed at once (exit 2). A router then claims the fleet's controller lease (a file, or a
+majority of the attestation sidecars: `controller.quorum`); if another router holds it, this
+one refuses to serve and names that router (exit 1), unless it was started as a warm standby
+(`--standby-of`), which waits for the lease. The process runs until
 SIGTERM/SIGINT (or until it loses the lease: exit 1), drains, and prints one `NARWHAL_RESULT`
 line with what it served.
 """
@@ -29,6 +30,7 @@ from narwhal.core.fleet import load_fleet
 from narwhal.serve.app import Router
 from narwhal.serve.calibrated_deadline import check_fleet_deadline
 from narwhal.serve.lease import LeaseHeld
+from narwhal.serve.quorum_lease import LeaseUnavailable
 from narwhal.serve.settings import settle
 
 DESCRIPTION = "The prefill/decode-aware router in front of the fleet (gate G)."
@@ -86,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     except LeaseHeld as exc:
         message = (f"refusing to serve: {exc}; this fleet has one active router. Stop that "
                    f"router first, or start this one with --standby-of {exc.record.url} to take "
-                   f"over when it goes (lease file {settings.controller.lease_path})")
+                   f"over when it goes ({settings.controller.where})")
+        print(f"{COMMAND}: {message}", file=sys.stderr)
+        print(result_line.render(COMMAND, False, error=message))
+        return EXIT_FAILED
+    except LeaseUnavailable as exc:
+        message = (f"cannot acquire the controller lease ({settings.controller.where}): {exc}")
         print(f"{COMMAND}: {message}", file=sys.stderr)
         print(result_line.render(COMMAND, False, error=message))
         return EXIT_FAILED

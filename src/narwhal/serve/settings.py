@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.fleet import EngineContract, FleetDocument, RoleFlips, Serving, beside
+from narwhal.core.key_file import read_key_file
 from narwhal.core.secret import Secret
 
 
@@ -109,12 +110,35 @@ class Tenants:
 
 
 @dataclass(frozen=True, slots=True)
+class QuorumPolicy:
+    """The sidecars whose majority grants the lease, and the key they were started with."""
+
+    deployment: str
+    lease_urls: tuple[str, ...]
+    key_file: Path
+    key: Secret
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerPolicy:
     """Where the controller lease lives and how fast it turns over (seconds)."""
 
     lease_path: Path
     lease_ttl_s: float
     handoff_poll_s: float
+    quorum: QuorumPolicy | None = None  # None: the lease file at lease_path
+
+    @property
+    def backend(self) -> str:
+        """What holds the lease, in the words /narwhal/state and errors use."""
+        return "file" if self.quorum is None else f"quorum of {len(self.quorum.lease_urls)} sidecars"
+
+    @property
+    def where(self) -> str:
+        """Where an operator looks for the lease: the file, or the sidecars' lease routes."""
+        if self.quorum is None:
+            return f"lease file {self.lease_path}"
+        return f"lease held by a {self.backend}: {', '.join(self.quorum.lease_urls)}"
 
     @property
     def renew_every_s(self) -> float:
@@ -214,6 +238,16 @@ def _ops(doc: FleetDocument, env: Mapping[str, str], source: str, tenants: Tenan
     return OpsAccess(False, digest, Secret(value, ops.key_env))
 
 
+def _quorum(doc: FleetDocument, fleet_path: Path) -> QuorumPolicy | None:
+    """The quorum section with its key read now: a missing or open key file stops startup."""
+    q = doc.controller.quorum
+    if q is None:
+        return None
+    key_file = beside(fleet_path, q.key_file)
+    return QuorumPolicy(q.deployment, tuple(u.rstrip("/") for u in q.lease_urls), key_file,
+                        read_key_file(key_file, "controller.quorum.key_file"))
+
+
 def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> RouterSettings:
     """Resolve the document against the environment and the document's own folder."""
     source = str(fleet_path)
@@ -239,7 +273,8 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         tenants=tenants,
         journal_path=journal,
         journal_max_rows=doc.journal.max_queued_rows,
-        controller=ControllerPolicy(lease, c.lease_ttl_s, c.handoff_poll_s),
+        controller=ControllerPolicy(lease, c.lease_ttl_s, c.handoff_poll_s,
+                                    _quorum(doc, fleet_path)),
         profiles_path=profiles,
         role_flips=doc.role_flips,
         ops=_ops(doc, env, source, tenants),

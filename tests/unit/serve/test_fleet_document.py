@@ -175,3 +175,83 @@ def test_a_file_that_is_not_utf8_is_an_input_error_not_a_traceback(tmp_path: Pat
     bad.write_bytes(b'{"model": "caf\xe9"}')
     with pytest.raises(InputError, match="is not UTF-8 text"):
         load_fleet(bad)
+
+
+QUORUM: dict[str, Any] = {"deployment": "fleet-1", "key_file": "controller.key",
+                          "lease_urls": [f"http://10.0.1.{i}:9100/v1/lease" for i in (1, 2, 3)]}
+
+
+def _key(folder: Path, text: str = "0123456789abcdef0123\n", mode: int = 0o600) -> Path:
+    path = folder / "controller.key"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_a_quorum_of_sidecars_settles_into_the_lease_with_its_key_beside_the_document(
+        tmp_path: Path) -> None:
+    _key(tmp_path)
+    doc = parse_fleet(_with(controller={"quorum": QUORUM}), "fleet.json")
+    control = settle(doc, {}, tmp_path / "fleet.json").controller
+    assert control.backend == "quorum of 3 sidecars" and control.quorum is not None
+    assert control.quorum.key.reveal() == "0123456789abcdef0123"  # the final newline is not key
+    assert control.quorum.key_file == tmp_path / "controller.key"
+    assert "http://10.0.1.2:9100/v1/lease" in control.where
+    assert "0123456789abcdef" not in repr(control)
+    assert settle(parse_fleet(GOOD, "f"), {}, tmp_path / "fleet.json").controller.backend == "file"
+
+
+@pytest.mark.parametrize(("urls", "why"), [
+    (QUORUM["lease_urls"][:2], "at least 3 items"),
+    ([*QUORUM["lease_urls"][:2], "http://10.0.1.1:9100/v1/lease"], "names the same sidecar"),
+    ([*QUORUM["lease_urls"][:2], "http://10.0.1.9:9100/v1/attestation"], "must end in /v1/lease"),
+    ([*QUORUM["lease_urls"][:2], "ftp://10.0.1.9:9100/v1/lease"], "http(s) URL"),
+    ([*QUORUM["lease_urls"][:2], "http://u:p@10.0.1.9:9100/v1/lease"], "without query or credentials"),
+    ([*QUORUM["lease_urls"][:2], "http://10.0.1.9:99999/v1/lease"], "port that is not a number"),
+])
+def test_quorum_lease_urls_are_three_or_more_distinct_sidecar_lease_routes(
+        urls: list[str], why: str) -> None:
+    lines = _problems(_with(controller={"quorum": {**QUORUM, "lease_urls": urls}}))
+    assert any(line.startswith("controller.quorum.lease_urls") and why in line
+               for line in lines), lines
+
+
+def test_a_quorum_and_a_lease_file_are_not_both_named() -> None:
+    (line,) = _problems(_with(controller={"quorum": QUORUM, "lease_path": "x.lease"}))
+    assert line.startswith("controller.lease_path: is set while controller.quorum is")
+
+
+def test_a_quorum_with_an_unknown_key_or_no_deployment_is_refused() -> None:
+    lines = _problems(_with(controller={"quorum": {**QUORUM, "urls": [], "deployment": ""}}))
+    assert any(line.startswith("controller.quorum.urls: unknown key") for line in lines)
+    assert any(line.startswith("controller.quorum.deployment") for line in lines)
+
+
+@pytest.mark.parametrize(("text", "mode", "why"), [
+    ("0123456789abcdef0123", 0o644, "has mode 0644"),
+    ("0123456789abcdef0123", 0o640, "chmod 600"),
+    ("\n", 0o600, "is empty"),
+    ("short", 0o600, "shorter than 16"),
+    ("0123456789 abcdef0123", 0o600, "spaces"),
+])
+def test_an_open_empty_or_weak_key_file_stops_the_router_naming_the_file(
+        tmp_path: Path, text: str, mode: int, why: str) -> None:
+    key = _key(tmp_path, text, mode)
+    doc = parse_fleet(_with(controller={"quorum": QUORUM}), "fleet.json")
+    with pytest.raises(InputError) as info:
+        settle(doc, {}, tmp_path / "fleet.json")
+    (problem,) = info.value.problems
+    assert problem.field == "controller.quorum.key_file" and str(key) in problem.problem
+    assert why in problem.line()
+
+
+def test_a_missing_or_linked_key_file_is_refused(tmp_path: Path) -> None:
+    doc = parse_fleet(_with(controller={"quorum": QUORUM}), "fleet.json")
+    with pytest.raises(InputError, match="cannot be opened"):
+        settle(doc, {}, tmp_path / "fleet.json")
+    real = tmp_path / "real.key"
+    real.write_text("0123456789abcdef0123")
+    real.chmod(0o600)
+    (tmp_path / "controller.key").symlink_to(real)
+    with pytest.raises(InputError, match="cannot be opened"):
+        settle(doc, {}, tmp_path / "fleet.json")

@@ -1,30 +1,45 @@
-"""The sidecar's HTTP surface: GET /v1/attestation (the document, or 503 with the reason) and
-GET /health. Anything else a client sends is refused without work: other paths 404, other
-methods 405, and a client that sends slowly is cut off after the timeout."""
+"""The sidecar's HTTP surface: GET /v1/attestation (the document, or 503 with the reason),
+GET /health, and, when started with a controller key, the lease routes: GET /v1/lease and
+POST /v1/lease/{acquire,renew,release} (lease_desk.py).
+
+Anything else a client sends is refused without work: other paths 404, other methods 405, a
+lease body without Content-Length 411, a larger one than 4 KiB 413 before a byte of it is
+read, and a client that sends slowly is cut off after the timeout, whether it dribbles its
+head or its body. The key is never logged or echoed: there is no request log at all.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from narwhal.core.lease_wire import MAX_BODY_BYTES, VERBS
 from narwhal.node.attest.document import Attested, Changed, verify
+from narwhal.node.attest.lease_desk import BAD_KEY, NO_LEASE, LeaseDesk
 
 REQUEST_TIMEOUT_S = 5.0
+LEASE = "/v1/lease"
+_POSTS = {f"{LEASE}/{verb}": verb for verb in VERBS}
+_GETS = ("/health", "/v1/attestation", LEASE)
 
 
-def _handler(attested: Attested) -> type[BaseHTTPRequestHandler]:
+def _handler(attested: Attested, desk: LeaseDesk | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = REQUEST_TIMEOUT_S  # a slow sender holds one thread for 5 s at most
         server_version = "narwhal-attest"
         sys_version = ""
 
-        def _send(self, status: int, body: dict[str, Any]) -> None:
+        def _send(self, status: int, body: dict[str, Any],
+                  headers: tuple[tuple[str, str], ...] = ()) -> None:
             data = json.dumps(body, sort_keys=True).encode() + b"\n"
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.send_header("Cache-Control", "no-store")
+            for name, value in headers:
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
@@ -39,21 +54,87 @@ def _handler(attested: Attested) -> type[BaseHTTPRequestHandler]:
                                      "attested_digest": attested.document["digest"]})
                     return
                 self._send(200, attested.document)
+            elif self.path == LEASE:
+                self._send(*(desk.state() if desk is not None else (404, {"error": NO_LEASE})))
+            elif self.path in _POSTS:
+                self._send(405, {"error": f"method not allowed: POST {self.path}"},
+                           (("Allow", "POST"),))
             else:
-                self._send(404, {"error": "not found: GET /v1/attestation or /health"})
+                self._send(404, {"error": "not found: GET /v1/attestation, /health or "
+                                 "/v1/lease, or POST /v1/lease/{acquire,renew,release}"})
+
+        def do_POST(self) -> None:
+            verb = _POSTS.get(self.path)
+            if verb is None:
+                if self.path in _GETS:
+                    self._send(405, {"error": f"method not allowed: GET {self.path}"},
+                               (("Allow", "GET"),))
+                else:
+                    self._send(404, {"error": "not found: POST /v1/lease/{acquire,renew,release}"})
+                return
+            if desk is None:
+                self._send(404, {"error": NO_LEASE})
+                return
+            if not desk.authorized(self.headers.get("Authorization")):
+                self._send(401, {"error": BAD_KEY}, (("WWW-Authenticate", "Bearer"),))
+                return
+            body = self._body()
+            if body is not None:
+                self._send(*desk.post(verb, body))
+
+        def _body(self) -> bytes | None:
+            """The request body, at most MAX_BODY_BYTES, read before the request deadline."""
+            if self.headers.get("Transfer-Encoding") is not None:
+                self._send(411, {"error": "send the body with Content-Length, not chunked"})
+                return None
+            length_text = self.headers.get("Content-Length")
+            if length_text is None:
+                self._send(411, {"error": "a lease request needs Content-Length"})
+                return None
+            if not (length_text.isascii() and length_text.isdigit()):  # "²" is a digit too
+                self._send(400, {"error": "Content-Length is not a whole number"})
+                return None
+            length = int(length_text)
+            if length > MAX_BODY_BYTES:  # refused unread; the connection closes after it
+                self._send(413, {"error": f"body of {length} bytes is larger than "
+                                 f"{MAX_BODY_BYTES}"})
+                return None
+            # One deadline for the whole body: a sender that dribbles a byte every few seconds
+            # would otherwise pass every per-read timeout and hold this thread for hours.
+            deadline = time.monotonic() + REQUEST_TIMEOUT_S
+            chunks: list[bytes] = []
+            left = length
+            while left > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("lease body not sent in time")
+                self.connection.settimeout(remaining)
+                chunk = self.rfile.read1(left)
+                if not chunk:
+                    raise ConnectionError("client closed before sending its body")
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
 
         def _refuse(self) -> None:
-            self._send(405, {"error": "method not allowed: GET only"})
+            self._send(405, {"error": "method not allowed: GET, or POST on /v1/lease/*"})
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+        do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _refuse
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # no request log: the journal of record is the workstation's ledger
 
+        def handle_one_request(self) -> None:
+            try:
+                super().handle_one_request()
+            except (TimeoutError, ConnectionError):
+                self.close_connection = True  # cut off: nothing is owed to this client
+
     return Handler
 
 
-def serve(attested: Attested, bind: str, port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((bind, port), _handler(attested))
+def serve(attested: Attested, bind: str, port: int,
+          desk: LeaseDesk | None = None) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer((bind, port), _handler(attested, desk))
     server.daemon_threads = True
     return server
