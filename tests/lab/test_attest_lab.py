@@ -289,7 +289,7 @@ def _serve_detached(fleet: Installer, role: str, doc: dict[str, Any], *extra: st
 
 
 def _poll(netns: str, seconds: float, url: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, str(POLLER),
+    return subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-I", str(POLLER),
                              str(seconds), url], stdout=subprocess.PIPE, text=True)
 
 
