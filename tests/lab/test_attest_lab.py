@@ -344,6 +344,8 @@ def test_one_router_serves_through_the_sidecars_quorum_and_a_cut_primary_yields(
         assert last_primary - cut_at <= ttl + 0.2, (last_primary - cut_at, ttl)
         assert min(serving_s) - last_primary <= 2.0, min(serving_s) - last_primary
         assert all(ok for t, ok in seen_standby if t > min(serving_s) + 0.5)  # it goes on
+        print(f"cut -> primary's last /ready 200: {last_primary - cut_at:.3f} s (ttl {ttl} s); "
+              f"-> standby's first: {min(serving_s) - last_primary:.3f} s")
 
         reconnected = _poll(plan.ws_netns, 3.0, f"{primary_url}/ready")
         assert not any(ok for _, ok in _answers(reconnected))  # no serving without an epoch
