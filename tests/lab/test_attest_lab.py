@@ -121,6 +121,39 @@ def test_a_replaced_engine_is_refused_by_its_sidecar_with_the_reason(
     assert _from_router(attested, other)["status"] == 200  # the others still attest
 
 
+def _contract_from_router(fleet: Installer, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """narwhal-check's contract gate on the router host against `doc` and Gate C's captures
+    (what Gate F will hand it; until then the test copies them through the role shell).
+    Returns the contract verdicts by subject."""
+    op = fleet.op
+    files = {"fleet.json": json.dumps(doc).encode()}
+    for e in doc["engines"]:
+        files[f"captures/launch-{e['id']}.json"] = (
+            op.last_attempt("discover") / f"launch-{e['id']}.json").read_bytes()
+        files[f"captures/cache-layout-{e['id']}.json"] = (
+            op.last_attempt("engines") / f"cache-layout-{e['id']}.json").read_bytes()
+    writes = " && ".join(f"printf %s {base64.b64encode(data).decode()} | base64 -d > {name}"
+                         for name, data in files.items())
+    done = op.shell("router", "sh", "-c", "rm -rf ~/check-test && mkdir -p ~/check-test/"
+                    f"captures && cd ~/check-test && {writes} && narwhal-check --fleet "
+                    "fleet.json --captures captures --only contract --json")
+    assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
+    return {v["subject"]: v for v in json.loads(done.stdout)["verdicts"]
+            if v["gate"] == "contract"}
+
+
+def test_narwhal_check_contract_gate_passes_against_the_finalised_fleet(
+        attested: Installer) -> None:
+    code, doc = attested.op.json_command("attest")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    fleet = json.loads((attested.op.last_attempt("attest") / "fleet.json").read_text())
+    verdicts = _contract_from_router(attested, fleet)
+    engines = [e["id"] for e in fleet["engines"]]
+    pairs = [f"{a}->{b}" for a in engines for b in engines if a != b]
+    assert set(verdicts) >= {*engines, *pairs}, sorted(verdicts)
+    assert {k: v["status"] for k, v in verdicts.items()} == {k: "pass" for k in verdicts}
+
+
 ROUTER_PORT = 8391
 
 
@@ -235,6 +268,10 @@ def test_a_restarted_engine_is_held_named_by_status_and_attested_again_alone(
                     if e["id"] == "engine-2")
         assert "engine process changed" in held["held_detail"]
         assert [_complete(plan, fleet["model"]) for _ in range(4)] == [200] * 4  # the others
+        contract = _contract_from_router(attested, fleet)
+        assert {k for k, v in contract.items() if v["status"] == "fail"} == {"engine-2"}, \
+            contract
+        assert "capture it again" in json.dumps(contract["engine-2"])
 
         status = _status(attested)
         [change] = status["engines_changed"]
