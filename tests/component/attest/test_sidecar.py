@@ -6,6 +6,7 @@ edited after `check`."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -20,6 +21,7 @@ import pytest
 from narwhal.core import result_line
 from narwhal.core.documents import digest
 from narwhal.lab.engine.testing import free_port
+from narwhal.node.attest.server import PER_CLIENT
 from tests.component.attest.sidecars import engine_with_sidecar, serve
 from tests.native_engine import engine
 
@@ -92,6 +94,33 @@ def test_a_slow_sender_is_cut_off_and_others_are_served_meanwhile(sidecar: Sidec
         assert 4.0 <= time.monotonic() - t0 < 12.0
     finally:
         slow.close()
+
+
+def test_a_connection_flood_from_one_address_does_not_shut_out_another(
+        sidecar: Sidecar) -> None:
+    """The per-client bound: connections over PER_CLIENT from one address are closed at once,
+    while a client from another address (the router) is answered meanwhile."""
+    flood = []
+    try:
+        for _ in range(PER_CLIENT + 24):
+            s = socket.create_connection(("127.0.0.1", sidecar.port), timeout=5)
+            s.sendall(b"GET /v1/attestation HTTP/1.1\r\nHost: x\r\n")  # never finishes
+            flood.append(s)
+        for s in flood:
+            s.settimeout(0.5)
+        closed = 0
+        for s in flood:
+            with contextlib.suppress(TimeoutError):  # a timeout: held in one of the slots
+                closed += s.recv(1024) == b""
+        assert closed >= 24
+        other = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=5,
+                                           source_address=("127.0.0.2", 0))
+        other.request("GET", "/v1/attestation")
+        assert other.getresponse().status == 200
+        other.close()
+    finally:
+        for s in flood:
+            s.close()
 
 
 def test_a_plan_edited_after_check_is_not_attested(sidecar: Sidecar) -> None:

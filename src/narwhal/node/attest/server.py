@@ -11,6 +11,7 @@ head or its body. The key is never logged or echoed: there is no request log at 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,6 +21,8 @@ from narwhal.node.attest.document import Attested, Changed, verify
 from narwhal.node.attest.lease_desk import BAD_KEY, NO_LEASE, LeaseDesk
 
 REQUEST_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 256  # at once, from every client together
+PER_CLIENT = 16  # at once from one address: a router, a workstation or a Prometheus needs few
 LEASE = "/v1/lease"
 _POSTS = {f"{LEASE}/{verb}": verb for verb in VERBS}
 _GETS = ("/health", "/v1/attestation", LEASE)
@@ -133,8 +136,57 @@ def _handler(attested: Attested, desk: LeaseDesk | None) -> type[BaseHTTPRequest
     return Handler
 
 
+class BoundedServer(ThreadingHTTPServer):
+    """One thread per connection, with two bounds: at most PER_CLIENT connections at once from
+    one address and MAX_CONNECTIONS in all. A connection over either bound is closed at once.
+    So a flood from one host of the fabric network (each connection also cut after
+    REQUEST_TIMEOUT_S) cannot take the threads the router's lease renewals, the workstation's
+    fetches and Prometheus need: they come from other addresses."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int],
+                 handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+        self.refused = 0
+
+    def _take(self, client: str) -> bool:
+        with self._lock:
+            if self._open.get(client, 0) >= PER_CLIENT \
+                    or sum(self._open.values()) >= MAX_CONNECTIONS:
+                self.refused += 1
+                return False
+            self._open[client] = self._open.get(client, 0) + 1
+            return True
+
+    def _give(self, client: str) -> None:
+        with self._lock:
+            left = self._open.get(client, 1) - 1
+            if left > 0:
+                self._open[client] = left
+            else:
+                self._open.pop(client, None)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        client = str(client_address[0])
+        if not self._take(client):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._give(client)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._give(str(client_address[0]))
+
+
 def serve(attested: Attested, bind: str, port: int,
           desk: LeaseDesk | None = None) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((bind, port), _handler(attested, desk))
-    server.daemon_threads = True
-    return server
+    return BoundedServer((bind, port), _handler(attested, desk))
