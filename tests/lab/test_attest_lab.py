@@ -104,23 +104,6 @@ def test_every_sidecar_attests_the_captured_live_engine_as_the_router_host_sees_
     assert all("attestation_url" not in e for e in before["engines"])  # the draft, kept
 
 
-def test_a_replaced_engine_is_refused_by_its_sidecar_with_the_reason(
-        attested: Installer) -> None:
-    code, doc = attested.op.json_command("attest")
-    assert code == 0, doc
-    fleet = json.loads((attested.op.last_attempt("attest") / "fleet.json").read_text())
-    url = next(e["attestation_url"] for e in fleet["engines"] if e["id"] == "engine-2")
-    run_dir = f"{attested.op.plan.spec.run_dir}/engine-2"
-    for sub in ("stop", "start"):  # the same checked plan, a new container
-        done = attested.op.shell("engine-2", "narwhal-engine", sub, "--run-dir", run_dir)
-        assert result_line.parse(done.stdout, f"narwhal-engine {sub}").ok, done.stdout
-    got = _from_router(attested, url)
-    assert got["status"] == 503, got
-    assert "engine process changed" in got["document"]["error"]
-    other = next(e["attestation_url"] for e in fleet["engines"] if e["id"] == "engine-1")
-    assert _from_router(attested, other)["status"] == 200  # the others still attest
-
-
 def _contract_from_router(fleet: Installer, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """narwhal-check's contract gate on the router host against `doc` and Gate C's captures
     (what Gate F will hand it; until then the test copies them through the role shell).
@@ -152,6 +135,23 @@ def test_narwhal_check_contract_gate_passes_against_the_finalised_fleet(
     pairs = [f"{a}->{b}" for a in engines for b in engines if a != b]
     assert set(verdicts) >= {*engines, *pairs}, sorted(verdicts)
     assert {k: v["status"] for k, v in verdicts.items()} == {k: "pass" for k in verdicts}
+
+
+def test_a_replaced_engine_is_refused_by_its_sidecar_with_the_reason(
+        attested: Installer) -> None:
+    code, doc = attested.op.json_command("attest")
+    assert code == 0, doc
+    fleet = json.loads((attested.op.last_attempt("attest") / "fleet.json").read_text())
+    url = next(e["attestation_url"] for e in fleet["engines"] if e["id"] == "engine-2")
+    run_dir = f"{attested.op.plan.spec.run_dir}/engine-2"
+    for sub in ("stop", "start"):  # the same checked plan, a new container
+        done = attested.op.shell("engine-2", "narwhal-engine", sub, "--run-dir", run_dir)
+        assert result_line.parse(done.stdout, f"narwhal-engine {sub}").ok, done.stdout
+    got = _from_router(attested, url)
+    assert got["status"] == 503, got
+    assert "engine process changed" in got["document"]["error"]
+    other = next(e["attestation_url"] for e in fleet["engines"] if e["id"] == "engine-1")
+    assert _from_router(attested, other)["status"] == 200  # the others still attest
 
 
 ROUTER_PORT = 8391
