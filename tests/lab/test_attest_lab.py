@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.lab.fleet_up import stop_sidecars, through
 from tests.lab.installing import Installer
 
 from narwhal.core import result_line
@@ -28,38 +29,10 @@ from narwhal.lab.testing import ssh
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
-def _clear_containers(plan: LabPlan) -> None:
-    for h in plan.engines():
-        ssh(plan, h.name, "docker ps -aq | xargs -r docker rm -f >/dev/null")
-
-
-def _stop_sidecars(installer: Installer) -> None:
-    """End the sidecars the attest attempts started (by pid and start time, as owned), so the
-    next module finds the attest ports free. In a deployment they keep running."""
-    for owned in (installer.op.runs / "lab" / "attest").glob("*/owned.jsonl"):
-        for line in owned.read_text().splitlines():
-            row = json.loads(line)
-            if row["kind"] != "process":
-                continue
-            pid, ticks = int(row["pid"]), int(row["start_ticks"])
-            ssh(installer.op.plan, installer.lab_host(row["host"]),
-                f"s=$(cat /proc/{pid}/stat 2>/dev/null) && t=$(echo \"${{s##*) }}\" | cut -d' ' "
-                f"-f20) && [ \"$t\" = {ticks} ] && kill {pid}; true")
-
-
 @pytest.fixture(scope="module")
 def attested(installer: Installer) -> Iterator[Installer]:
-    done = installer.install()
-    assert done.returncode == 0, done.stdout + done.stderr
-    _clear_containers(installer.op.plan)
-    try:
-        for gate, extra in (("engines", ()), ("fabric", ("--seconds", "1", "--omit", "0"))):
-            code, doc = installer.op.json_command(gate, *extra)
-            assert code == 0 and doc["verdict"] == "passed", doc
-        yield installer
-    finally:
-        _stop_sidecars(installer)
-        _clear_containers(installer.op.plan)
+    with through(installer, "engines", "fabric") as fleet:
+        yield fleet
 
 
 def _from_router(fleet: Installer, url: str) -> dict[str, Any]:
@@ -396,7 +369,7 @@ def test_one_router_serves_through_the_sidecars_quorum_and_a_cut_primary_yields(
 
 def test_the_sidecars_are_stopped_by_their_owner_record(attested: Installer) -> None:
     """What the module's cleanup does, checked: no attest port is held afterwards."""
-    _stop_sidecars(attested)
+    stop_sidecars(attested)
     for n in (1, 2, 3):
         port = json.loads((attested.op.last_attempt("discover") / f"launch-engine-{n}.json")
                           .read_text())["ports"]["attest"]

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from rich.console import Console
 
+from narwhal.core import result_line
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import increasing_ints, number
@@ -53,6 +54,8 @@ DEFAULT_TIMEOUT_S = 120.0
 _positive = number(int, 1, 1_000_000)
 _increasing = increasing_ints()
 _seconds = number(float, 0, 3600, above_low=True)
+
+COMMAND = "narwhal-profile"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -226,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         outcomes, lines = asyncio.run(run(job, reporter(tuple(eid for eid, _ in job.engines))))
     except InputError as exc:
         print(f"narwhal-profile: {exc}", file=sys.stderr)
+        if not args.json:
+            print(result_line.render(COMMAND, False, error=str(exc).splitlines()[0]))
         return EXIT_BAD_INPUT
     ok = all(o.row is not None for o in outcomes)
     if ok:
@@ -250,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"narwhal-profile: note: {note}", file=sys.stderr)
         if o.error:
             print(f"narwhal-profile: {o.error}", file=sys.stderr)
+    if not args.json:  # the last stdout line: what a gate on the workstation parses
+        summary = result_document(outcomes, written=ok, store=str(job.target.store),
+                                  samples=str(job.target.samples), elapsed_s=elapsed)
+        for engine in summary["engines"]:
+            engine.pop("row")  # the rows are in the store; the line stays short
+        print(result_line.render(COMMAND, ok, summary, error="" if ok else next(
+            (o.error for o in outcomes if o.error), "an engine was not profiled")))
     if not ok:
         print(f"narwhal-profile: nothing written ({job.target.store} is as it was)", file=sys.stderr)
         return EXIT_FAILED

@@ -1,0 +1,177 @@
+"""Gate F: profile once and run the live KV contract, on the router host (`narwhal preflight`).
+
+Plan (recorded first): the router host, the folder of this prepared run the router will serve
+from, and every engine. Execute, over the router host's session only (the peer that will rely
+on what is measured):
+1. the fleet document there: Gate E's finalised fleet with the SLO the `.env` says now and
+   `profiles.path`, and Gate C's captures with Gate A's launch records beside it;
+2. which engines need profiling: all when there is no store yet, else those whose row the
+   profile gate of `narwhal-check --only profile` does not bind to the live generation (the
+   engine version, process start and attestation digest): a restarted engine is profiled
+   again, the others keep their rows;
+3. `narwhal-profile --only ...` for those (nothing when every row binds);
+4. `narwhal-check` with every gate: reach, model, profile, pace, tokenize, the kv gate over
+   every ordered pair, the contract gate against Gate C's captures, and the SLO.
+Each tool's result line is parsed; the store, its samples and the check evidence are copied
+into the attempt. A failed verdict blocks the gate, naming the engine or pair and its budget.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.documents import canonical_json
+from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
+from narwhal.deploy.gates.engines import INSTALL_PLAN
+from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install import install_dir, installed_tool
+from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger import Ledger
+from narwhal.deploy.ledger.attempt import Attempt
+
+FLEET = Reads("attest", "fleet.json")
+CONTRACT = Reads("engines", "contract.json")
+SPEC = GateSpec("preflight", Spread.SERIAL, reads=(INSTALL_PLAN, CONTRACT, FLEET))
+PROFILE, CHECK = "narwhal-profile", "narwhal-check"
+TOOL_TIMEOUT_S = 900.0
+STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class PreflightPlan:
+    router: str
+    install: dict[str, Any]
+    fleet: dict[str, Any]  # as the router host gets it
+    files: dict[str, bytes]  # captures/<name> -> bytes (Gate A's launch records, C's captures)
+
+    def document(self) -> dict[str, Any]:
+        return {"router_host": self.router, "engines": [e["id"] for e in self.fleet["engines"]],
+                "slo": self.fleet["slo"], "profiles": self.fleet["profiles"],
+                "captures": sorted(self.files)}
+
+
+def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
+    install = passed_artifact(ledger, "preflight", INSTALL_PLAN).json()
+    passed_artifact(ledger, "preflight", CONTRACT)
+    fleet = dict(passed_artifact(ledger, "preflight", FLEET).json())
+    fleet["slo"] = {**fleet.get("slo", {}), "ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s}
+    fleet["profiles"] = {"path": STORE}
+    files = {}
+    for e in fleet["engines"]:
+        for gate, name in (("discover", f"launch-{e['id']}.json"),
+                           ("engines", f"cache-layout-{e['id']}.json")):
+            files[name] = passed_artifact(ledger, "preflight", Reads(gate, name)).read_bytes()
+    return PreflightPlan(router_host, install, fleet, files)
+
+
+def _result(host: Host, done_text: str, stderr: bytes, command: str) -> result_line.ResultLine:
+    try:
+        return result_line.parse(done_text, command)
+    except ContractError:
+        raise HostError(host.alias, f"`{command}` printed no result line: "
+                        f"{stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
+
+
+def _read(host: Host, path: str) -> bytes:
+    return host.run(cl.read_file(path), check=True).stdout
+
+
+def _failed(evidence: dict[str, Any]) -> list[Problem]:
+    """Every failed verdict of narwhal-check's evidence, named by gate and engine or pair."""
+    return [Problem(f"{v['gate']} {v['subject']}",
+                    f"measured {v.get('measured') or '-'}, budget {v.get('budget') or '-'}",
+                    str(v.get("detail") or "follow the engine, leg or budget it names"))
+            for v in evidence.get("verdicts", []) if v.get("status") == "fail"]
+
+
+class RouterFolder:
+    """The router host's folder of this prepared run: the fleet, its captures, the store."""
+
+    def __init__(self, host: Host, install: dict[str, Any], attempt: Attempt) -> None:
+        base = install_dir(host, str(install["remote_dir"]))
+        self.host, self.attempt = host, attempt
+        self.path = f"{base}/runs/{install['prepared_run']}/router"
+        self.fleet = f"{self.path}/fleet.json"
+        self.captures = f"{self.path}/captures"
+        self.profile = installed_tool(host, str(install["remote_dir"]), PROFILE)
+        self.check = installed_tool(host, str(install["remote_dir"]), CHECK)
+
+    def place(self, p: PreflightPlan) -> None:
+        self.host.run(cl.private_dir(self.captures), check=True)
+        self.host.put(canonical_json(p.fleet).encode() + b"\n", self.fleet, exclusive=False)
+        for name, data in p.files.items():
+            self.host.put(data, f"{self.captures}/{name}", exclusive=False)
+
+    def has_store(self) -> bool:
+        return self.host.stat_file(f"{self.path}/{STORE}") is not None
+
+    def check_run(self, tag: str, *extra: str) -> tuple[result_line.ResultLine, dict[str, Any]]:
+        """narwhal-check with `extra`; its result line and its evidence (kept in the attempt)."""
+        evidence = f"{self.path}/preflight-{self.attempt.id}-{tag}.json"
+        done = self.host.run([self.check, "--fleet", self.fleet, "--evidence", evidence,
+                              *extra], timeout=TOOL_TIMEOUT_S)
+        got = _result(self.host, done.text, done.stderr, CHECK)
+        if self.host.stat_file(evidence) is None:
+            raise HostError(self.host.alias, f"`{CHECK}` wrote no evidence: {got.error}")
+        data = _read(self.host, evidence)
+        self.attempt.add_artifact(f"check-{tag}.json", data)
+        return got, json.loads(data)
+
+
+def to_profile(folder: RouterFolder, engines: list[str], progress: Progress) -> list[str]:
+    """The engines whose row does not bind to their live generation (all, without a store)."""
+    if not folder.has_store():
+        return engines
+    progress("profiles", "matching each row to its live engine generation")
+    _, evidence = folder.check_run("generations", "--only", "profile")
+    bound = {v["subject"] for v in evidence.get("verdicts", [])
+             if v.get("gate") == "profile" and v.get("status") == "pass"}
+    return [e for e in engines if e not in bound]
+
+
+def execute(ledger: Ledger, host: Host, attempt: Attempt, p: PreflightPlan,
+            progress: Progress) -> dict[str, Any]:
+    del ledger  # the plan read everything the gate needs
+    folder = RouterFolder(host, p.install, attempt)
+    progress(p.router, f"placing the fleet document and captures in {folder.path}")
+    folder.place(p)
+    attempt.add_artifact("fleet.json", canonical_json(p.fleet).encode() + b"\n")
+    engines = [e["id"] for e in p.fleet["engines"]]
+    profiled = to_profile(folder, engines, progress)
+    if profiled:
+        progress("profiles", f"profiling {', '.join(profiled)} (the others keep their rows)")
+        args = [a for e in profiled for a in ("--only", e)]
+        done = host.run([folder.profile, "--fleet", folder.fleet, *args, "--overwrite"],
+                        timeout=TOOL_TIMEOUT_S)
+        got = _result(host, done.text, done.stderr, PROFILE)
+        if not got.ok:
+            problems = [Problem(f"profile {e['engine_id']}", str(e["error"]),
+                                "let the engine go idle, or correct it, and run again")
+                        for e in got.data.get("engines", []) if not e.get("ok")]
+            raise GateBlocked("preflight", f"narwhal-profile: {got.error}", problems or [
+                Problem("profile", got.error, "read the attempt's commands.jsonl")])
+    else:
+        progress("profiles", "every row is bound to its live engine: nothing to profile")
+    for name in (STORE, SAMPLES):
+        attempt.add_artifact(name, _read(host, f"{folder.path}/{name}"))
+    progress("check", "narwhal-check: every gate, every ordered pair, the contract, the SLO")
+    got, evidence = folder.check_run("full", "--captures", folder.captures)
+    problems = _failed(evidence)
+    if not got.ok or problems:
+        raise GateBlocked("preflight", "; ".join(x.line() for x in problems[:2])
+                          or got.error, problems)
+    verdicts = evidence.get("verdicts", [])
+    return {"router_host": p.router, "profiled": profiled,
+            "kept": [e for e in engines if e not in profiled],
+            "summary": evidence.get("summary"),
+            "passed": {gate: sorted(v["subject"] for v in verdicts
+                                    if v["gate"] == gate and v["status"] == "pass")
+                       for gate in ("kv", "contract", "slo", "profile")}}
