@@ -367,6 +367,23 @@ def test_one_router_serves_through_the_sidecars_quorum_and_a_cut_primary_yields(
             op.shell("engine-1", "kill", str(standby))
 
 
+def test_status_says_so_when_the_router_host_cannot_be_asked(attested: Installer,
+                                                             faults: Faults) -> None:
+    """The live check is extra: with the router host cut off, `narwhal status` still shows the
+    record and says why it did not ask the sidecars; `--offline` never asks."""
+    cut = faults.isolate(attested.lab_host("router"))
+    try:
+        started = time.monotonic()
+        doc = _status(attested)
+        assert doc["live_check"].startswith("live check skipped") and "router" in \
+            doc["live_check"], doc["live_check"]
+        assert doc["engines_changed"] == [] and time.monotonic() - started < 60
+        code, offline = attested.op.json_command("status", "--offline")
+        assert code == 0 and offline["live_check"] == "off"
+    finally:
+        faults.clear(cut["id"])
+
+
 def test_the_sidecars_are_stopped_by_their_owner_record(attested: Installer) -> None:
     """What the module's cleanup does, checked: no attest port is held afterwards."""
     stop_sidecars(attested)

@@ -56,6 +56,13 @@ def test_preflight_profiles_each_generation_once_and_proves_every_pair_and_the_c
     assert {r["engine_id"]: r["generation"]["attestation_digest"] for r in store["profiles"]} \
         == attested_digest  # each row bound to the attested process
 
+    calibration = json.loads((first / "first-token-calibration.json").read_text())
+    assert doc["first_token_candidate_s"] == calibration["candidate_s"] > 0
+    final = json.loads((first / "fleet-calibrated.json").read_text())
+    assert final["calibration"] == {"path": "first-token-calibration.json"}
+    deadline = final.get("serving", {}).get("first_token_timeout_s", 60.0)
+    assert calibration["candidate_s"] <= deadline
+
     code, doc = op.json_command("preflight")
     assert code == 0 and doc["verdict"] == "passed", doc
     second = op.last_attempt("preflight")

@@ -42,6 +42,7 @@ SPEC = GateSpec("preflight", Spread.SERIAL, reads=(INSTALL_PLAN, CONTRACT, FLEET
 PROFILE, CHECK = "narwhal-profile", "narwhal-check"
 TOOL_TIMEOUT_S = 900.0
 STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"
+CALIBRATION = "first-token-calibration.json"
 Progress = Callable[[str, str], None]
 
 
@@ -137,6 +138,31 @@ def to_profile(folder: RouterFolder, engines: list[str], progress: Progress) -> 
     return [e for e in engines if e not in bound]
 
 
+def calibrate(folder: RouterFolder, p: PreflightPlan, progress: Progress) -> float:
+    """First-token calibration over every ordered pair; the fleet then names it, so the router
+    refuses a deadline below it. Blocked when the fleet's own deadline is below it already."""
+    progress("calibration", "sampling first-token times of every pair")
+    out = f"{folder.path}/{CALIBRATION}"
+    got, _ = folder.check_run("calibration", "--calibrate-first-token", "--calibration-out", out)
+    if not got.ok:
+        raise GateBlocked("preflight", f"first-token calibration failed: {got.error}", [
+            Problem("calibration", got.error, "read check-calibration.json in the attempt")])
+    data = _read(folder.host, out)
+    folder.attempt.add_artifact(CALIBRATION, data)
+    candidate = float(json.loads(data)["candidate_s"])
+    deadline = float(p.fleet.get("serving", {}).get("first_token_timeout_s", 60.0))
+    if deadline < candidate:
+        raise GateBlocked("preflight", f"the first-token deadline {deadline:g} s is below the "
+                          f"calibrated {candidate:g} s", [Problem(
+                              "serving.first_token_timeout_s", f"{deadline:g} s is below the "
+                              f"calibrated candidate {candidate:g} s", "raise it in the fleet "
+                              "or find why first tokens are slow (the pair evidence names them)")])
+    final = {**p.fleet, "calibration": {"path": CALIBRATION}}
+    folder.host.put(canonical_json(final).encode() + b"\n", folder.fleet, exclusive=False)
+    folder.attempt.add_artifact("fleet-calibrated.json", canonical_json(final).encode() + b"\n")
+    return candidate
+
+
 def execute(ledger: Ledger, host: Host, attempt: Attempt, p: PreflightPlan,
             progress: Progress) -> dict[str, Any]:
     del ledger  # the plan read everything the gate needs
@@ -168,8 +194,9 @@ def execute(ledger: Ledger, host: Host, attempt: Attempt, p: PreflightPlan,
     if not got.ok or problems:
         raise GateBlocked("preflight", "; ".join(x.line() for x in problems[:2])
                           or got.error, problems)
+    candidate = calibrate(folder, p, progress)
     verdicts = evidence.get("verdicts", [])
-    return {"router_host": p.router, "profiled": profiled,
+    return {"router_host": p.router, "profiled": profiled, "first_token_candidate_s": candidate,
             "kept": [e for e in engines if e not in profiled],
             "summary": evidence.get("summary"),
             "passed": {gate: sorted(v["subject"] for v in verdicts
