@@ -11,6 +11,7 @@ import http.client
 import json
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,15 @@ def test_a_slow_sender_is_cut_off_and_others_are_served_meanwhile(sidecar: Sidec
         assert 4.0 <= time.monotonic() - t0 < 12.0
     finally:
         slow.close()
+
+
+def test_its_metrics_say_whether_it_vouches_now(sidecar: Sidecar) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sidecar.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'narwhal_attestation_vouches{engine="e0"} 1' in text
+    assert engine("stop", "--run-dir", str(sidecar.run_dir)).ok
+    with urllib.request.urlopen(f"http://127.0.0.1:{sidecar.port}/metrics", timeout=10) as r:
+        assert 'narwhal_attestation_vouches{engine="e0"} 0' in r.read().decode()
 
 
 def test_a_connection_flood_from_one_address_does_not_shut_out_another(

@@ -12,7 +12,6 @@ after (one contract and an attestation_url per engine).
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from narwhal.core.private_file import write_private
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import install_dir, installed_tool
+from narwhal.deploy.gates.owned_processes import earlier_processes, retire
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts import commandline as cl
@@ -147,35 +147,7 @@ def _fetch(router: Host, tool: str, url: str) -> dict[str, Any]:
 
 def previous_sidecars(ledger: Ledger, this_attempt: str) -> list[dict[str, Any]]:
     """The sidecar processes earlier attest attempts started (their owned.jsonl rows)."""
-    entry = ledger.load().get("gates", {}).get("attest", {}) if ledger.exists() else {}
-    rows = []
-    for attempt_id in entry.get("attempts") or []:
-        if attempt_id == this_attempt:
-            continue
-        owned = ledger.attempt_folder("attest", attempt_id) / "owned.jsonl"
-        if not owned.exists():
-            continue
-        for line in owned.read_text().splitlines():
-            row = json.loads(line)
-            if row.get("kind") == "process" and str(row.get("argv0", "")).endswith(COMMAND):
-                rows.append(row)
-    return rows
-
-
-def _retire(host: Host, rows: list[dict[str, Any]], progress: Progress, role: str) -> None:
-    """Stop this host's sidecars from earlier attempts while each is still that process (pid
-    and start time), so the new one binds the port and nothing else answers for the engine."""
-    for row in rows:
-        pid, ticks = int(row["pid"]), int(row["start_ticks"])
-        if host.process_start(pid) != ticks:
-            continue  # gone, or the pid is another process now: not ours to end
-        progress(role, f"replacing the sidecar an earlier attempt started (pid {pid})")
-        host.signal(pid)
-        deadline = time.monotonic() + 10.0
-        while host.process_start(pid) == ticks and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if host.process_start(pid) == ticks:
-            raise HostError(host.alias, f"the earlier sidecar (pid {pid}) did not stop")
+    return earlier_processes(ledger, "attest", this_attempt, COMMAND)
 
 
 def kept_attestation(previous: dict[str, Any] | None, router: Host, router_tool: str,
@@ -241,7 +213,7 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
         tool = installed_tool(host, remote, COMMAND)
         with attempt.bind(host):
             key_path = provision_key(host, p.install, key)
-            _retire(host, [r for r in earlier if r["host"] == s.target.alias
+            retire(host, [r for r in earlier if r["host"] == s.target.alias
                            and r.get("serves", s.target.role) == s.target.role], progress,
                     s.target.role)
         progress(s.target.role, f"starting its sidecar on {s.target.alias}")

@@ -25,7 +25,7 @@ MAX_CONNECTIONS = 256  # at once, from every client together
 PER_CLIENT = 16  # at once from one address: a router, a workstation or a Prometheus needs few
 LEASE = "/v1/lease"
 _POSTS = {f"{LEASE}/{verb}": verb for verb in VERBS}
-_GETS = ("/health", "/v1/attestation", LEASE)
+_GETS = ("/health", "/metrics", "/v1/attestation", LEASE)
 
 
 def _handler(attested: Attested, desk: LeaseDesk | None) -> type[BaseHTTPRequestHandler]:
@@ -46,9 +46,35 @@ def _handler(attested: Attested, desk: LeaseDesk | None) -> type[BaseHTTPRequest
             self.end_headers()
             self.wfile.write(data)
 
+        def _metrics(self) -> None:
+            """Prometheus text: whether the sidecar vouches for its engine now, and how many
+            connections its bounds closed. A scrape re-checks the engine like any GET."""
+            try:
+                verify(attested)
+                vouches = 1
+            except Changed:
+                vouches = 0
+            engine = str(attested.document["engine"]).replace("\\", "").replace('"', "")
+            refused = getattr(self.server, "refused", 0)
+            data = (
+                "# HELP narwhal_attestation_vouches 1 while the sidecar vouches for the live "
+                "engine, 0 once it changed\n# TYPE narwhal_attestation_vouches gauge\n"
+                f'narwhal_attestation_vouches{{engine="{engine}"}} {vouches}\n'
+                "# HELP narwhal_attestation_refused_connections_total Connections closed over "
+                "the per-client or total bound\n"
+                "# TYPE narwhal_attestation_refused_connections_total counter\n"
+                f"narwhal_attestation_refused_connections_total {refused}\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
+            elif self.path == "/metrics":
+                self._metrics()
             elif self.path == "/v1/attestation":
                 try:
                     verify(attested)
@@ -63,8 +89,8 @@ def _handler(attested: Attested, desk: LeaseDesk | None) -> type[BaseHTTPRequest
                 self._send(405, {"error": f"method not allowed: POST {self.path}"},
                            (("Allow", "POST"),))
             else:
-                self._send(404, {"error": "not found: GET /v1/attestation, /health or "
-                                 "/v1/lease, or POST /v1/lease/{acquire,renew,release}"})
+                self._send(404, {"error": "not found: GET /v1/attestation, /health, /metrics "
+                                 "or /v1/lease, or POST /v1/lease/{acquire,renew,release}"})
 
         def do_POST(self) -> None:
             verb = _POSTS.get(self.path)
