@@ -21,10 +21,11 @@ def clear_containers(plan: LabPlan) -> None:
         ssh(plan, h.name, "docker ps -aq | xargs -r docker rm -f >/dev/null")
 
 
-def stop_sidecars(installer: Installer) -> None:
-    """End the sidecars the attest attempts started (by pid and start time, as owned), so the
-    next module finds the attest ports free. In a deployment they keep running."""
-    for owned in (installer.op.runs / "lab" / "attest").glob("*/owned.jsonl"):
+def stop_sidecars(installer: Installer, gates: tuple[str, ...] = ("attest", "serve")) -> None:
+    """End the processes the attest and serve attempts started (sidecars, routers, Prometheus;
+    by pid and start time, as owned), so the next module finds their ports free. In a
+    deployment they keep running."""
+    for owned in (o for g in gates for o in (installer.op.runs / "lab" / g).glob("*/owned.jsonl")):
         for line in owned.read_text().splitlines():
             row = json.loads(line)
             if row["kind"] != "process":

@@ -16,6 +16,8 @@ import pytest
 from tests.lab.fleet_up import through
 from tests.lab.installing import Installer, rows
 
+from narwhal.lab.testing import ssh
+
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1200)]
 ENGINES = ["engine-1", "engine-2", "engine-3"]
 PAIRS = {f"{a}->{b}" for a in ENGINES for b in ENGINES if a != b}
@@ -72,6 +74,37 @@ def test_preflight_profiles_each_generation_once_and_proves_every_pair_and_the_c
     assert json.loads((second / "check-generations.json").read_text())["ok"] is True
 
 
+def _on_router(fleet: Installer, command: str) -> str:
+    return ssh(fleet.op.plan, fleet.lab_host("router"), command).stdout.strip()
+
+
+def test_serve_leaves_the_router_and_prometheus_running_and_a_second_serve_adopts(
+        attested: Installer) -> None:
+    op = attested.op
+    code, doc = op.json_command("serve")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    assert doc["router"] == "started"
+    assert doc["tunnel"]["ready"] == 200 and doc["tunnel"]["completion"] == 200
+    assert len(doc["up"]) == 1 + 2 * len(ENGINES) and set(doc["up"].values()) == {"1"}
+    assert all(n > 0 for n in doc["panels"].values()), doc["panels"]
+    router_pid, prometheus_pid = doc["pid"], doc["prometheus_pid"]
+    for pid in (router_pid, prometheus_pid):  # alive after the command exited
+        assert _on_router(attested, f"kill -0 {pid} && echo alive") == "alive"
+    journal = _on_router(attested, f"grep -c {doc['tunnel']['request_id']} "
+                                   "$(find / -path '*/router/journal.jsonl' 2>/dev/null | head -1)")
+    assert journal == "1"  # the private path's completion, journalled once
+
+    code, again = op.json_command("serve")
+    assert code == 0 and again["verdict"] == "passed", again
+    assert again["router"] == "adopted"  # never a second controller
+    assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "1"
+    assert _on_router(attested, f"kill -0 {router_pid} && echo alive") == "alive"
+    assert again["prometheus_pid"] != prometheus_pid  # the earlier one was replaced
+    assert _on_router(attested, f"kill -0 {prometheus_pid} 2>/dev/null || echo gone") == "gone"
+    rules = (op.last_attempt("serve") / "monitoring-rules.json").read_text()
+    assert "NarwhalEngineDown" in rules and "NarwhalLeaseChanged" in rules
+
+
 def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Installer) -> None:
     op = attested.op
     tight = op.variant("tight-slo", NARWHAL_TPOT_S="0.0001")
@@ -80,3 +113,6 @@ def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Ins
     problems = {p["field"]: p for p in doc["problems"]}
     assert {f"slo {e} tpot_s" for e in ENGINES} <= set(problems), sorted(problems)
     assert "tpot_s 0.0001" in json.dumps(problems)
+    served = json.loads(_on_router(attested, "cat $(find / -path '*/router/fleet.json' "
+                                             "2>/dev/null | head -1)"))
+    assert served["slo"]["tpot_s"] != 0.0001  # the router's fleet is still the checked one

@@ -23,6 +23,7 @@ from narwhal.deploy.cli import (
     kv_cmd,
     ledger_cmd,
     preflight_cmd,
+    serve_cmd,
     shell_cmd,
 )
 
@@ -31,9 +32,11 @@ Handler = Callable[[argparse.Namespace], int]
 # Command groups that live in their own modules; each has register(subparsers). They are
 # imported by name here so the architecture test can check their direction.
 COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd,
-                   shell_cmd, engines_cmd, fabric_cmd, attest_cmd, preflight_cmd)
+                   shell_cmd, engines_cmd, fabric_cmd, attest_cmd, preflight_cmd,
+                   serve_cmd)
 # Gates whose module registers its own command; the others answer "not built yet" (exit 3).
-BUILT_GATES = frozenset({"discover", "install", "engines", "fabric", "attest", "preflight"})
+BUILT_GATES = frozenset({"discover", "install", "engines", "fabric", "attest", "preflight",
+                         "serve"})
 
 
 def _gate_stub(title: str, command: str) -> Handler:

@@ -13,7 +13,8 @@ on what is measured):
 4. `narwhal-check` with every gate: reach, model, profile, pace, tokenize, the kv gate over
    every ordered pair, the contract gate against Gate C's captures, and the SLO.
 Each tool's result line is parsed; the store, its samples and the check evidence are copied
-into the attempt. A failed verdict blocks the gate, naming the engine or pair and its budget.
+into the attempt. The fleet is checked as `fleet-candidate.json` and becomes the `fleet.json`
+the router reads only when everything passed. A failed verdict blocks the gate, naming the engine or pair and its budget.
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ class RouterFolder:
         base = install_dir(host, str(install["remote_dir"]))
         self.host, self.attempt = host, attempt
         self.path = f"{base}/runs/{install['prepared_run']}/router"
-        self.fleet = f"{self.path}/fleet.json"
+        # Checked as a candidate; only a passed preflight makes it the fleet the router reads,
+        # so an edit that fails (an SLO below the profiled floor) never reaches a router.
+        self.fleet = f"{self.path}/fleet-candidate.json"
+        self.serving = f"{self.path}/fleet.json"
         self.captures = f"{self.path}/captures"
         self.profile = installed_tool(host, str(install["remote_dir"]), PROFILE)
         self.check = installed_tool(host, str(install["remote_dir"]), CHECK)
@@ -157,9 +161,10 @@ def calibrate(folder: RouterFolder, p: PreflightPlan, progress: Progress) -> flo
                               "serving.first_token_timeout_s", f"{deadline:g} s is below the "
                               f"calibrated candidate {candidate:g} s", "raise it in the fleet "
                               "or find why first tokens are slow (the pair evidence names them)")])
-    final = {**p.fleet, "calibration": {"path": CALIBRATION}}
-    folder.host.put(canonical_json(final).encode() + b"\n", folder.fleet, exclusive=False)
-    folder.attempt.add_artifact("fleet-calibrated.json", canonical_json(final).encode() + b"\n")
+    final = canonical_json({**p.fleet, "calibration": {"path": CALIBRATION}}).encode() + b"\n"
+    folder.host.put(final, folder.fleet, exclusive=False)
+    folder.attempt.add_artifact("fleet-calibrated.json", final)
+    folder.host.run(["mv", "-f", "--", folder.fleet, folder.serving], check=True)
     return candidate
 
 

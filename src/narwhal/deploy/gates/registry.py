@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from narwhal.deploy.gates import attest, discover, engines, fabric, install, preflight
+from narwhal.deploy.gates import attest, discover, engines, fabric, install, preflight, serve
 from narwhal.deploy.gates.spec import GateSpec
 
 SPECS: dict[str, GateSpec] = {spec.name: spec for spec in (discover.SPEC, install.SPEC, engines.SPEC,
                                                      fabric.SPEC, attest.SPEC,
-                                                     preflight.SPEC)}
+                                                     preflight.SPEC, serve.SPEC)}

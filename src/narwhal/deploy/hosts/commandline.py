@@ -18,6 +18,8 @@ START_DETACHED = 'log="$1"; shift; setsid "$@" >"$log" 2>&1 </dev/null & echo $!
 # Print "<inode> <sha256>" of a regular file, or nothing when absent.
 STAT_FILE = '[ -f "$1" ] && [ ! -L "$1" ] || exit 3; i=$(stat -c %i -- "$1") && ' \
     's=$(sha256sum -- "$1") && echo "$i ${s%% *}"'
+# Run "$@" in the directory $1.
+IN_DIR = 'cd "$1" && shift && exec "$@"'
 # Make the directory $1 (and its parents) readable by the login only.
 PRIVATE_DIR = 'umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1"'
 # Print "<inode>" of a directory, or exit 3.
@@ -177,6 +179,10 @@ def pip_install_offline(venv: str, wheel_dirs: Sequence[str], requirements: str)
 
 def write_marker(path: str, text: str) -> list[str]:
     return sh(WRITE_MARKER, path, text)
+
+
+def in_dir(path: str, argv: Sequence[str]) -> list[str]:
+    return sh(IN_DIR, path, *check_argv(argv))
 
 
 def private_dir(path: str) -> list[str]:

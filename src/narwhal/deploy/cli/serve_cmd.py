@@ -1,0 +1,58 @@
+"""`narwhal serve`: Gate G's service on the router host, with progress, a table and `--json`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.gate_output import Progress
+from narwhal.deploy.gates import serve
+from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.ledger.attempt import Attempt
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="gate G: start (or adopt) the router and its monitoring "
+                       "on the router host, checked through the private path")
+    add_common(p)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = Context.load(args)
+    progress = Progress(args.json)
+
+    def prepare(sessions: Sessions) -> tuple[Any, Execute]:
+        router = next(alias for alias, roles in sessions.roles().items() if "router" in roles)
+        p = serve.plan(ctx.inputs, ctx.ledger, router)
+        progress.say(f"narwhal serve: the router at {p.router_url} on {router}, "
+                     f"{len(p.targets())} scrape targets")
+
+        def execute(attempt: Attempt) -> dict[str, Any]:
+            host = sessions.get(router)
+            with attempt.bind(host):
+                return serve.execute(ctx.inputs, ctx.ledger, host, attempt, p, progress)
+        return p.document(), execute
+
+    return run_gate_command(args, ctx, serve.SPEC, prepare, _table)
+
+
+def _table(result: dict[str, Any]) -> None:
+    table = Table(title=f"serving on {result['router_host']} at {result['router_url']}")
+    for column in ("part", "state"):
+        table.add_column(column)
+    table.add_row("router", f"{result['router']} (pid {result.get('pid', '-')})")
+    table.add_row("prometheus", f"pid {result['prometheus_pid']}, "
+                  f"{sum(v == '1' for v in result['up'].values())}/{len(result['up'])} up")
+    t = result["tunnel"]
+    table.add_row("private path", f"/ready {t['ready']}, completion {t['completion']}")
+    table.add_row("dashboard", f"{sum(n > 0 for n in result['panels'].values())}/"
+                  f"{len(result['panels'])} panels with data")
+    table.add_row("grafana", result["grafana"])
+    Console().print(table)

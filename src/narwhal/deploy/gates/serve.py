@@ -1,0 +1,332 @@
+"""Gate G, the service: narwhal-serve and its monitoring on the router host (`narwhal serve`).
+
+Plan (recorded first): the router host, the router's address (from NARWHAL_ROUTER_URL, else
+127.0.0.1:8000: the private path, reached through the tunnel), Prometheus's address, and every
+scrape target. Execute, over the router host's session:
+1. the fleet there must be the one Gate F checked (its sha256), profiles and calibration beside;
+2. the router: a primary router of this fleet already answering at the address is adopted
+   (one controller, never a second); otherwise narwhal-serve starts detached, owned by the
+   attempt, alive after the command exits, and must answer /ready; if it exits instead (another
+   router holds the controller lease), the gate is blocked with its words, which name the holder;
+3. the monitoring, generated from the fleet: promtool checks the configuration and the alert
+   rules and runs the rules' own tests; Prometheus (native) starts detached with a fresh TSDB,
+   replacing the one an earlier attempt started, and every target must be `up` == 1; the
+   Grafana provisioning is checked against the dashboard model offline, and every panel's query
+   must return series from the live Prometheus (Grafana itself is not started here: SKIP);
+4. through an SSH forward from the workstation (the private path): /ready, one completion with
+   its own x-request-id, and Prometheus's `up`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from narwhal.core import result_line
+from narwhal.core.documents import canonical_json
+from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
+from narwhal.deploy.gates import monitoring
+from narwhal.deploy.gates.engines import INSTALL_PLAN
+from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install import install_dir, installed_tool
+from narwhal.deploy.gates.owned_processes import alive, earlier_processes, retire
+from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger import Ledger
+from narwhal.deploy.ledger.attempt import Attempt
+
+FLEET = Reads("preflight", "fleet-calibrated.json")
+SPEC = GateSpec("serve", Spread.SERIAL, reads=(INSTALL_PLAN, FLEET))
+SERVE, FETCH = "narwhal-serve", "narwhal-attest"
+PROMETHEUS, PROMTOOL = "prometheus", "promtool"
+DEFAULT_ROUTER = ("127.0.0.1", 8000)
+PROMETHEUS_AT = ("127.0.0.1", 9090)
+READY_S, UP_S = 60.0, 45.0
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class ServePlan:
+    router: str
+    install: dict[str, Any]
+    fleet: dict[str, Any]
+    fleet_sha256: str
+    bind: tuple[str, int]
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.bind[0]}:{self.bind[1]}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{PROMETHEUS_AT[0]}:{PROMETHEUS_AT[1]}"
+
+    def targets(self) -> list[monitoring.Target]:
+        return monitoring.targets(self.fleet, f"{self.bind[0]}:{self.bind[1]}")
+
+    def document(self) -> dict[str, Any]:
+        return {"router_host": self.router, "router_url": self.router_url,
+                "prometheus_url": self.prometheus_url, "fleet_sha256": self.fleet_sha256,
+                "targets": [{"job": t.job, "address": t.address, "engine": t.engine}
+                            for t in self.targets()]}
+
+
+def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> ServePlan:
+    install = passed_artifact(ledger, "serve", INSTALL_PLAN).json()
+    art = passed_artifact(ledger, "serve", FLEET)
+    bind = DEFAULT_ROUTER
+    if inputs.router.url:
+        parts = urlsplit(inputs.router.url)
+        bind = (parts.hostname or DEFAULT_ROUTER[0], parts.port or DEFAULT_ROUTER[1])
+    return ServePlan(router_host, install, art.json(), art.sha256, bind)
+
+
+class RouterHost:
+    """The router host as Gate G drives it: its folder, its tools, a bounded JSON GET."""
+
+    def __init__(self, host: Host, install: dict[str, Any]) -> None:
+        remote = str(install["remote_dir"])
+        self.host = host
+        self.folder = f"{install_dir(host, remote)}/runs/{install['prepared_run']}/router"
+        self.monitoring = f"{self.folder}/monitoring"
+        self.serve = installed_tool(host, remote, SERVE)
+        self.fetch = installed_tool(host, remote, FETCH)
+
+    def get(self, url: str) -> tuple[int, dict[str, Any]] | None:
+        """GET a JSON document from the router host; None when nothing answers."""
+        done = self.host.run([self.fetch, "fetch", "--url", url, "--timeout", "3"], timeout=30)
+        try:
+            got = result_line.parse(done.text, f"{FETCH} fetch")
+        except ContractError:
+            raise HostError(self.host.alias, f"`{FETCH} fetch` printed no result line") from None
+        if not got.ok:
+            return None
+        return int(got.data["status"]), dict(got.data["document"])
+
+    def log_tail(self, path: str) -> str:
+        done = self.host.run(cl.read_file(path))
+        return done.stdout.decode("utf-8", "replace").strip()[-600:] if done.ok else ""
+
+
+def _wait(what: str, check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def start_router(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan,
+                 progress: Progress) -> dict[str, Any]:
+    """Adopt this fleet's primary router at the address, or start one and wait for /ready."""
+    state = rh.get(f"{p.router_url}/narwhal/state")
+    if state is not None:
+        status, doc = state
+        controller = doc.get("controller") or {}
+        if status == 200 and doc.get("model") == p.fleet["model"] \
+                and controller.get("role") == "primary":
+            progress("router", f"adopting the router already serving at {p.router_url} "
+                     f"(lease epoch {controller.get('epoch')})")
+            return {"router": "adopted", "epoch": controller.get("epoch"),
+                    "holder_id": controller.get("holder_id")}
+        raise GateBlocked("serve", f"{p.router_url} answers, but not as this fleet's primary "
+                          "router", [Problem(f"{p.router}: {p.router_url}",
+                                             f"answered {status}: model {doc.get('model')!r}, "
+                                             f"role {controller.get('role')!r}",
+                                             "stop what listens there, or set "
+                                             "NARWHAL_ROUTER_URL to a free address")])
+    earlier = [r for r in earlier_processes(ledger, "serve", attempt.id, SERVE)
+               if r["host"] == p.router]
+    for row in earlier:  # an earlier router of ours that no longer answers: end it cleanly
+        if alive(rh.host, row):
+            retire(rh.host, [row], progress, "router")
+    progress("router", f"starting narwhal-serve on {p.router} at {p.router_url}")
+    log = f"{rh.folder}/router-{attempt.id}.log"
+    ref = attempt.start_process(rh.host, [rh.serve, "--fleet", f"{rh.folder}/fleet.json",
+                                          "--host", p.bind[0], "--port", str(p.bind[1])],
+                                log, serves="router")
+    row = {"pid": ref.pid, "start_ticks": ref.start_ticks}
+
+    def ready() -> bool:
+        if not alive(rh.host, row):
+            raise GateBlocked("serve", "narwhal-serve exited before it was ready", [Problem(
+                f"{p.router}: narwhal-serve", rh.log_tail(log) or "no output",
+                "if another router holds the controller lease, stop it or start this one "
+                "as its standby; else read the log in the attempt")])
+        got = rh.get(f"{p.router_url}/ready")
+        return got is not None and got[0] == 200
+    if not _wait("/ready", ready, READY_S):
+        raise GateBlocked("serve", f"narwhal-serve did not become ready in {READY_S:.0f} s", [
+            Problem(f"{p.router}: {p.router_url}/ready", rh.log_tail(log) or "not ready",
+                    "read /narwhal/state on the router host for the engines it holds out")])
+    return {"router": "started", "pid": ref.pid}
+
+
+def _promtool(rh: RouterHost, *args: str) -> None:
+    done = rh.host.run(cl.in_dir(rh.monitoring, [PROMTOOL, *args]), timeout=120)
+    if not done.ok:
+        raise GateBlocked("serve", f"promtool {' '.join(args)} failed", [Problem(
+            f"{rh.host.alias}: {' '.join(args[:2])}",
+            (done.stdout + done.stderr).decode("utf-8", "replace").strip()[-400:],
+            "the generated monitoring does not hold: report it with the attempt")])
+
+
+def start_monitoring(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan,
+                     progress: Progress) -> dict[str, Any]:
+    slo = p.fleet["slo"]
+    files = {
+        "prometheus.json": monitoring.prometheus_config(p.targets(), "rules.json"),
+        "rules.json": monitoring.alert_rules(float(slo["ttft_s"])),
+        "rules-test.json": monitoring.rules_tests("rules.json"),
+        "grafana-datasource.json": monitoring.grafana_datasource(p.prometheus_url),
+        "grafana-dashboards.json": monitoring.grafana_dashboards_provider(
+            f"{rh.monitoring}/dashboards"),
+        "dashboards/narwhal-fleet.json": monitoring.grafana_dashboard(float(slo["ttft_s"]),
+                                                                       float(slo["tpot_s"])),
+    }
+    rh.host.run(cl.private_dir(f"{rh.monitoring}/dashboards"), check=True)
+    for name, text in files.items():
+        rh.host.put(text.encode(), f"{rh.monitoring}/{name}", exclusive=False)
+        attempt.add_artifact("monitoring-" + name.replace("/", "-"), text.encode())
+    problems = monitoring.dashboard_problems(json.loads(files["dashboards/narwhal-fleet.json"]))
+    if problems:
+        raise GateBlocked("serve", "the dashboard does not hold to Grafana's model",
+                          [Problem("dashboard", x, "report it") for x in problems])
+    progress("monitoring", "promtool: the configuration, the rules and the rules' tests")
+    _promtool(rh, "check", "config", "prometheus.json")
+    _promtool(rh, "test", "rules", "rules-test.json")
+    for row in earlier_processes(ledger, "serve", attempt.id, PROMETHEUS):
+        if row["host"] == p.router:
+            retire(rh.host, [row], progress, "prometheus")
+    progress("monitoring", f"starting Prometheus at {p.prometheus_url}")
+    addr = f"{PROMETHEUS_AT[0]}:{PROMETHEUS_AT[1]}"
+    ref = attempt.start_process(rh.host, [
+        PROMETHEUS, f"--config.file={rh.monitoring}/prometheus.json",
+        f"--storage.tsdb.path={rh.monitoring}/tsdb-{attempt.id}", f"--web.listen-address={addr}"],
+        f"{rh.monitoring}/prometheus-{attempt.id}.log", serves="prometheus")
+    want = {(t.job, t.address) for t in p.targets()}
+    seen: dict[tuple[str, str], str] = {}
+
+    def all_up() -> bool:
+        if not alive(rh.host, {"pid": ref.pid, "start_ticks": ref.start_ticks}):
+            raise GateBlocked("serve", "Prometheus exited", [Problem(
+                f"{p.router}: prometheus", rh.log_tail(f"{rh.monitoring}/prometheus-"
+                                                       f"{attempt.id}.log"),
+                f"is {addr} free on the router host?")])
+        got = rh.get(f"{p.prometheus_url}/api/v1/query?query=up")
+        if got is None or got[0] != 200:
+            return False
+        seen.clear()
+        for r in got[1].get("data", {}).get("result", []):
+            seen[(r["metric"].get("job", ""), r["metric"].get("instance", ""))] = r["value"][1]
+        return all(seen.get(k) == "1" for k in want)
+    if not _wait("up", all_up, UP_S):
+        down = sorted(f"{job} {address}" for job, address in want
+                      if seen.get((job, address)) != "1")
+        raise GateBlocked("serve", f"Prometheus does not see every target up: {down[:3]}", [
+            Problem(f"prometheus: {d}", "up is not 1", "is it listening where the fleet says, "
+                    "reachable from the router host?") for d in down])
+    return {"prometheus_pid": ref.pid, "up": {f"{j} {a}": v for (j, a), v in sorted(seen.items())}}
+
+
+def panel_series(rh: RouterHost, p: ServePlan) -> dict[str, int]:
+    """How many series each dashboard panel's query returns from the live Prometheus."""
+    slo = p.fleet["slo"]
+    out = {}
+    for title, expr in monitoring.panels(float(slo["ttft_s"]), float(slo["tpot_s"])):
+        got = rh.get(f"{p.prometheus_url}/api/v1/query?"
+                     + urllib.parse.urlencode({"query": expr}))
+        out[title] = len(got[1].get("data", {}).get("result", [])) if got and got[0] == 200 else 0
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(url: str, body: dict[str, Any] | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={  # noqa: S310 - the tunnel's port
+        "Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as reply:  # noqa: S310
+            return int(reply.status), reply.read(1 << 20)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read(1 << 20)
+    except OSError as exc:
+        return 0, str(exc).encode()
+
+
+def through_tunnel(host: Host, p: ServePlan, api_key: str | None) -> dict[str, Any]:
+    """The private path: /ready, one completion and Prometheus's `up` from the workstation."""
+    forwards = []
+    try:
+        ports = {}
+        for name, (h, port) in (("router", p.bind), ("prometheus", PROMETHEUS_AT)):
+            local = host.forward(_free_port(), h, port)
+            forwards.append((local, h, port))
+            ports[name] = local
+        base = f"http://127.0.0.1:{ports['router']}"
+        ready = _http(f"{base}/ready")[0]
+        request_id = f"narwhal-serve-check-{os.urandom(6).hex()}"
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        status, body = _http(f"{base}/v1/completions", {
+            "model": p.fleet["model"], "prompt": "the sea", "max_tokens": 4},
+            {"x-request-id": request_id, **auth})
+        up = _http(f"http://127.0.0.1:{ports['prometheus']}/api/v1/query?query=up")
+        series = json.loads(up[1]).get("data", {}).get("result", []) if up[0] == 200 else []
+        return {"ready": ready, "completion": status, "request_id": request_id,
+                "completion_bytes": len(body), "prometheus_up_series": len(series)}
+    finally:
+        for local, h, port in forwards:
+            with contextlib.suppress(HostError):
+                host.cancel_forward(local, h, port)
+
+
+def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: ServePlan,
+            progress: Progress) -> dict[str, Any]:
+    rh = RouterHost(host, p.install)
+    placed = host.stat_file(f"{rh.folder}/fleet.json")
+    if placed is None or placed[1] != p.fleet_sha256:
+        raise GateBlocked("serve", "the fleet on the router host is not the one Gate F checked",
+                          [Problem(f"{p.router}: {rh.folder}/fleet.json",
+                                   "missing" if placed is None else "changed since preflight",
+                                   "run `narwhal preflight` again")])
+    router = start_router(rh, attempt, ledger, p, progress)
+    attempt.add_artifact("router-state.json", canonical_json(
+        (rh.get(f"{p.router_url}/narwhal/state") or (0, {}))[1]).encode() + b"\n")
+    mon = start_monitoring(rh, attempt, ledger, p, progress)
+    progress("private path", "through the SSH forward: /ready, one completion, Prometheus")
+    api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
+    tunnel = through_tunnel(host, p, api_key)
+    if tunnel["ready"] != 200 or tunnel["completion"] != 200:
+        raise GateBlocked("serve", "the router does not serve through the private path", [
+            Problem(f"tunnel -> {p.router_url}", f"/ready {tunnel['ready']}, completion "
+                    f"{tunnel['completion']}", "read router-state.json in the attempt")])
+    time.sleep(monitoring.SCRAPE_INTERVAL_S + 1)  # the completion's series, scraped once
+    series = panel_series(rh, p)
+    attempt.add_artifact("panel-series.json", canonical_json(series).encode() + b"\n")
+    empty = [t for t, n in series.items() if n == 0]
+    if empty:
+        raise GateBlocked("serve", f"dashboard panels without data: {', '.join(empty[:3])}", [
+            Problem(f"panel {t}", "its query returns no series", "check the scrape targets")
+            for t in empty])
+    return {"router_host": p.router, "router_url": p.router_url, **router, **mon,
+            "tunnel": tunnel, "panels": series, "grafana": "SKIP: not started on this host "
+            "(its provisioning and every panel's query were checked)"}
