@@ -78,6 +78,12 @@ def _on_router(fleet: Installer, command: str) -> str:
     return ssh(fleet.op.plan, fleet.lab_host("router"), command).stdout.strip()
 
 
+def _router_folder(fleet: Installer) -> str:
+    """Where Gates F and G keep the fleet the router reads, on the router host."""
+    plan = json.loads((fleet.op.last_attempt("install") / "plan.json").read_text())
+    return f"{fleet.remote}/runs/{plan['prepared_run']}/router"
+
+
 def test_serve_leaves_the_router_and_prometheus_running_and_a_second_serve_adopts(
         attested: Installer) -> None:
     op = attested.op
@@ -91,7 +97,7 @@ def test_serve_leaves_the_router_and_prometheus_running_and_a_second_serve_adopt
     for pid in (router_pid, prometheus_pid):  # alive after the command exited
         assert _on_router(attested, f"kill -0 {pid} && echo alive") == "alive"
     journal = _on_router(attested, f"grep -c {doc['tunnel']['request_id']} "
-                                   "$(find / -path '*/router/journal.jsonl' 2>/dev/null | head -1)")
+                                   f"{_router_folder(attested)}/journal.jsonl")
     assert journal == "1"  # the private path's completion, journalled once
 
     code, again = op.json_command("serve")
@@ -113,6 +119,5 @@ def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Ins
     problems = {p["field"]: p for p in doc["problems"]}
     assert {f"slo {e} tpot_s" for e in ENGINES} <= set(problems), sorted(problems)
     assert "tpot_s 0.0001" in json.dumps(problems)
-    served = json.loads(_on_router(attested, "cat $(find / -path '*/router/fleet.json' "
-                                             "2>/dev/null | head -1)"))
+    served = json.loads(_on_router(attested, f"cat {_router_folder(attested)}/fleet.json"))
     assert served["slo"]["tpot_s"] != 0.0001  # the router's fleet is still the checked one

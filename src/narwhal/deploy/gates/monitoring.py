@@ -88,7 +88,7 @@ def alert_rules(ttft_s: float) -> str:
         _alert("NarwhalTtftAttainmentLow", f"({attainment}) < {ATTAINMENT_TARGET}", 60,
                f"fewer than {ATTAINMENT_TARGET:.0%} of requests met the {ttft_s:g} s TTFT SLO"),
         _alert("NarwhalHandoffFailures",
-               f'increase(narwhal_router_requests{{outcome=~"{FAILED_OUTCOMES}"}}[5m]) > 0', 0,
+               f'increase(narwhal_router_requests_total{{outcome=~"{FAILED_OUTCOMES}"}}[5m]) > 0', 0,
                "requests failed on an engine or a KV handoff ({{ $labels.outcome }})"),
         _alert("NarwhalLeaseChanged", "changes(narwhal_router_lease_epoch[10m]) > 0", 0,
                "the controller lease changed hands {{ $value }} time(s) in 10 minutes"),
@@ -137,7 +137,7 @@ def panels(ttft_s: float, tpot_s: float) -> list[tuple[str, str]]:
     return [
         ("Targets up", "up"),
         ("Engines placeable", "narwhal_router_engine_admitted"),
-        ("Requests by outcome", "sum by (outcome) (narwhal_router_requests)"),
+        ("Requests by outcome", "sum by (outcome) (narwhal_router_requests_total)"),
         ("In flight", "narwhal_router_inflight_requests"),
         ("Legs in flight per engine", "narwhal_router_engine_outstanding_legs"),
         ("Engine KV cache usage", "vllm:kv_cache_usage_perc"),
