@@ -2,9 +2,11 @@
 
 Brings the lab up, hands its `.env` to the product unchanged (plus the approved revision),
 pins host keys, checks access over SSH from the workstation namespace, runs Gates A and B
-(discovery, then the install of the checkout's HEAD on every host) and C (the engines, through
-the hosts' docker, with their live KV contract), exports the record,
-takes the lab down and ends with `narwhal status`. Gates that are not built yet are named.
+(discovery, then the install of the checkout's HEAD on every host), C (the engines, through
+the hosts' docker, with their live KV contract), D (the fabric), E (the attestation sidecars),
+F (profiles and preflight on the router host) and G's service (the router and Prometheus,
+checked through an SSH forward), exports the record, takes the lab down and ends with
+`narwhal status`. What is not built yet is named.
 """
 
 from __future__ import annotations
@@ -16,11 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from narwhal.core.gates import GATES
 from narwhal.lab import lifecycle
 from narwhal.lab.faults import Faults
 from narwhal.lab.hosted_engines import MODEL_NAME, drive
-from narwhal.lab.lab_fleet import lab_fleet
 from narwhal.lab.state import LabState
 
 SHAPED_MBIT = 20
@@ -88,20 +88,6 @@ def _handoffs() -> None:
               f"{slow['decode_s']:>19.3f}s", flush=True)
 
 
-def _gate_f_tools(work: Path) -> None:
-    """The default lab fleet (4 emulated engines, timing model on): narwhal-profile, then
-    narwhal-check with the live KV contract on all 12 ordered pairs, run in the router's
-    namespace where Gate F runs."""
-    plan = lifecycle.plan_from_state(LabState.read(lifecycle.default_state_path("nwl")))
-    with lab_fleet(plan, (work / "gate-f").resolve()) as fleet:
-        for module in ("narwhal.serve.profile_cli", "narwhal.serve.check_cli"):
-            done = fleet.run(module, "--fleet", str(fleet.fleet_path))
-            print(done.stdout, end="", flush=True)
-            if done.returncode != 0:
-                print(done.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"demo: {module} exited {done.returncode}")
-
-
 def main() -> int:
     if os.geteuid() != 0:
         print("demo: the lab builds network namespaces and needs root; run `sudo make demo`")
@@ -147,6 +133,18 @@ def main() -> int:
         _say("gate E: every engine's attestation sidecar, checked from the router host "
              "against Gate C's capture; the fleet document gains each engine's contract")
         _run([narwhal, "lab", "exec", "--", narwhal, "attest", *common])
+        _say("gate F: on the router host, profile every engine generation once and prove every "
+             "ordered pair's KV handoff and the contract against Gate C's captures")
+        _run([narwhal, "lab", "exec", "--", narwhal, "preflight", *common])
+        _say("gate F again: every profile row still binds to its live engine, nothing profiled")
+        _run([narwhal, "lab", "exec", "--", narwhal, "preflight", *common])
+        _say("gate G (service): the router and Prometheus on the router host, every target up, "
+             "every dashboard query with data, a completion through the SSH forward")
+        _run([narwhal, "lab", "exec", "--", narwhal, "serve", *common])
+        _say("gate G again: the running router is adopted, never a second controller")
+        _run([narwhal, "lab", "exec", "--", narwhal, "serve", *common])
+        _say("status, live: every attested engine's sidecar asked from the router host")
+        _run([narwhal, "lab", "exec", "--", narwhal, "status", *common])
         _say("handoffs: the engines Gate C started hand KV to each other across the fabric")
         _handoffs()
         _say("engines down, each through its role shell (`narwhal-engine stop` on its host)")
@@ -156,19 +154,15 @@ def main() -> int:
             _run([narwhal, "lab", "exec", "--", narwhal, "shell", *common, "--role",
                   f"engine-{n}", "--", "narwhal-engine", "stop", "--run-dir",
                   f"{run_dir}/engine-{n}"])
-        _say("gate F tools: profile the lab fleet, then preflight it (every ordered pair's KV proven moved)")
-        _gate_f_tools(work)
         _say("export: the record with addresses, users, homes and secrets aliased")
         _run([narwhal, "record", "export", "--out", str(work / "export"), *common])
     finally:
         _say("lab down")
         _run([narwhal, "lab", "down"], check=False)
-    _say("not built yet in this revision: " + ", ".join(
-        f"{g.letter} {g.name}" for g in GATES if g.name not in ("discover", "install", "engines",
-                                                       "fabric", "attest")) +
-         " (each says so when run)")
-    _say("status")
-    _run([narwhal, "status", *common])
+    _say("not built yet in this revision: G's capacity trial (`narwhal trial`) and "
+         "`narwhal deploy` (each says so when run)")
+    _say("status (the record; the lab is down, so no host is asked)")
+    _run([narwhal, "status", "--offline", *common])
     return 0
 
 
