@@ -8,19 +8,21 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.context import Context
+from narwhal.deploy.cli.gate_command import (
+    Execute,
+    add_gate_parser,
+    router_alias,
+    run_gate_command,
+)
 from narwhal.deploy.cli.gate_output import Progress
 from narwhal.deploy.gates import attest
 from narwhal.deploy.hosts.sessions import Sessions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("attest", help="gate E: start every engine's attestation sidecar and "
-                       "check it from the router host")
-    add_common(p)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(handler=run)
+    add_gate_parser(sub, "attest", "gate E: start every engine's attestation sidecar and "
+                       "check it from the router host", run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(args.json)
 
     def prepare(sessions: Sessions) -> tuple[Any, Execute]:
-        router = next(alias for alias, roles in sessions.roles().items() if "router" in roles)
+        router = router_alias(sessions)
         p = attest.plan(ctx.inputs, ctx.ledger, router)
         progress.say(f"narwhal attest: {len(p.sidecars)} sidecar(s) at once, checked from "
                      f"{router}")

@@ -8,22 +8,23 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.context import Context
+from narwhal.deploy.cli.gate_command import (
+    Execute,
+    add_gate_parser,
+    run_gate_command,
+)
 from narwhal.deploy.cli.gate_output import Progress
 from narwhal.deploy.gates import engines
 from narwhal.deploy.hosts.sessions import Sessions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("engines", help="gate C: validate and start every engine, capture its "
-                       "live KV cache")
-    add_common(p)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p = add_gate_parser(sub, "engines", "gate C: validate and start every engine, capture its "
+                       "live KV cache", run)
     p.add_argument("--recapture", type=roles_list, default=None, metavar="ENGINE[,ENGINE]",
                    help="after a restart with the same launch plan: capture only these "
                         "running engines again and keep the others' captures")
-    p.set_defaults(handler=run)
 
 
 def roles_list(text: str) -> list[str]:

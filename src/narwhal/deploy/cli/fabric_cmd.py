@@ -9,8 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from narwhal.core.flag_types import number
-from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.context import Context
+from narwhal.deploy.cli.gate_command import (
+    Execute,
+    add_gate_parser,
+    run_gate_command,
+)
 from narwhal.deploy.cli.gate_output import Progress
 from narwhal.deploy.gates import fabric
 from narwhal.deploy.hosts.sessions import Sessions
@@ -18,10 +22,8 @@ from narwhal.deploy.hosts.sessions import Sessions
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = fabric.FabricOptions()
-    p = sub.add_parser("fabric", help="gate D: prove every directed fabric edge against the "
-                       "budget of the live cache, one edge at a time")
-    add_common(p)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p = add_gate_parser(sub, "fabric", "gate D: prove every directed fabric edge against the "
+                       "budget of the live cache, one edge at a time", run)
     p.add_argument("--seconds", type=number(int, 1, 600), default=d.seconds,
                    help=f"iperf3 test time per edge (default {d.seconds})")
     p.add_argument("--omit", type=number(int, 0, 60), default=d.omit_s,
@@ -33,7 +35,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--resample", action="append", default=[], metavar="SRC->DST",
                    help="measure this edge again although its last sample still holds "
                         "(repeatable; a failed edge is always measured again)")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

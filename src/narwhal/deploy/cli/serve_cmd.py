@@ -8,20 +8,22 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_command import Execute, run_gate_command
+from narwhal.deploy.cli.context import Context
+from narwhal.deploy.cli.gate_command import (
+    Execute,
+    add_gate_parser,
+    on_host,
+    router_alias,
+    run_gate_command,
+)
 from narwhal.deploy.cli.gate_output import Progress
 from narwhal.deploy.gates import serve
 from narwhal.deploy.hosts.sessions import Sessions
-from narwhal.deploy.ledger.attempt import Attempt
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="gate G: start (or adopt) the router and its monitoring "
-                       "on the router host, checked through the private path")
-    add_common(p)
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(handler=run)
+    add_gate_parser(sub, "serve", "gate G: start (or adopt) the router and its monitoring "
+                       "on the router host, checked through the private path", run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,16 +31,12 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(args.json)
 
     def prepare(sessions: Sessions) -> tuple[Any, Execute]:
-        router = next(alias for alias, roles in sessions.roles().items() if "router" in roles)
+        router = router_alias(sessions)
         p = serve.plan(ctx.inputs, ctx.ledger, router)
         progress.say(f"narwhal serve: the router at {p.router_url} on {router}, "
                      f"{len(p.targets())} scrape targets")
-
-        def execute(attempt: Attempt) -> dict[str, Any]:
-            host = sessions.get(router)
-            with attempt.bind(host):
-                return serve.execute(ctx.inputs, ctx.ledger, host, attempt, p, progress)
-        return p.document(), execute
+        return p.document(), on_host(sessions, router, lambda host, attempt: serve.execute(
+            ctx.inputs, ctx.ledger, host, attempt, p, progress))
 
     return run_gate_command(args, ctx, serve.SPEC, prepare, _table)
 
