@@ -111,6 +111,33 @@ def test_serve_leaves_the_router_and_prometheus_running_and_a_second_serve_adopt
     assert "NarwhalEngineDown" in rules and "NarwhalLeaseChanged" in rules
 
 
+def test_a_trial_reconciles_every_request_with_the_journal_and_drains_between_rates(
+        attested: Installer) -> None:
+    op = attested.op
+    code, doc = op.json_command("trial", "--rates", "2,4", "--requests", "20")
+    assert code == 0, doc
+    assert [r["rate"] for r in doc["rates"]] == [2.0, 4.0]
+    for r in doc["rates"]:
+        rec = r["reconciled"]
+        assert rec["ok"] and rec["sent"] == rec["journalled"] == 20, rec
+        assert r["verdict"] in ("within SLO", "capacity miss"), r
+        assert r["ok"] == 20 and r["ttft_p50_s"] is not None
+        assert r["scrape"]["up"] and set(r["scrape"]["up"].values()) == {"1"}
+    attempt = op.runs / "lab" / "load-trial" / doc["attempt"]
+    records = (attempt / "rate-4-records.jsonl").read_text().splitlines()
+    assert len(records) == 20 and all(json.loads(x)["status"] == 200 for x in records)
+    assert "drained_before_s" in doc["rates"][1]  # the second rate waited for the first's tail
+
+
+def test_a_rate_the_client_cannot_schedule_is_client_saturated_never_capacity(
+        attested: Installer) -> None:
+    code, doc = attested.op.json_command("trial", "--rates", "2000", "--requests", "120",
+                                         "--max-tokens", "4")
+    assert code == 1, doc
+    [r] = doc["rates"]
+    assert r["verdict"] == "client saturated" and r["late_sends"] > 6, r
+
+
 def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Installer) -> None:
     op = attested.op
     tight = op.variant("tight-slo", NARWHAL_TPOT_S="0.0001")

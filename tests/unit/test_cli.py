@@ -34,7 +34,7 @@ def test_narwhal_help_lists_the_gates() -> None:
 
 
 def test_unbuilt_gate_says_so_plainly() -> None:
-    done = subprocess.run([str(BIN / "narwhal"), "trial"], capture_output=True, text=True,
+    done = subprocess.run([str(BIN / "narwhal"), "deploy"], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 3
     assert "not built yet" in done.stderr

@@ -31,7 +31,7 @@ GATES: tuple[Gate, ...] = (
 GATE_NAMES: tuple[str, ...] = tuple(g.name for g in GATES)
 
 # Activities that are recorded like gates but are not part of the ordered sequence.
-ACTIVITIES: tuple[str, ...] = ("access", "shell", "status")
+ACTIVITIES: tuple[str, ...] = ("access", "shell", "status", "load-trial")
 
 # Which named inputs define which gate. Input names are the keys computed by
 # deploy.inputs.fingerprints; a moved input marks these gates (and all later gates) stale.

@@ -25,6 +25,7 @@ from narwhal.deploy.cli import (
     preflight_cmd,
     serve_cmd,
     shell_cmd,
+    trial_cmd,
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -33,7 +34,7 @@ Handler = Callable[[argparse.Namespace], int]
 # imported by name here so the architecture test can check their direction.
 COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd,
                    shell_cmd, engines_cmd, fabric_cmd, attest_cmd, preflight_cmd,
-                   serve_cmd)
+                   serve_cmd, trial_cmd)
 # Gates whose module registers its own command; the others answer "not built yet" (exit 3).
 BUILT_GATES = frozenset({"discover", "install", "engines", "fabric", "attest", "preflight",
                          "serve"})
@@ -59,8 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         p = sub.add_parser(gate.command, help=f"gate {gate.letter}: {gate.title}")
         p.set_defaults(handler=_gate_stub(gate.title, gate.command))
-    trial = sub.add_parser("trial", help="gate G: capacity trial through the SSH tunnel")
-    trial.set_defaults(handler=_gate_stub("Capacity trial through the SSH tunnel", "trial"))
     deploy = sub.add_parser("deploy", help="run gates A..G in order, skipping what is still valid")
     deploy.set_defaults(handler=_gate_stub("Gates A..G in order", "deploy"))
     for module in COMMAND_MODULES:

@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -273,30 +273,36 @@ def _http(url: str, body: dict[str, Any] | None = None,
         return 0, str(exc).encode()
 
 
+@contextlib.contextmanager
+def forwarded(host: Host, remotes: list[tuple[str, int]]) -> Iterator[list[int]]:
+    """SSH forwards from free workstation ports to `remotes` on the host's side, through the
+    host's master connection; every one cancelled on the way out."""
+    made: list[tuple[int, str, int]] = []
+    try:
+        for remote_host, remote_port in remotes:
+            made.append((host.forward(_free_port(), remote_host, remote_port), remote_host,
+                         remote_port))
+        yield [local for local, _, _ in made]
+    finally:
+        for local, remote_host, remote_port in made:
+            with contextlib.suppress(HostError):
+                host.cancel_forward(local, remote_host, remote_port)
+
+
 def through_tunnel(host: Host, p: ServePlan, api_key: str | None) -> dict[str, Any]:
     """The private path: /ready, one completion and Prometheus's `up` from the workstation."""
-    forwards = []
-    try:
-        ports = {}
-        for name, (h, port) in (("router", p.bind), ("prometheus", PROMETHEUS_AT)):
-            local = host.forward(_free_port(), h, port)
-            forwards.append((local, h, port))
-            ports[name] = local
-        base = f"http://127.0.0.1:{ports['router']}"
+    with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
+        base = f"http://127.0.0.1:{router_port}"
         ready = _http(f"{base}/ready")[0]
         request_id = f"narwhal-serve-check-{os.urandom(6).hex()}"
         auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         status, body = _http(f"{base}/v1/completions", {
             "model": p.fleet["model"], "prompt": "the sea", "max_tokens": 4},
             {"x-request-id": request_id, **auth})
-        up = _http(f"http://127.0.0.1:{ports['prometheus']}/api/v1/query?query=up")
+        up = _http(f"http://127.0.0.1:{prometheus_port}/api/v1/query?query=up")
         series = json.loads(up[1]).get("data", {}).get("result", []) if up[0] == 200 else []
         return {"ready": ready, "completion": status, "request_id": request_id,
                 "completion_bytes": len(body), "prometheus_up_series": len(series)}
-    finally:
-        for local, h, port in forwards:
-            with contextlib.suppress(HostError):
-                host.cancel_forward(local, h, port)
 
 
 def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: ServePlan,

@@ -1,0 +1,84 @@
+"""`narwhal trial`: the capacity trial through the private path (Gate G), one recorded activity."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
+from narwhal.core.errors import GateBlocked
+from narwhal.core.flag_types import number
+from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.cli.gate_command import router_alias
+from narwhal.deploy.cli.gate_output import Progress, report_blocked
+from narwhal.deploy.gates import serve, trial
+
+
+def rates_list(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("give rates in requests per second, e.g. 2,4") from None
+    if not rates or any(not 0 < r <= 10_000 for r in rates):
+        raise argparse.ArgumentTypeError("each rate must be above 0 and at most 10000 per second")
+    return rates
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("trial", help="gate G: the capacity trial through the SSH tunnel")
+    add_common(p)
+    p.add_argument("--rates", type=rates_list, required=True, metavar="R1,R2,...",
+                   help="offered rates, requests per second, run in this order")
+    p.add_argument("--requests", type=number(int, 1, 100_000), default=40,
+                   help="requests per rate (default 40)")
+    p.add_argument("--seed", type=number(int, 0, 2**31), default=0,
+                   help="the arrival schedule's seed (default 0)")
+    p.add_argument("--max-tokens", type=number(int, 1, 4096), default=16,
+                   help="output tokens per request (default 16)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = Context.load(args)
+    progress = Progress(args.json)
+    try:
+        sessions = ctx.sessions()
+        router = router_alias(sessions)
+        p = serve.plan(ctx.inputs, ctx.ledger, router)
+        host = sessions.get(router)
+        with ctx.ledger.attempt(trial.ACTIVITY, fingerprint={}, hosts={router: ["router"]},
+                                deployment_revision=ctx.inputs.revision) as attempt:
+            with attempt.bind(host):
+                doc = trial.run_trial(ctx.inputs, host, attempt, p, args.rates, args.requests,
+                                      args.seed, args.max_tokens, progress)
+            doc["attempt"] = attempt.id
+    except GateBlocked as exc:
+        report_blocked("trial", args, exc)
+        return EXIT_FAILED
+    finally:
+        ctx.close()
+    valid = all(r["verdict"] in trial.VALID for r in doc["rates"])
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        _table(doc)
+    return EXIT_OK if valid else EXIT_FAILED
+
+
+def _table(doc: dict[str, Any]) -> None:
+    table = Table(title=f"capacity trial {doc['attempt']} (SLO TTFT {doc['slo']['ttft_s']} s, "
+                        f"TPOT {doc['slo']['tpot_s']} s)")
+    for column in ("rate/s", "verdict", "attainment", "goodput/s", "TTFT p50/p99 s",
+                   "TPOT p50/p99 s", "late sends", "reconciled"):
+        table.add_column(column)
+    for r in doc["rates"]:
+        table.add_row(f"{r['rate']:g}", r["verdict"], f"{r['attainment']:.0%}",
+                      f"{r['goodput_per_s']}", f"{r['ttft_p50_s']}/{r['ttft_p99_s']}",
+                      f"{r['tpot_p50_s']}/{r['tpot_p99_s']}", str(r["late_sends"]),
+                      str(r["reconciled"]["ok"]))
+    Console().print(table)

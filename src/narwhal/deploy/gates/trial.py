@@ -1,0 +1,119 @@
+"""Gate G, the capacity trial (`narwhal trial`): load through the private path, reconciled.
+
+Needs Gate G's service passed. One recorded activity, `load-trial`, whose attempt folder is
+the trial's evidence (runs/<deployment>/load-trial/<id>/). Through SSH forwards from the
+workstation to the router and Prometheus on the router host, for each rate in turn:
+1. drain: the router's /narwhal/state shows nothing in flight (the next rate never starts on
+   the previous one's tail);
+2. the open-loop schedule (seeded Poisson arrivals, the workload's prompt length), every
+   request with its own x-request-id, streamed and recorded (send time and lag, status, TTFT,
+   token times, bytes);
+3. the router's journal, read from the router host, reconciled with what was sent: every
+   sent id exactly once, no id of the trial the client did not send;
+4. a Prometheus snapshot through the tunnel (`up` of every target);
+5. the summary (attainment, goodput, TTFT/TPOT percentiles, lag) and the verdict, which says
+   capacity only when nothing else explains a miss (verdict.py).
+Exit 0 when every rate's record holds (whatever the SLO attainment), 1 when a rate's record
+does not (client saturated, records that do not reconcile, a scrape failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from narwhal.core.documents import canonical_json
+from narwhal.core.errors import GateBlocked, HostError, Problem
+from narwhal.deploy.gates.serve import PROMETHEUS_AT, RouterHost, ServePlan, forwarded
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger.attempt import Attempt
+from narwhal.deploy.trial import client
+from narwhal.deploy.trial.reconcile import reconcile
+from narwhal.deploy.trial.schedule import schedule
+from narwhal.deploy.trial.verdict import summarise, verdict
+
+ACTIVITY = "load-trial"
+DRAIN_S = 60.0
+VALID = ("within SLO", "capacity miss")
+Progress = Callable[[str, str], None]
+
+
+def _get_json(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 - the tunnel's port
+            doc = json.loads(reply.read(4 << 20))
+            return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def drain(base: str) -> float:
+    """Wait until the router has nothing in flight; seconds waited (GateBlocked past DRAIN_S)."""
+    started = time.monotonic()
+    while time.monotonic() - started < DRAIN_S:
+        state = _get_json(f"{base}/narwhal/state")
+        if state is not None and state.get("inflight") == 0:
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise GateBlocked("serve", f"the router did not drain within {DRAIN_S:.0f} s", [Problem(
+        "router inflight", "requests still in flight", "wait, or read /narwhal/state")])
+
+
+def scrape_ok(prometheus: str, expected: int) -> tuple[bool, dict[str, Any]]:
+    doc = _get_json(f"{prometheus}/api/v1/query?query=up")
+    if doc is None:
+        return False, {"error": "Prometheus did not answer"}
+    result = doc.get("data", {}).get("result", [])
+    up = {f"{r['metric'].get('job')} {r['metric'].get('instance')}": r["value"][1]
+          for r in result}
+    return len(up) >= expected and all(v == "1" for v in up.values()), {"up": up}
+
+
+def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
+              requests: int, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
+    rh = RouterHost(host, p.install)
+    slo = p.fleet["slo"]
+    ttft_s, tpot_s = float(slo["ttft_s"]), float(slo["tpot_s"])
+    api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
+    tag = f"trial-{attempt.id}-{os.urandom(3).hex()}"
+    words = min(inputs.workload.prompt_tokens, 4096)
+    out: list[dict[str, Any]] = []
+    with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
+        base = f"http://127.0.0.1:{router_port}"
+        prometheus = f"http://127.0.0.1:{prometheus_port}"
+        for rate in rates:
+            progress(f"rate {rate:g}/s", "draining the router")
+            waited = drain(base)
+            planned = schedule(rate, requests, seed, words, max_tokens, f"{tag}-r{rate:g}")
+            progress(f"rate {rate:g}/s", f"{requests} requests, open loop")
+            records, seconds, cpu = asyncio.run(client.run(base, p.fleet["model"], planned,
+                                                           api_key))
+            drain(base)
+            time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
+            journal = host.run(cl.read_file(f"{rh.folder}/journal.jsonl"), timeout=120)
+            if not journal.ok:
+                raise HostError(host.alias, "the router's journal cannot be read")
+            rec = reconcile([x.request_id for x in planned],
+                            journal.stdout.decode("utf-8", "replace"), f"{tag}-r{rate:g}")
+            scraped, snapshot = scrape_ok(prometheus, len(p.targets()))
+            summary = summarise(rate, records, seconds, ttft_s, tpot_s)
+            summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(cpu, 3),
+                           reconciled=rec.as_dict(), scrape=snapshot)
+            summary["verdict"] = verdict(summary, rec.ok, scraped)
+            name = f"rate-{rate:g}"
+            attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(records))
+            attempt.add_artifact(f"{name}-summary.json", canonical_json(summary).encode() + b"\n")
+            progress(f"rate {rate:g}/s", f"{summary['verdict']}: attainment "
+                     f"{summary['attainment']:.0%}, goodput {summary['goodput_per_s']}/s, "
+                     f"reconciled {rec.ok}")
+            out.append(summary)
+    doc = {"slo": slo, "seed": seed, "requests_per_rate": requests, "tag": tag, "rates": out}
+    attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
+    return doc

@@ -1,0 +1,54 @@
+"""The router's journal against what the client sent: every sent id exactly once, no id the
+client did not send. Only ids with the trial's tag are the trial's; other traffic is not."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    sent: int
+    journalled: int
+    missing: tuple[str, ...]  # sent, not in the journal
+    repeated: tuple[str, ...]  # in the journal more than once
+    unsent: tuple[str, ...]  # in the journal with the trial's tag, never sent
+    unreadable_rows: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.repeated or self.unsent)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "sent": self.sent, "journalled": self.journalled,
+                "missing": list(self.missing[:20]), "repeated": list(self.repeated[:20]),
+                "unsent": list(self.unsent[:20]), "unreadable_rows": self.unreadable_rows}
+
+
+def journal_rows(text: str, tag: str) -> tuple[list[dict[str, Any]], int]:
+    """The journal's rows whose request id carries the tag, and how many lines did not parse."""
+    rows, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict) and str(row.get("request_id", "")).startswith(f"{tag}-"):
+            rows.append(row)
+    return rows, bad
+
+
+def reconcile(sent_ids: list[str], journal_text: str, tag: str) -> Reconciled:
+    rows, bad = journal_rows(journal_text, tag)
+    seen = Counter(str(r["request_id"]) for r in rows)
+    sent = set(sent_ids)
+    return Reconciled(len(sent_ids), len(rows),
+                      tuple(sorted(sent - set(seen))),
+                      tuple(sorted(i for i, n in seen.items() if n > 1)),
+                      tuple(sorted(set(seen) - sent)), bad)

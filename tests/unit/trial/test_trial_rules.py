@@ -1,0 +1,63 @@
+"""The trial's schedule, reconciliation and verdict rules: what an operator takes to their team."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from narwhal.deploy.trial.reconcile import reconcile
+from narwhal.deploy.trial.schedule import schedule
+from narwhal.deploy.trial.verdict import MAX_LAG_S, Record, summarise, verdict
+
+
+def test_the_schedule_is_seeded_open_loop_and_at_the_rate() -> None:
+    a = schedule(4.0, 2000, 7, 16, 8, "t")
+    assert a == schedule(4.0, 2000, 7, 16, 8, "t")  # the same seed, the same trial
+    assert a != schedule(4.0, 2000, 8, 16, 8, "t")
+    assert [p.at_s for p in a] == sorted(p.at_s for p in a) and a[0].at_s == 0.0
+    assert 3.6 < len(a) / a[-1].at_s < 4.4  # Poisson at 4/s
+    assert len({p.request_id for p in a}) == 2000 and a[5].request_id == "t-00005"
+    with pytest.raises(ValueError):
+        schedule(0.0, 10, 0, 16, 8, "t")
+
+
+def _journal(*ids: str) -> str:
+    return "\n".join(json.dumps({"request_id": i, "status": 200}) for i in ids) + "\n"
+
+
+def test_every_sent_id_once_and_nothing_unsent_reconciles() -> None:
+    sent = ["t-00000", "t-00001"]
+    assert reconcile(sent, _journal("t-00000", "other-1", "t-00001"), "t").ok
+    missing = reconcile(sent, _journal("t-00000"), "t")
+    assert not missing.ok and missing.missing == ("t-00001",)
+    twice = reconcile(sent, _journal("t-00000", "t-00001", "t-00001"), "t")
+    assert twice.repeated == ("t-00001",)
+    stray = reconcile(sent, _journal("t-00000", "t-00001", "t-00009"), "t")
+    assert stray.unsent == ("t-00009",)
+    torn = reconcile(sent, _journal(*sent) + '{"request_id": "t-0', "t")
+    assert torn.ok and torn.unreadable_rows == 1
+
+
+def _record(n: int, lag: float = 0.0, ttft: float = 0.1, status: int = 200) -> Record:
+    times = (n + lag + ttft, n + lag + ttft + 0.01, n + lag + ttft + 0.02)
+    return Record(f"t-{n}", float(n), n + lag, status, ttft, times, 100)
+
+
+def test_capacity_is_said_only_when_nothing_else_explains_the_miss() -> None:
+    good = summarise(1.0, [_record(n) for n in range(20)], 20.0, 0.5, 0.05)
+    assert good["attainment"] == 1.0 and verdict(good, True, True) == "within SLO"
+    slow = summarise(1.0, [_record(n, ttft=2.0) for n in range(20)], 20.0, 0.5, 0.05)
+    assert verdict(slow, True, True) == "capacity miss"
+    assert verdict(slow, True, False) == "scrape failure"
+    assert verdict(slow, False, True) == "records do not reconcile"
+    late = summarise(1.0, [_record(n, lag=MAX_LAG_S * 3, ttft=2.0) for n in range(20)], 20.0,
+                     0.5, 0.05)
+    assert verdict(late, True, True) == "client saturated"  # never a capacity claim
+
+
+def test_failed_requests_count_against_attainment_and_show_by_status() -> None:
+    rows = [_record(n) for n in range(8)] + [_record(8, status=503), _record(9, status=503)]
+    s = summarise(1.0, rows, 10.0, 0.5, 0.05)
+    assert s["attainment"] == 0.8 and s["statuses"] == {"200": 8, "503": 2}
+    assert s["goodput_per_s"] == 0.8
