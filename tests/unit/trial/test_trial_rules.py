@@ -61,3 +61,8 @@ def test_failed_requests_count_against_attainment_and_show_by_status() -> None:
     s = summarise(1.0, rows, 10.0, 0.5, 0.05)
     assert s["attainment"] == 0.8 and s["statuses"] == {"200": 8, "503": 2}
     assert s["goodput_per_s"] == 0.8
+    assert verdict(s, True, True) == "capacity miss"  # 503s: the fleet failed them
+    refused = summarise(1.0, [_record(n, status=400) for n in range(10)], 10.0, 0.5, 0.05)
+    assert verdict(refused, True, True) == "requests refused as invalid"
+    admitted_less = summarise(1.0, [_record(n, status=429) for n in range(10)], 10.0, 0.5, 0.05)
+    assert verdict(admitted_less, True, True) == "capacity miss"

@@ -76,6 +76,19 @@ def scrape_ok(prometheus: str, expected: int) -> tuple[bool, dict[str, Any]]:
     return len(up) >= expected and all(v == "1" for v in up.values()), {"up": up}
 
 
+def prompt_words(host: Host, rh: RouterHost, workload_tokens: int) -> int:
+    """The workload's prompt length, kept inside the profiled range (the smallest
+    max_prompt_tokens any engine was profiled at, halved: a word may take two tokens), so the
+    trial measures the fleet where its profiles price it."""
+    done = host.run(cl.read_file(f"{rh.folder}/profiles.json"), timeout=60)
+    try:
+        rows = json.loads(done.stdout)["profiles"] if done.ok else []
+        profiled = min(int(r["prefill"]["max_prompt_tokens"]) for r in rows)
+    except (ValueError, KeyError, TypeError):
+        return max(1, min(workload_tokens, 512))
+    return max(1, min(workload_tokens, profiled // 2))
+
+
 def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
               requests: int, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
     rh = RouterHost(host, p.install)
@@ -83,7 +96,7 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
     ttft_s, tpot_s = float(slo["ttft_s"]), float(slo["tpot_s"])
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
     tag = f"trial-{attempt.id}-{os.urandom(3).hex()}"
-    words = min(inputs.workload.prompt_tokens, 4096)
+    words = prompt_words(host, rh, inputs.workload.prompt_tokens)
     out: list[dict[str, Any]] = []
     with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
         base = f"http://127.0.0.1:{router_port}"

@@ -45,6 +45,10 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, p: Planned,
                                                              "x-request-id": p.request_id},
                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 status = resp.status
+                if status != 200:
+                    said = await resp.content.read(400)
+                    size = len(said)
+                    error = f"{status}: {said.decode('utf-8', 'replace').strip()[:300]}"
                 async for line in resp.content:
                     size += len(line)
                     if size > MAX_BODY:

@@ -3,7 +3,9 @@
 A rate says "capacity" only when nothing else explains a miss. First the record itself: a
 client that could not keep its schedule ("client saturated"), a journal that does not
 reconcile with what was sent ("records do not reconcile"), a Prometheus that stopped answering
-("scrape failure"). Only then SLO attainment: "within SLO" or "capacity miss".
+("scrape failure"), requests the router refused as invalid (a 4xx other than 429: the
+trial's requests were wrong). Only then SLO attainment: "within SLO" or "capacity miss" (429,
+the router's admission refusal near capacity, counts as a miss).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def verdict(summary: dict[str, Any], reconciled_ok: bool, scrape_ok: bool) -> st
         return "client saturated"
     if not reconciled_ok:
         return "records do not reconcile"
+    if any(400 <= int(code) < 500 and int(code) != 429 for code in summary["statuses"]):
+        return "requests refused as invalid"  # the trial's requests, not the fleet's capacity
     if not scrape_ok:
         return "scrape failure"
     return "within SLO" if summary["attainment"] >= TARGET_ATTAINMENT else "capacity miss"
