@@ -76,17 +76,34 @@ def scrape_ok(prometheus: str, expected: int) -> tuple[bool, dict[str, Any]]:
     return len(up) >= expected and all(v == "1" for v in up.values()), {"up": up}
 
 
-def prompt_words(host: Host, rh: RouterHost, workload_tokens: int) -> int:
-    """The workload's prompt length, kept inside the profiled range (the smallest
-    max_prompt_tokens any engine was profiled at, halved: a word may take two tokens), so the
-    trial measures the fleet where its profiles price it."""
+def profiled_tokens(host: Host, rh: RouterHost, workload_tokens: int) -> int:
+    """The workload's prompt length in tokens, kept inside the profiled range (the smallest
+    max_prompt_tokens any engine was profiled at), so the trial measures the fleet where its
+    profiles price it."""
     done = host.run(cl.read_file(f"{rh.folder}/profiles.json"), timeout=60)
     try:
         rows = json.loads(done.stdout)["profiles"] if done.ok else []
         profiled = min(int(r["prefill"]["max_prompt_tokens"]) for r in rows)
     except (ValueError, KeyError, TypeError):
         return max(1, min(workload_tokens, 512))
-    return max(1, min(workload_tokens, profiled // 2))
+    return max(1, min(workload_tokens, profiled))
+
+
+def words_for(base: str, model: str, tokens: int, api_key: str | None) -> int:
+    """How many prompt words make about `tokens` tokens with the fleet's own tokenizer (the
+    router's /tokenize of a 100-word sample); nine tenths of that, so no prompt overshoots."""
+    sample = client.prompt(schedule(1.0, 1, 0, 100, 1, "tokenize")[0])
+    body = json.dumps({"model": model, "prompt": sample}).encode()
+    headers = {"Content-Type": "application/json",
+               **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    try:
+        req = urllib.request.Request(f"{base}/tokenize", data=body,  # noqa: S310 - the tunnel
+                                     headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as reply:  # noqa: S310 - the tunnel
+            per_100 = int(json.loads(reply.read(1 << 20))["count"])
+    except (OSError, ValueError, KeyError, TypeError):
+        per_100 = 800  # a tokenizer that splits words finely: stay short rather than over
+    return max(1, int(tokens * 100 / max(per_100, 1) * 0.9))
 
 
 def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
@@ -96,11 +113,12 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
     ttft_s, tpot_s = float(slo["ttft_s"]), float(slo["tpot_s"])
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
     tag = f"trial-{attempt.id}-{os.urandom(3).hex()}"
-    words = prompt_words(host, rh, inputs.workload.prompt_tokens)
+    tokens = profiled_tokens(host, rh, inputs.workload.prompt_tokens)
     out: list[dict[str, Any]] = []
     with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
         base = f"http://127.0.0.1:{router_port}"
         prometheus = f"http://127.0.0.1:{prometheus_port}"
+        words = words_for(base, p.fleet["model"], tokens, api_key)
         for rate in rates:
             progress(f"rate {rate:g}/s", "draining the router")
             waited = drain(base)
