@@ -4,8 +4,8 @@ Brings the lab up, hands its `.env` to the product unchanged (plus the approved 
 pins host keys, checks access over SSH from the workstation namespace, runs Gates A and B
 (discovery, then the install of the checkout's HEAD on every host), C (the engines, through
 the hosts' docker, with their live KV contract), D (the fabric), E (the attestation sidecars),
-F (profiles and preflight on the router host) and G's service (the router and Prometheus,
-checked through an SSH forward), exports the record, takes the lab down and ends with
+F (profiles and preflight on the router host) and G (the router and Prometheus, checked
+through an SSH forward, and a capacity trial at two rates), exports the record, takes the lab down and ends with
 `narwhal status`. What is not built yet is named.
 """
 
@@ -143,6 +143,10 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "serve", *common])
         _say("gate G again: the running router is adopted, never a second controller")
         _run([narwhal, "lab", "exec", "--", narwhal, "serve", *common])
+        _say("gate G trial: two rates through the SSH forward, each after the router drained, "
+             "every request reconciled with the router's journal")
+        _run([narwhal, "lab", "exec", "--", narwhal, "trial", "--rates", "1,2", "--requests",
+              "10", *common])
         _say("status, live: every attested engine's sidecar asked from the router host")
         _run([narwhal, "lab", "exec", "--", narwhal, "status", *common])
         _say("handoffs: the engines Gate C started hand KV to each other across the fabric")
@@ -159,8 +163,8 @@ def main() -> int:
     finally:
         _say("lab down")
         _run([narwhal, "lab", "down"], check=False)
-    _say("not built yet in this revision: G's capacity trial (`narwhal trial`) and "
-         "`narwhal deploy` (each says so when run)")
+    _say("not built yet in this revision: `narwhal deploy` (it says so when run) and the "
+         "trial's HTML report")
     _say("status (the record; the lab is down, so no host is asked)")
     _run([narwhal, "status", "--offline", *common])
     return 0
