@@ -8,6 +8,8 @@ pair's KV handoff and the contract against Gate C's captures (not SKIP).
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from tests.lab.fleet_up import through
 from tests.lab.installing import Installer, rows
+from tests.lab.operator import NARWHAL
 
 from narwhal.lab.testing import ssh
 
@@ -138,6 +141,47 @@ def test_a_rate_the_client_cannot_schedule_is_client_saturated_never_capacity(
     assert r["verdict"] == "client saturated" and r["late_sends"] > 6, r
 
 
+def _trial_while(fleet: Installer, fault: Any, *args: str) -> tuple[int, dict[str, Any]]:
+    """`narwhal trial ARGS --json` with `fault()` done 4 s into it."""
+    op = fleet.op
+    argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "trial", *args, "--json", "--env",
+            str(op.env), "--runs", str(op.runs)]
+    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4.0)
+        fault()
+        out, err = running.communicate(timeout=300)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    try:
+        return running.returncode, json.loads(out)
+    except json.JSONDecodeError:
+        raise AssertionError(out[-2000:] + err[-3000:]) from None
+
+
+def _owned(fleet: Installer, gate: str, serves: str) -> dict[str, Any]:
+    """The newest `serves` process any attempt of the gate started (its owned.jsonl row)."""
+    found = [json.loads(line) for f in sorted((fleet.op.runs / "lab" / gate).glob(
+        "*/owned.jsonl")) for line in f.read_text().splitlines()]
+    return [r for r in found if r.get("serves") == serves][-1]
+
+
+def test_prometheus_killed_mid_trial_is_a_scrape_failure_never_capacity(
+        attested: Installer) -> None:
+    op = attested.op
+    code, doc = op.json_command("serve")  # whatever an earlier test left: running again
+    assert code == 0, doc
+    prometheus = _owned(attested, "serve", "prometheus")
+    code, doc = _trial_while(attested, lambda: _on_router(
+        attested, f"kill {prometheus['pid']}"), "--rates", "3", "--requests", "30")
+    assert code == 1, doc
+    [r] = doc["rates"]
+    assert r["verdict"] == "scrape failure" and r["reconciled"]["ok"], r
+    code, doc = op.json_command("serve")  # Prometheus back for what follows
+    assert code == 0 and doc["router"] == "adopted", doc
+
+
 def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Installer) -> None:
     op = attested.op
     tight = op.variant("tight-slo", NARWHAL_TPOT_S="0.0001")
@@ -148,3 +192,19 @@ def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Ins
     assert "tpot_s 0.0001" in json.dumps(problems)
     served = json.loads(_on_router(attested, f"cat {_router_folder(attested)}/fleet.json"))
     assert served["slo"]["tpot_s"] != 0.0001  # the router's fleet is still the checked one
+
+
+def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
+        attested: Installer) -> None:
+    """Last in the module: the killed engine stays down."""
+    code, doc = _trial_while(attested, lambda: ssh(
+        attested.op.plan, "eng3", "docker kill $(docker ps -q)"), "--rates", "3",
+        "--requests", "30")
+    [r] = doc["rates"]
+    assert code == (0 if r["verdict"] in ("within SLO", "capacity miss") else 1), r
+    assert r["reconciled"]["ok"], r  # every sent id once, failed or not
+    assert sum(r["statuses"].values()) == 30
+    engine3 = next(e for e in r["router_engines"] if e["id"] == "engine-3")
+    assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
+    assert not engine3["admitted"]
+    assert r["verdict"] != "client saturated"

@@ -134,9 +134,15 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
             rec = reconcile([x.request_id for x in planned],
                             journal.stdout.decode("utf-8", "replace"), f"{tag}-r{rate:g}")
             scraped, snapshot = scrape_ok(prometheus, len(p.targets()))
+            state = _get_json(f"{base}/narwhal/state") or {}
+            attempt.add_artifact(f"rate-{rate:g}-router-state.json",
+                                 canonical_json(state).encode() + b"\n")
             summary = summarise(rate, records, seconds, ttft_s, tpot_s)
             summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(cpu, 3),
-                           reconciled=rec.as_dict(), scrape=snapshot)
+                           reconciled=rec.as_dict(), scrape=snapshot,
+                           router_engines=[{k: e.get(k) for k in (
+                               "id", "admitted", "ejected_reason", "ejections", "held_reason")}
+                               for e in state.get("engines", [])])
             summary["verdict"] = verdict(summary, rec.ok, scraped)
             name = f"rate-{rate:g}"
             attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(records))
