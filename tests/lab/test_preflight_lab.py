@@ -197,6 +197,8 @@ def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Ins
 def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
         attested: Installer) -> None:
     """Last in the module: the killed engine stays down."""
+    code, doc = attested.op.json_command("preflight")  # passed again after the SLO test
+    assert code == 0, doc
     code, doc = _trial_while(attested, lambda: ssh(
         attested.op.plan, "eng3", "docker kill $(docker ps -q)"), "--rates", "3",
         "--requests", "30")
