@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         p = preflight.plan(ctx.inputs, ctx.ledger, router)
         progress.say(f"narwhal preflight: {len(p.fleet['engines'])} engine(s), on {router}")
         return p.document(), on_host(sessions, router, lambda host, attempt: preflight.execute(
-            ctx.ledger, host, attempt, p, progress))
+            host, attempt, p, progress))
 
     return run_gate_command(args, ctx, preflight.SPEC, prepare, _table)
 

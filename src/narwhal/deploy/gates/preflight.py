@@ -168,9 +168,8 @@ def calibrate(folder: RouterFolder, p: PreflightPlan, progress: Progress) -> flo
     return candidate
 
 
-def execute(ledger: Ledger, host: Host, attempt: Attempt, p: PreflightPlan,
+def execute(host: Host, attempt: Attempt, p: PreflightPlan,
             progress: Progress) -> dict[str, Any]:
-    del ledger  # the plan read everything the gate needs
     folder = RouterFolder(host, p.install, attempt)
     progress(p.router, f"placing the fleet document and captures in {folder.path}")
     folder.place(p)

@@ -259,13 +259,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _http(url: str, body: dict[str, Any] | None = None,
-          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def http(url: str, body: dict[str, Any] | None = None,
+         headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> tuple[int, bytes]:
+    """One request through a tunnel's local port: (status, at most 1 MiB of body); status 0
+    with the error's text when nothing answered."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={  # noqa: S310 - the tunnel's port
         "Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=60) as reply:  # noqa: S310
+        with urllib.request.urlopen(req, timeout=timeout_s) as reply:  # noqa: S310
             return int(reply.status), reply.read(1 << 20)
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read(1 << 20)
@@ -293,13 +295,13 @@ def through_tunnel(host: Host, p: ServePlan, api_key: str | None) -> dict[str, A
     """The private path: /ready, one completion and Prometheus's `up` from the workstation."""
     with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
         base = f"http://127.0.0.1:{router_port}"
-        ready = _http(f"{base}/ready")[0]
+        ready = http(f"{base}/ready")[0]
         request_id = f"narwhal-serve-check-{os.urandom(6).hex()}"
         auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        status, body = _http(f"{base}/v1/completions", {
+        status, body = http(f"{base}/v1/completions", {
             "model": p.fleet["model"], "prompt": "the sea", "max_tokens": 4},
             {"x-request-id": request_id, **auth})
-        up = _http(f"http://127.0.0.1:{prometheus_port}/api/v1/query?query=up")
+        up = http(f"http://127.0.0.1:{prometheus_port}/api/v1/query?query=up")
         series = json.loads(up[1]).get("data", {}).get("result", []) if up[0] == 200 else []
         return {"ready": ready, "completion": status, "request_id": request_id,
                 "completion_bytes": len(body), "prometheus_up_series": len(series)}

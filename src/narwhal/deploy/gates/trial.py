@@ -23,13 +23,12 @@ import asyncio
 import json
 import os
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import GateBlocked, HostError, Problem
-from narwhal.deploy.gates.serve import PROMETHEUS_AT, RouterHost, ServePlan, forwarded
+from narwhal.deploy.gates.serve import PROMETHEUS_AT, RouterHost, ServePlan, forwarded, http
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.inputs.model import Inputs
@@ -46,12 +45,13 @@ Progress = Callable[[str, str], None]
 
 
 def _get_json(url: str) -> dict[str, Any] | None:
+    """A JSON object through the tunnel (serve's one HTTP helper); None when none came."""
+    status, body = http(url, timeout_s=5.0)
     try:
-        with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 - the tunnel's port
-            doc = json.loads(reply.read(4 << 20))
-            return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
+        doc = json.loads(body) if status == 200 else None
+    except ValueError:
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def drain(base: str) -> float:
@@ -93,15 +93,11 @@ def words_for(base: str, model: str, tokens: int, api_key: str | None) -> int:
     """How many prompt words make about `tokens` tokens with the fleet's own tokenizer (the
     router's /tokenize of a 100-word sample); nine tenths of that, so no prompt overshoots."""
     sample = client.prompt(schedule(1.0, 1, 0, 100, 1, "tokenize")[0])
-    body = json.dumps({"model": model, "prompt": sample}).encode()
-    headers = {"Content-Type": "application/json",
-               **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    status, body = http(f"{base}/tokenize", {"model": model, "prompt": sample}, auth)
     try:
-        req = urllib.request.Request(f"{base}/tokenize", data=body,  # noqa: S310 - the tunnel
-                                     headers=headers)
-        with urllib.request.urlopen(req, timeout=10) as reply:  # noqa: S310 - the tunnel
-            per_100 = int(json.loads(reply.read(1 << 20))["count"])
-    except (OSError, ValueError, KeyError, TypeError):
+        per_100 = int(json.loads(body)["count"]) if status == 200 else 800
+    except (ValueError, KeyError, TypeError):
         per_100 = 800  # a tokenizer that splits words finely: stay short rather than over
     return max(1, int(tokens * 100 / max(per_100, 1) * 0.9))
 
