@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.browser import render
 from tests.lab.fleet_up import through
 from tests.lab.installing import Installer, rows
 from tests.lab.operator import NARWHAL
@@ -117,19 +118,34 @@ def test_serve_leaves_the_router_and_prometheus_running_and_a_second_serve_adopt
 def test_a_trial_reconciles_every_request_with_the_journal_and_drains_between_rates(
         attested: Installer) -> None:
     op = attested.op
-    code, doc = op.json_command("trial", "--rates", "2,4", "--requests", "20")
+    code, doc = op.json_command("trial", "--rates", "2,4", "--requests", "40")
     assert code == 0, doc
     assert [r["rate"] for r in doc["rates"]] == [2.0, 4.0]
     for r in doc["rates"]:
         rec = r["reconciled"]
-        assert rec["ok"] and rec["sent"] == rec["journalled"] == 20, rec
+        assert rec["ok"] and rec["sent"] == rec["journalled"] == 40, rec
         assert r["verdict"] in ("within SLO", "capacity miss"), r
-        assert r["ok"] == 20 and r["ttft_p50_s"] is not None
+        assert r["ok"] == 40 and r["ttft_p50_s"] is not None
         assert r["scrape"]["up"] and set(r["scrape"]["up"].values()) == {"1"}
     attempt = op.runs / "lab" / "load-trial" / doc["attempt"]
     records = (attempt / "rate-4-records.jsonl").read_text().splitlines()
-    assert len(records) == 20 and all(json.loads(x)["status"] == 200 for x in records)
+    assert len(records) == 40 and all(json.loads(x)["status"] == 200 for x in records)
+    journal = (attempt / "rate-4-journal.jsonl").read_text().splitlines()
+    assert len(journal) == 40  # this rate's rows only: read from where the journal stood
     assert "drained_before_s" in doc["rates"][1]  # the second rate waited for the first's tail
+
+    # The report, as the operator's team opens it: offline, every picture loaded.
+    assert doc["report"] == str(attempt / "report.html")
+    shown = render(attempt / "report.html", "#verdict")
+    verdicts = [f"{r['rate']:g}/s {r['verdict']}" for r in doc["rates"]]
+    assert all(v in shown.text for v in verdicts), shown.text
+    # attainment, latency, engine load, Gate D's heatmap and the gate timeline
+    assert [i["src"] for i in shown.images] == [
+        "report-attainment.png", "report-latency.png", "report-engine-load.png",
+        "report-fabric.png", "report-timeline.png"]
+    assert all(i["complete"] and i["width"] > 300 for i in shown.images), shown.images
+    assert (attempt / "report-fabric.png").read_bytes() == (
+        op.last_attempt("fabric") / "edge-matrix.png").read_bytes()
 
 
 def test_a_rate_the_client_cannot_schedule_is_client_saturated_never_capacity(

@@ -66,3 +66,11 @@ def test_failed_requests_count_against_attainment_and_show_by_status() -> None:
     assert verdict(refused, True, True) == "requests refused as invalid"
     admitted_less = summarise(1.0, [_record(n, status=429) for n in range(10)], 10.0, 0.5, 0.05)
     assert verdict(admitted_less, True, True) == "capacity miss"
+
+
+def test_a_client_that_used_its_whole_core_is_saturated_not_a_capacity_miss() -> None:
+    slow = summarise(1.0, [_record(n, ttft=2.0) for n in range(20)], 20.0, 0.5, 0.05)
+    slow["client_cpu_share"] = 0.97  # every send on time, but the client was the limit
+    assert verdict(slow, True, True) == "client saturated"
+    slow["client_cpu_share"] = 0.3
+    assert verdict(slow, True, True) == "capacity miss"

@@ -33,8 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_common(p)
     p.add_argument("--rates", type=rates_list, required=True, metavar="R1,R2,...",
                    help="offered rates, requests per second, run in this order")
-    p.add_argument("--requests", type=number(int, 1, 100_000), default=40,
-                   help="requests per rate (default 40)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--requests", type=number(int, 1, 100_000), default=None,
+                      help="requests per rate (default 40)")
+    size.add_argument("--duration", type=number(float, 1.0, 3600.0), default=None,
+                      metavar="SECONDS", help="instead of --requests: each rate's schedule lasts "
+                      "about this long (rate x seconds requests)")
     p.add_argument("--seed", type=number(int, 0, 2**31), default=0,
                    help="the arrival schedule's seed (default 0)")
     p.add_argument("--max-tokens", type=number(int, 1, 4096), default=16,
@@ -54,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
         with ctx.ledger.attempt(trial.ACTIVITY, fingerprint={}, hosts={router: ["router"]},
                                 deployment_revision=ctx.inputs.revision) as attempt:
             with attempt.bind(host):
-                doc = trial.run_trial(ctx.inputs, host, attempt, p, args.rates, args.requests,
-                                      args.seed, args.max_tokens, progress)
+                doc = trial.run_trial(ctx.inputs, host, attempt, p, args.rates,
+                                      trial.Size(args.requests, args.duration), args.seed,
+                                      args.max_tokens, progress)
             doc["attempt"] = attempt.id
     except GateBlocked as exc:
         report_blocked("trial", args, exc)
@@ -82,3 +87,4 @@ def _table(doc: dict[str, Any]) -> None:
                       f"{r['tpot_p50_s']}/{r['tpot_p99_s']}", str(r["late_sends"]),
                       str(r["reconciled"]["ok"]))
     Console().print(table)
+    Console().print(f"report: {doc['report']}")

@@ -11,8 +11,9 @@ workstation to the router and Prometheus on the router host, for each rate in tu
 3. the router's journal, read from the router host, reconciled with what was sent: every
    sent id exactly once, no id of the trial the client did not send;
 4. a Prometheus snapshot through the tunnel (`up` of every target);
-5. the summary (attainment, goodput, TTFT/TPOT percentiles, lag) and the verdict, which says
-   capacity only when nothing else explains a miss (verdict.py).
+5. the summary (attainment, goodput, TTFT/TPOT percentiles, lag, client CPU) and the verdict,
+   which says capacity only when nothing else explains a miss (verdict.py).
+Then the report (report.py): report.html and its pictures in the same folder, readable offline.
 Exit 0 when every rate's record holds (whatever the SLO attainment), 1 when a rate's record
 does not (client saturated, records that do not reconcile, a scrape failure).
 """
@@ -24,6 +25,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from narwhal.core.documents import canonical_json
@@ -33,10 +35,10 @@ from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
-from narwhal.deploy.trial import client
-from narwhal.deploy.trial.reconcile import reconcile
+from narwhal.deploy.trial import client, report
+from narwhal.deploy.trial.reconcile import journal_rows, reconcile
 from narwhal.deploy.trial.schedule import schedule
-from narwhal.deploy.trial.verdict import summarise, verdict
+from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
 
 ACTIVITY = "load-trial"
 DRAIN_S = 60.0
@@ -102,8 +104,39 @@ def words_for(base: str, model: str, tokens: int, api_key: str | None) -> int:
     return max(1, int(tokens * 100 / max(per_100, 1) * 0.9))
 
 
+def journal_size(host: Host, rh: RouterHost) -> int:
+    """The journal's length in bytes now (0 before the router wrote any): each rate reads only
+    what was appended after it, not the whole journal again."""
+    done = host.run(cl.file_size(f"{rh.folder}/journal.jsonl"), timeout=60)
+    try:
+        return int(done.stdout.decode().strip()) if done.ok else 0
+    except ValueError:
+        return 0
+
+
+def journal_since(host: Host, rh: RouterHost, offset: int) -> str:
+    done = host.run(cl.read_from(f"{rh.folder}/journal.jsonl", offset), timeout=120)
+    if not done.ok:
+        raise HostError(host.alias, "the router's journal cannot be read "
+                        f"({rh.folder}/journal.jsonl)")
+    return done.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Size:
+    """How many requests each rate sends: a count, or about `duration_s` of the schedule."""
+
+    requests: int | None = None
+    duration_s: float | None = None
+
+    def at(self, rate: float) -> int:
+        if self.requests is None and self.duration_s is not None:
+            return max(1, min(100_000, round(rate * self.duration_s)))
+        return self.requests or 40
+
+
 def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
-              requests: int, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
+              size: Size, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
     rh = RouterHost(host, p.install)
     slo = p.fleet["slo"]
     ttft_s, tpot_s = float(slo["ttft_s"]), float(slo["tpot_s"])
@@ -111,6 +144,7 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
     tag = f"trial-{attempt.id}-{os.urandom(3).hex()}"
     tokens = profiled_tokens(host, rh, inputs.workload.prompt_tokens)
     out: list[dict[str, Any]] = []
+    data: list[report.RateData] = []
     with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
         base = f"http://127.0.0.1:{router_port}"
         prometheus = f"http://127.0.0.1:{prometheus_port}"
@@ -118,17 +152,17 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
         for rate in rates:
             progress(f"rate {rate:g}/s", "draining the router")
             waited = drain(base)
+            offset = journal_size(host, rh)
+            requests = size.at(rate)
             planned = schedule(rate, requests, seed, words, max_tokens, f"{tag}-r{rate:g}")
             progress(f"rate {rate:g}/s", f"{requests} requests, open loop")
             records, seconds, cpu = asyncio.run(client.run(base, p.fleet["model"], planned,
                                                            api_key))
             drain(base)
             time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
-            journal = host.run(cl.read_file(f"{rh.folder}/journal.jsonl"), timeout=120)
-            if not journal.ok:
-                raise HostError(host.alias, "the router's journal cannot be read")
-            rec = reconcile([x.request_id for x in planned],
-                            journal.stdout.decode("utf-8", "replace"), f"{tag}-r{rate:g}")
+            journal = journal_since(host, rh, offset)
+            rec = reconcile([x.request_id for x in planned], journal, f"{tag}-r{rate:g}")
+            rows = journal_rows(journal, f"{tag}-r{rate:g}")[0]
             scraped, snapshot = scrape_ok(prometheus, len(p.targets()))
             state = _get_json(f"{base}/narwhal/state") or {}
             attempt.add_artifact(f"rate-{rate:g}-router-state.json",
@@ -142,11 +176,48 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
             summary["verdict"] = verdict(summary, rec.ok, scraped)
             name = f"rate-{rate:g}"
             attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(records))
+            attempt.add_artifact(f"{name}-journal.jsonl", b"".join(
+                canonical_json(r).encode() + b"\n" for r in rows))
             attempt.add_artifact(f"{name}-summary.json", canonical_json(summary).encode() + b"\n")
             progress(f"rate {rate:g}/s", f"{summary['verdict']}: attainment "
                      f"{summary['attainment']:.0%}, goodput {summary['goodput_per_s']}/s, "
                      f"reconciled {rec.ok}")
             out.append(summary)
-    doc = {"slo": slo, "seed": seed, "requests_per_rate": requests, "tag": tag, "rates": out}
+            data.append(report.RateData(summary, [r.as_dict() for r in records], rows))
+    doc = {"slo": slo, "seed": seed, "requests_per_rate": size.requests,
+           "duration_s": size.duration_s, "tag": tag, "rates": out}
     attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
+    progress("report", "writing the report")
+    files = report.build(f"Capacity trial {attempt.id} of {inputs.deployment}", slo, data,
+                         fabric_heatmap(attempt), record_spans(attempt), TARGET_ATTAINMENT,
+                         time.time())
+    for name, content in files.items():
+        attempt.add_artifact(name, content)
+    doc["report"] = str(attempt.folder / report.REPORT)
     return doc
+
+
+def fabric_heatmap(attempt: Attempt) -> bytes | None:
+    """Gate D's heatmap from its last passed attempt, if the record holds one."""
+    entry = attempt.ledger.load()["gates"].get("fabric", {})
+    if entry.get("state") != "passed" or not entry.get("last"):
+        return None
+    path = attempt.ledger.attempt_folder("fabric", str(entry["last"])) / "edge-matrix.png"
+    return path.read_bytes() if path.is_file() else None
+
+
+def record_spans(attempt: Attempt) -> list[report.AttemptSpan]:
+    """Every finished attempt of the record, for the report's timeline."""
+    doc = attempt.ledger.load()
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for table in ("gates", "activities"):
+        for step, entry in doc.get(table, {}).items():
+            for attempt_id in entry.get("attempts", []):
+                path = attempt.ledger.attempt_folder(step, attempt_id) / "attempt.json"
+                try:
+                    found[(step, attempt_id)] = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+    started = float(attempt.start_doc["started_epoch"])
+    return [*report.spans_from(doc, found),
+            report.AttemptSpan(ACTIVITY, attempt.id, started, time.time() - started, "running")]

@@ -72,6 +72,16 @@ def read_file(path: str) -> list[str]:
     return ["cat", "--", path]
 
 
+def file_size(path: str) -> list[str]:
+    """Print a file's length in bytes (fails when it is absent)."""
+    return ["stat", "-c", "%s", "--", path]
+
+
+def read_from(path: str, offset: int) -> list[str]:
+    """A file's bytes from `offset` on (the part appended since a size was read)."""
+    return ["tail", "-c", f"+{int(offset) + 1}", "--", path]
+
+
 def proc_stat(pid: int) -> list[str]:
     return ["cat", f"/proc/{int(pid)}/stat"]
 

@@ -1,7 +1,8 @@
 """One rate's summary and its verdict, in the order a miss must be explained.
 
 A rate says "capacity" only when nothing else explains a miss. First the record itself: a
-client that could not keep its schedule ("client saturated"), a journal that does not
+client that could not keep its schedule or used nearly all of its one CPU doing so ("client
+saturated": its timings are its own, not the fleet's), a journal that does not
 reconcile with what was sent ("records do not reconcile"), a Prometheus that stopped answering
 ("scrape failure"), requests the router refused as invalid (a 4xx other than 429: the
 trial's requests were wrong). Only then SLO attainment: "within SLO" or "capacity miss" (429,
@@ -15,6 +16,7 @@ from typing import Any
 
 MAX_LAG_S = 0.1  # a send later than this after its planned time means the client lagged
 MAX_LATE_SHARE = 0.05  # more late sends than this share: the schedule was not kept
+MAX_CLIENT_CPU = 0.9  # the client is one event loop: past this share of a core it is the limit
 TARGET_ATTAINMENT = 0.9
 
 
@@ -80,6 +82,8 @@ def summarise(rate: float, records: list[Record], seconds: float, ttft_s: float,
 
 def verdict(summary: dict[str, Any], reconciled_ok: bool, scrape_ok: bool) -> str:
     if summary["requests"] and summary["late_sends"] / summary["requests"] > MAX_LATE_SHARE:
+        return "client saturated"
+    if float(summary.get("client_cpu_share") or 0.0) > MAX_CLIENT_CPU:
         return "client saturated"
     if not reconciled_ok:
         return "records do not reconcile"
