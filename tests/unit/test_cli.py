@@ -33,11 +33,20 @@ def test_narwhal_help_lists_the_gates() -> None:
         assert gate in done.stdout
 
 
-def test_unbuilt_gate_says_so_plainly() -> None:
-    done = subprocess.run([str(BIN / "narwhal"), "deploy"], capture_output=True, text=True,
+def test_deploy_refuses_an_unknown_gate_naming_the_known_ones(tmp_path: Path) -> None:
+    done = subprocess.run([str(BIN / "narwhal"), "deploy", "--until", "H"], capture_output=True,
+                          text=True, check=False, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "unknown gate 'H'" in done.stderr and "G=serve" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_deploy_without_inputs_says_which_file_and_records_nothing(tmp_path: Path) -> None:
+    done = subprocess.run([str(BIN / "narwhal"), "deploy", "--env", str(tmp_path / "none.env"),
+                           "--runs", str(tmp_path / "runs")], capture_output=True, text=True,
                           check=False)
-    assert done.returncode == 3
-    assert "not built yet" in done.stderr
+    assert done.returncode != 0 and "none.env" in done.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_unknown_subcommand_is_a_usage_error() -> None:

@@ -1,16 +1,18 @@
 """`make demo`: the main job on the embedded default lab, with the product's own commands.
 
 Brings the lab up, hands its `.env` to the product unchanged (plus the approved revision),
-pins host keys, checks access over SSH from the workstation namespace, runs Gates A and B
-(discovery, then the install of the checkout's HEAD on every host), C (the engines, through
-the hosts' docker, with their live KV contract), D (the fabric), E (the attestation sidecars),
-F (profiles and preflight on the router host) and G (the router and Prometheus, checked
-through an SSH forward, and a capacity trial at two rates), exports the record, takes the lab down and ends with
-`narwhal status`. What is not built yet is named.
+pins host keys, checks access over SSH from the workstation namespace, prepares the install
+of the checkout's HEAD, then `narwhal deploy` runs Gates A to G (discovery, the install on
+every host, the engines through the hosts' docker with their live KV capture, the fabric, the
+attestation sidecars, profiles and preflight on the router host, the router and Prometheus
+checked through an SSH forward) and, run again, keeps every gate. Then a capacity trial at two
+rates with its HTML report, the live status, KV handoffs over the fabric, the record exported,
+the lab taken down, and `narwhal status`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +38,15 @@ def _run(argv: list[str], *, check: bool = True) -> int:
     if check and code != 0:
         raise SystemExit(f"demo: `{' '.join(argv)}` exited {code}")
     return code
+
+
+def _json(argv: list[str]) -> dict[str, object]:
+    print("$ " + " ".join(argv), flush=True)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"demo: `{' '.join(argv)}` exited {done.returncode}: {done.stderr}")
+    doc: dict[str, object] = json.loads(done.stdout)
+    return doc
 
 
 def _revision() -> str:
@@ -110,39 +121,24 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "trust", "--yes", *common])
         _say("access: one SSH master per physical host, every command recorded")
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "check", *common])
-        _say("gate A: discover every host at once (GPUs, image, checkpoint digest, fabric, "
-             "ports) and check each engine's allocation against its own host")
-        _run([narwhal, "lab", "exec", "--", narwhal, "discover", *common])
-        _say("gate B: prepare the install here (the lab hosts and workstation namespace have no "
-             "package index: the wheelhouse is built once where one answers), then install "
-             "every host at once from the workstation, offline and hash-checked")
+        _say("gate B's preparation, here: the lab's hosts and workstation namespace have no "
+             "package index, so the wheelhouse is built once where one answers")
         checkout = work / "checkout"  # HEAD exactly: uncommitted edits are not the revision
         _run(["git", "clone", "-q", ".", str(checkout)])
-        install = ["install", "--checkout", str(checkout), *common]
-        _run([narwhal, *install, "--prepare-only"])
-        _run([narwhal, "lab", "exec", "--", narwhal, *install])
-        _say("gate B again: every host verified, nothing reinstalled")
-        _run([narwhal, "lab", "exec", "--", narwhal, *install])
-        _say("gate C: start every engine from its checked plan through the hosts' docker, "
-             "capture what each allocated, and prove the live KV contract")
-        _run([narwhal, "lab", "exec", "--", narwhal, "engines", *common])
-        _say("gate D: prove every directed fabric edge against the budget of the live cache, "
-             "one edge at a time with every engine idle, then again: every sample reused")
-        for _ in range(2):
-            _run([narwhal, "lab", "exec", "--", narwhal, "fabric", "--seconds", "2", *common])
-        _say("gate E: every engine's attestation sidecar, checked from the router host "
-             "against Gate C's capture; the fleet document gains each engine's contract")
-        _run([narwhal, "lab", "exec", "--", narwhal, "attest", *common])
-        _say("gate F: on the router host, profile every engine generation once and prove every "
-             "ordered pair's KV handoff and the contract against Gate C's captures")
-        _run([narwhal, "lab", "exec", "--", narwhal, "preflight", *common])
-        _say("gate F again: every profile row still binds to its live engine, nothing profiled")
-        _run([narwhal, "lab", "exec", "--", narwhal, "preflight", *common])
-        _say("gate G (service): the router and Prometheus on the router host, every target up, "
-             "every dashboard query with data, a completion through the SSH forward")
-        _run([narwhal, "lab", "exec", "--", narwhal, "serve", *common])
-        _say("gate G again: the running router is adopted, never a second controller")
-        _run([narwhal, "lab", "exec", "--", narwhal, "serve", *common])
+        prepared = str(_json([narwhal, "install", "--checkout", str(checkout), "--prepare-only",
+                              "--json", *common])["prepared_run"])
+        deploy = [narwhal, "lab", "exec", "--", narwhal, "deploy", "--prepared", prepared,
+                  "--fabric-seconds", "2", *common]
+        _say("narwhal deploy: gates A to G in order, each recorded before the next. A discovers "
+             "every host (GPUs, image, checkpoint digest, fabric, ports); B installs the "
+             "revision offline and hash-checked; C starts every engine through the hosts' "
+             "docker and captures its live KV cache; D proves every directed fabric edge "
+             "against the budget of that cache; E attests the live engine processes from the "
+             "router host; F profiles each engine once and proves every ordered pair's KV "
+             "handoff; G starts the router and Prometheus, checked through an SSH forward")
+        _run(deploy)
+        _say("narwhal deploy again: every gate passed and fresh, so nothing runs")
+        _run(deploy)
         _say("gate G trial: two rates through the SSH forward, each after the router drained, "
              "every request reconciled with the router's journal")
         _run([narwhal, "lab", "exec", "--", narwhal, "trial", "--rates", "1,2", "--requests",
@@ -163,8 +159,6 @@ def main() -> int:
     finally:
         _say("lab down")
         _run([narwhal, "lab", "down"], check=False)
-    _say("not built yet in this revision: `narwhal deploy` (it says so when run) and the "
-         "trial's HTML report")
     _say("status (the record; the lab is down, so no host is asked)")
     _run([narwhal, "status", "--offline", *common])
     return 0

@@ -24,7 +24,7 @@ from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.ledger.export import export
 from narwhal.deploy.ledger.recover import recover
-from narwhal.deploy.ledger.status import compute, with_live_changes
+from narwhal.deploy.ledger.status import GateStatus, compute, with_live_changes
 
 STATE_STYLE = {"passed": "green", "stale": "yellow", "blocked": "red", "failed": "red",
                "running": "cyan", "pending": "dim"}
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rec.set_defaults(handler=run_recover)
 
 
-def _live_changes(ctx: Context) -> tuple[list[EngineChange], str]:
+def live_changes(ctx: Context) -> tuple[list[EngineChange], str]:
     """The attested engines that changed, read from the router host (recorded as activity
     `status`); ([], why) when the live check cannot run."""
     if restarts.attested_fleet(ctx.ledger) is None:
@@ -79,13 +79,23 @@ def _live_changes(ctx: Context) -> tuple[list[EngineChange], str]:
         ctx.close()
 
 
+def recorded_rows(ctx: Context) -> list[GateStatus]:
+    """Every gate's state from the record and the inputs' fingerprints now."""
+    ledger = ctx.ledger
+    return compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints()))
+
+
+def with_live(ctx: Context, rows: list[GateStatus], changes: list[EngineChange]
+              ) -> list[GateStatus]:
+    """The rows with what the live check found changed (restarts.py)."""
+    return with_live_changes(rows, ctx.ledger.load(), changes)
+
+
 def run_status(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     ledger = ctx.ledger.ensure()
-    changes, skipped = ([], "") if args.offline else _live_changes(ctx)
-    rows = with_live_changes(
-        compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints())),
-        ledger.load(), changes)
+    changes, skipped = ([], "") if args.offline else live_changes(ctx)
+    rows = with_live(ctx, recorded_rows(ctx), changes)
     if args.json:
         print(json.dumps({"deployment": ledger.deployment,
                           "gates": [r.as_dict() for r in rows],

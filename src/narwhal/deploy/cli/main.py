@@ -11,9 +11,9 @@ from narwhal import __version__
 from narwhal.commands import GROUPS, CommandGroup, load
 from narwhal.core.cli_common import EXIT_FAILED, not_built
 from narwhal.core.errors import InputError, NarwhalError
-from narwhal.core.gates import GATES
 from narwhal.deploy.cli import (
     attest_cmd,
+    deploy_cmd,
     discover_cmd,
     engines_cmd,
     fabric_cmd,
@@ -34,19 +34,7 @@ Handler = Callable[[argparse.Namespace], int]
 # imported by name here so the architecture test can check their direction.
 COMMAND_MODULES = (inputs_cmd, ledger_cmd, hosts_cmd, kv_cmd, discover_cmd, install_cmd,
                    shell_cmd, engines_cmd, fabric_cmd, attest_cmd, preflight_cmd,
-                   serve_cmd, trial_cmd)
-# Gates whose module registers its own command; the others answer "not built yet" (exit 3).
-BUILT_GATES = frozenset({"discover", "install", "engines", "fabric", "attest", "preflight",
-                         "serve"})
-
-
-def _gate_stub(title: str, command: str) -> Handler:
-    def run(_args: argparse.Namespace) -> int:
-        return not_built(f"narwhal {command}", title)
-
-    return run
-
-
+                   serve_cmd, trial_cmd, deploy_cmd)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="narwhal",
@@ -55,13 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"narwhal {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for gate in GATES:
-        if gate.name in BUILT_GATES:
-            continue
-        p = sub.add_parser(gate.command, help=f"gate {gate.letter}: {gate.title}")
-        p.set_defaults(handler=_gate_stub(gate.title, gate.command))
-    deploy = sub.add_parser("deploy", help="run gates A..G in order, skipping what is still valid")
-    deploy.set_defaults(handler=_gate_stub("Gates A..G in order", "deploy"))
     for module in COMMAND_MODULES:
         module.register(sub)
     # Groups declared at the distribution root (narwhal/commands.py), such as `lab`: their
@@ -84,8 +65,12 @@ def _pass_through(group: CommandGroup) -> Handler:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_handler(build_parser().parse_args(argv))
+
+
+def run_handler(args: argparse.Namespace) -> int:
+    """Run a parsed command; every error becomes one line and an exit code (`narwhal deploy`
+    runs each gate's command through here too)."""
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -1,0 +1,211 @@
+"""`narwhal deploy`: gates A to G in order, doing only the work that makes the fleet valid again.
+
+Before each gate the state is computed again from the record (and, once Gate E has passed,
+from what the router host reads live from every attested engine's sidecar, asked once at the
+start): a gate that is passed and fresh is kept, anything else (pending, stale, blocked,
+failed) is run, through the very command an operator would type (`narwhal engines`, ...), so
+its attempt, commands and evidence are recorded exactly as if run by hand, and its result is
+in the record before the next gate is judged. A gate kept fresh because its inputs did not
+move is not run again even when an earlier gate ran (Gate D after a recapture whose contract
+came out byte-identical, for instance): staleness is read from fingerprints, never assumed.
+
+An engine that only the live check found changed is captured again alone
+(`narwhal engines --recapture ENGINE`); Gate E then replaces only its sidecar. A gate that
+does not pass stops the run: its cause, where its evidence is, and how to go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
+from narwhal.core.gates import GATES, Gate
+from narwhal.core.gates import gate as gate_named
+from narwhal.deploy.cli import ledger_cmd
+from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.gates.restarts import EngineChange
+from narwhal.deploy.ledger.status import GateStatus
+
+
+def gate_flag(text: str) -> Gate:
+    try:
+        return gate_named(text)
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(str(exc.args[0])) from None
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("deploy", help="gates A..G in order: run what is not passed and fresh, "
+                                      "keep the rest")
+    add_common(p)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--until", type=gate_flag, default=GATES[-1], metavar="GATE",
+                   help="stop after this gate (name or letter; default G)")
+    p.add_argument("--offline", action="store_true",
+                   help="judge from the record only: do not ask the attested engines' "
+                        "sidecars whether they still vouch")
+    p.add_argument("--prepared", metavar="RUN", default=None,
+                   help="gate B: install this prepared run (narwhal install --prepare-only)")
+    p.add_argument("--wheelhouse", type=Path, default=None,
+                   help="gate B: the folder holding runtime.lock's wheels")
+    p.add_argument("--checkout", type=Path, default=None,
+                   help="gate B: the git checkout holding the revision")
+    p.add_argument("--fabric-seconds", type=int, default=None, metavar="SECONDS",
+                   help="gate D: seconds per edge sample (default: gate D's own)")
+    p.set_defaults(handler=run)
+
+
+@dataclass
+class Step:
+    """One gate of this run: kept or run, and how it ended."""
+
+    gate: Gate
+    before: GateStatus
+    action: str  # kept | ran
+    argv: list[str]
+    exit: int = EXIT_OK
+    seconds: float = 0.0
+    output: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gate": self.gate.name, "letter": self.gate.letter, "action": self.action,
+                "state_before": self.before.state, "why": self.before.reason,
+                "command": ["narwhal", *self.argv] if self.argv else [],
+                "exit": self.exit, "seconds": round(self.seconds, 3), "output": self.output}
+
+
+def _common(args: argparse.Namespace) -> list[str]:
+    out = ["--env", str(args.env), "--runs", str(args.runs)]
+    return out + (["--ssh-config", args.ssh_config] if args.ssh_config else [])
+
+
+def gate_argv(gate: Gate, args: argparse.Namespace, plain: GateStatus,
+              changes: list[EngineChange]) -> list[str]:
+    """The command line that runs `gate` now (without the common flags)."""
+    argv = [gate.command]
+    if gate.name == "install":
+        for flag, value in (("--prepared", args.prepared), ("--wheelhouse", args.wheelhouse),
+                            ("--checkout", args.checkout)):
+            if value is not None and not (flag == "--checkout" and args.prepared):
+                argv += [flag, str(value)]
+    if gate.name == "engines" and plain.state == "passed":
+        recapture = [c.engine for c in changes if c.recapture]
+        if recapture:  # only the live check found these changed: capture them alone
+            argv += ["--recapture", ",".join(recapture)]
+    if gate.name == "fabric" and args.fabric_seconds is not None:
+        argv += ["--seconds", str(args.fabric_seconds)]
+    return argv
+
+
+def _rows(ctx: Context, changes: list[EngineChange]) -> tuple[dict[str, GateStatus],
+                                                                dict[str, GateStatus]]:
+    """(the record's states, the states with the live check's changes) by gate."""
+    plain = ledger_cmd.recorded_rows(ctx)
+    live = ledger_cmd.with_live(ctx, plain, changes)
+    return {r.gate: r for r in plain}, {r.gate: r for r in live}
+
+
+def _run_command(argv: list[str], quiet: bool) -> tuple[int, Any]:
+    """Run one narwhal command in this process; with `quiet`, its stdout (one JSON document
+    with --json) is captured and parsed instead of printed."""
+    from narwhal.deploy.cli.main import build_parser, run_handler  # main imports this module
+
+    ns = build_parser().parse_args(argv)
+    if not quiet:
+        return run_handler(ns), None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = run_handler(ns)
+    try:
+        return code, json.loads(out.getvalue())
+    except ValueError:
+        return code, out.getvalue()[-2000:]
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = Context.load(args)
+    ctx.ledger.ensure()
+    say = Console(stderr=True, highlight=False).print
+    changes: list[EngineChange] = []
+    if not args.offline:
+        changes, skipped = ledger_cmd.live_changes(ctx)
+        if skipped:
+            say(f"[yellow]{skipped}[/]")
+    last = GATES.index(args.until)
+    steps: list[Step] = []
+    t0 = time.monotonic()
+    for number, gate in enumerate(GATES[:last + 1], 1):
+        plain, live = _rows(ctx, changes)
+        row = live[gate.name]
+        head = f"[{number}/{last + 1}] gate {gate.letter} {gate.name}"
+        if row.state == "passed":
+            say(f"{head}: passed and fresh, kept")
+            steps.append(Step(gate, row, "kept", []))
+            continue
+        argv = gate_argv(gate, args, plain[gate.name], changes)
+        why = f" ({row.reason})" if row.reason else ""
+        say(f"{head}: {row.state}{why}; running narwhal {' '.join(argv)}")
+        started = time.monotonic()
+        code, output = _run_command([*argv, *_common(args), *(["--json"] if args.json else [])],
+                                    args.json)
+        steps.append(Step(gate, row, "ran", argv, code, time.monotonic() - started, output))
+        if code != EXIT_OK:
+            return _stopped(args, ctx, steps, gate, say)
+        if gate.name == "engines":
+            changes = [replace(c, recapture=False) for c in changes]
+        if gate.name == "attest":
+            changes = []  # every engine attested again as it runs now
+    return _finished(args, ctx, steps, time.monotonic() - t0, say)
+
+
+def _status_rows(ctx: Context) -> list[GateStatus]:
+    return ledger_cmd.recorded_rows(ctx)
+
+
+def _stopped(args: argparse.Namespace, ctx: Context, steps: list[Step], gate: Gate,
+             say: Any) -> int:
+    entry = ctx.ledger.load()["gates"].get(gate.name, {})
+    attempt = entry.get("last", "")
+    folder = ctx.ledger.attempt_folder(gate.name, attempt) if attempt else ctx.ledger.root
+    if args.json:
+        print(json.dumps({"deployment": ctx.ledger.deployment, "verdict": "stopped",
+                          "stopped_at": gate.name, "cause": entry.get("cause", ""),
+                          "evidence": str(folder), "steps": [s.as_dict() for s in steps],
+                          "status": [r.as_dict() for r in _status_rows(ctx)]}, indent=1))
+    else:
+        say(f"[red]narwhal deploy: stopped at gate {gate.letter} {gate.name}, "
+            f"{entry.get('state', 'not passed')}[/]: {entry.get('cause') or 'see above'}")
+        say(f"  evidence: {folder}")
+        say(f"  inspect: narwhal status; after fixing the cause: narwhal deploy (gates "
+            f"before {gate.letter} that are still fresh are kept); to undo what the attempt "
+            f"created: narwhal recover {gate.name}")
+    return EXIT_FAILED
+
+
+def _finished(args: argparse.Namespace, ctx: Context, steps: list[Step], seconds: float,
+              say: Any) -> int:
+    rows = _status_rows(ctx)
+    if args.json:
+        print(json.dumps({"deployment": ctx.ledger.deployment, "verdict": "passed",
+                          "until": args.until.name, "seconds": round(seconds, 3),
+                          "steps": [s.as_dict() for s in steps],
+                          "status": [r.as_dict() for r in rows]}, indent=1))
+        return EXIT_OK
+    ran = [s for s in steps if s.action == "ran"]
+    say(f"narwhal deploy: gates A..{args.until.letter} passed in {seconds:.1f} s; ran "
+        f"{', '.join(s.gate.letter for s in ran) or 'nothing'}, kept "
+        f"{', '.join(s.gate.letter for s in steps if s.action == 'kept') or 'nothing'}")
+    for s in ran:
+        say(f"  gate {s.gate.letter} {s.gate.name}: {s.seconds:.1f} s")
+    sys.stdout.flush()
+    return EXIT_OK
