@@ -44,7 +44,8 @@ def _json(argv: list[str]) -> dict[str, object]:
     print("$ " + " ".join(argv), flush=True)
     done = subprocess.run(argv, check=False, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"demo: `{' '.join(argv)}` exited {done.returncode}: {done.stderr}")
+        raise SystemExit(f"demo: `{' '.join(argv)}` exited {done.returncode}:\n"
+                         f"{done.stdout}{done.stderr}")
     doc: dict[str, object] = json.loads(done.stdout)
     return doc
 
@@ -121,16 +122,20 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "trust", "--yes", *common])
         _say("access: one SSH master per physical host, every command recorded")
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "check", *common])
+        deploy = [narwhal, "lab", "exec", "--", narwhal, "deploy", "--fabric-seconds", "2",
+                  *common]
+        _say("narwhal deploy --until A: gate A discovers every host at once (GPUs, image, "
+             "checkpoint digest, fabric, ports) and checks each engine's allocation")
+        _run([*deploy, "--until", "A"])
         _say("gate B's preparation, here: the lab's hosts and workstation namespace have no "
-             "package index, so the wheelhouse is built once where one answers")
+             "package index, so the install is prepared (its wheelhouse built) where one "
+             "answers, from Gate A's facts")
         checkout = work / "checkout"  # HEAD exactly: uncommitted edits are not the revision
         _run(["git", "clone", "-q", ".", str(checkout)])
         prepared = str(_json([narwhal, "install", "--checkout", str(checkout), "--prepare-only",
                               "--json", *common])["prepared_run"])
-        deploy = [narwhal, "lab", "exec", "--", narwhal, "deploy", "--prepared", prepared,
-                  "--fabric-seconds", "2", *common]
-        _say("narwhal deploy: gates A to G in order, each recorded before the next. A discovers "
-             "every host (GPUs, image, checkpoint digest, fabric, ports); B installs the "
+        deploy += ["--prepared", prepared]
+        _say("narwhal deploy: resumes at gate B (A is passed and fresh). B installs the "
              "revision offline and hash-checked; C starts every engine through the hosts' "
              "docker and captures its live KV cache; D proves every directed fabric edge "
              "against the budget of that cache; E attests the live engine processes from the "
