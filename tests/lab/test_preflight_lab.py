@@ -115,6 +115,52 @@ def test_serve_leaves_the_router_and_prometheus_running_and_a_second_serve_adopt
     assert "NarwhalEngineDown" in rules and "NarwhalLeaseChanged" in rules
 
 
+def _attempts(op: Any) -> dict[str, list[str]]:
+    doc = json.loads((op.runs / "lab" / "ledger.json").read_text())
+    return {g: list(e["attempts"]) for g, e in doc["gates"].items()}
+
+
+def test_deploy_keeps_every_gate_that_is_passed_and_fresh(attested: Installer) -> None:
+    op = attested.op
+    before = _attempts(op)
+    code, doc = op.json_command("deploy")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    assert [(s["letter"], s["action"]) for s in doc["steps"]] == [(g, "kept") for g in "ABCDEFG"]
+    assert _attempts(op) == before  # no gate ran
+    assert {r["state"] for r in doc["status"]} == {"passed"}
+
+
+def test_an_edited_slo_makes_deploy_rerun_preflight_and_serve_only(attested: Installer) -> None:
+    """The runbook's row "SLO or first-token deadline": the slo and calibration gates against
+    the saved profiles, then the router on the edited fleet; nothing before Gate F."""
+    op = attested.op
+    router = _owned(attested, "serve", "router")
+    before = _attempts(op)
+    edited = op.variant("edited-slo", NARWHAL_TTFT_S="20")
+    code, doc = op.json_command("deploy", env=edited)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert [g for g, s in steps.items() if s["action"] == "ran"] == ["preflight", "serve"]
+    assert "slo" in steps["preflight"]["why"]
+    after = _attempts(op)
+    assert {g: len(after[g]) - len(before[g]) for g in after} == {
+        "discover": 0, "install": 0, "engines": 0, "fabric": 0, "attest": 0, "preflight": 1,
+        "serve": 1}
+    preflight = op.last_attempt("preflight")
+    assert _tool_rows(preflight, "narwhal-profile") == []  # the saved profiles, kept
+    assert _tool_rows(preflight, "narwhal-check")
+    served = json.loads(_on_router(attested, f"cat {_router_folder(attested)}/fleet.json"))
+    assert served["slo"]["ttft_s"] == 20
+    # the router reads its fleet once: the one started on the old fleet was replaced
+    assert steps["serve"]["output"]["router"] == "started"
+    assert _on_router(attested, f"kill -0 {router['pid']} 2>/dev/null || echo gone") == "gone"
+    assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "1"
+
+    code, doc = op.json_command("deploy")  # the edit undone: the same two gates again
+    assert code == 0, doc
+    assert [s["gate"] for s in doc["steps"] if s["action"] == "ran"] == ["preflight", "serve"]
+
+
 def test_a_trial_reconciles_every_request_with_the_journal_and_drains_between_rates(
         attested: Installer) -> None:
     op = attested.op
@@ -208,6 +254,34 @@ def test_an_slo_below_the_profiled_decode_floor_fails_the_slo_gate(attested: Ins
     assert "tpot_s 0.0001" in json.dumps(problems)
     served = json.loads(_on_router(attested, f"cat {_router_folder(attested)}/fleet.json"))
     assert served["slo"]["tpot_s"] != 0.0001  # the router's fleet is still the checked one
+
+
+def test_a_restarted_engine_makes_deploy_redo_exactly_that_engines_work(
+        attested: Installer) -> None:
+    """The runbook's row "Engine process or attestation": capture, attestation and profile of
+    that engine, then full preflight; the fabric only if its geometry moved (it did not)."""
+    op = attested.op
+    before = _attempts(op)
+    ssh(op.plan, "eng2", "docker restart -t 5 $(docker ps -q)", timeout=60)
+    code, doc = op.json_command("deploy")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert {g: s["action"] for g, s in steps.items()} == {
+        "discover": "kept", "install": "kept", "engines": "ran", "fabric": "kept",
+        "attest": "ran", "preflight": "ran", "serve": "ran"}
+    assert steps["engines"]["command"][:3] == ["narwhal", "engines", "--recapture"]
+    assert steps["engines"]["command"][3] == "engine-2"
+    after = _attempts(op)
+    assert after["fabric"] == before["fabric"]
+    summary = json.loads((op.last_attempt("attest") / "engine-attestation.json").read_text())
+    assert {k: v["sidecar"] for k, v in summary["engines"].items()} == {
+        "engine-1": "kept", "engine-2": "started", "engine-3": "kept"}
+    [profiled] = _tool_rows(op.last_attempt("preflight"), "narwhal-profile")
+    only = [profiled["argv"][i + 1] for i, a in enumerate(profiled["argv"]) if a == "--only"]
+    assert only == ["engine-2"]  # the other rows still bind to their engines
+    assert steps["serve"]["output"]["router"] == "started"  # on the fleet with the new digest
+    code, doc = op.json_command("deploy")
+    assert code == 0 and {s["action"] for s in doc["steps"]} == {"kept"}, doc
 
 
 def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(

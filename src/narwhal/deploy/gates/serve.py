@@ -129,27 +129,50 @@ def _wait(what: str, check: Callable[[], bool], seconds: float) -> bool:
     return False
 
 
+def served_fleet(ledger: Ledger, attempt_id: str) -> str:
+    """The fleet document's sha256 an earlier serve attempt started its router on ("" when its
+    plan cannot be read)."""
+    try:
+        doc = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
+        return str(doc.get("fleet_sha256", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def start_router(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan,
                  progress: Progress) -> dict[str, Any]:
     """Adopt this fleet's primary router at the address, or start one and wait for /ready."""
     state = rh.get(f"{p.router_url}/narwhal/state")
+    earlier = [r for r in earlier_processes(ledger, "serve", attempt.id, SERVE)
+               if r["host"] == p.router]
+    ours = [r for r in earlier if alive(rh.host, r)]
     if state is not None:
         status, doc = state
         controller = doc.get("controller") or {}
-        if status == 200 and doc.get("model") == p.fleet["model"] \
-                and controller.get("role") == "primary":
+        primary = status == 200 and doc.get("model") == p.fleet["model"] \
+            and controller.get("role") == "primary"
+        served = {served_fleet(ledger, str(r["attempt"])) for r in ours}
+        if primary and ours and p.fleet_sha256 not in served:
+            # our router, started on an earlier fleet document (an SLO, a deadline or an
+            # engine's contract changed since): it reads its fleet once, so it is replaced
+            progress("router", "the running router serves an earlier fleet document; "
+                     "replacing it with one on the fleet Gate F checked")
+            retire(rh.host, ours, progress, "router")
+            state = None
+        elif primary:
             progress("router", f"adopting the router already serving at {p.router_url} "
                      f"(lease epoch {controller.get('epoch')})")
             return {"router": "adopted", "epoch": controller.get("epoch"),
                     "holder_id": controller.get("holder_id")}
+    if state is not None:
+        status, doc = state
+        controller = doc.get("controller") or {}
         raise GateBlocked("serve", f"{p.router_url} answers, but not as this fleet's primary "
                           "router", [Problem(f"{p.router}: {p.router_url}",
                                              f"answered {status}: model {doc.get('model')!r}, "
                                              f"role {controller.get('role')!r}",
                                              "stop what listens there, or set "
                                              "NARWHAL_ROUTER_URL to a free address")])
-    earlier = [r for r in earlier_processes(ledger, "serve", attempt.id, SERVE)
-               if r["host"] == p.router]
     for row in earlier:  # an earlier router of ours that no longer answers: end it cleanly
         if alive(rh.host, row):
             retire(rh.host, [row], progress, "router")
