@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from narwhal.core.fleet import EngineContract, EngineEntry
+from narwhal.core.sidecar_answer import read_answer
 from narwhal.serve.engines import Engine
 
 _log = logging.getLogger("narwhal.serve.attestation")
@@ -43,18 +44,8 @@ def attested_engines(engines: Iterable[EngineEntry]) -> dict[str, Attestation]:
 
 def judge(status: int, body: Any, contract: EngineContract) -> str:
     """Why the sidecar's answer does not vouch for the contract ("" when it does)."""
-    if not isinstance(body, dict):
-        return f"the sidecar answered {status} without a JSON object"
-    if status == 503:
-        return f"the sidecar refuses: {str(body.get('error', ''))[:300]}"
-    if status != 200:
-        return f"the sidecar answered {status}"
-    if body.get("digest") != contract.attestation_digest:
-        return (f"attestation {str(body.get('digest'))[:19]} is not the fleet's contract "
-                f"{contract.attestation_digest[:19]}: run `narwhal attest`")
-    if body.get("compatibility_hash") != contract.compatibility_hash:
-        return "the attested compatibility hash is not the fleet's contract"
-    return ""
+    return read_answer(status, body, contract.attestation_digest,
+                       contract.compatibility_hash).reason
 
 
 class Attestor:

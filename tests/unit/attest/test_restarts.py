@@ -30,7 +30,7 @@ def test_a_restarted_engine_is_a_process_change_and_the_sidecars_words_are_the_r
 def test_other_refusals_are_not_taken_for_an_engine_change() -> None:
     assert judge(ENGINE, _got(503, {"error": "engine not answering (timed out)"}))[1] is False
     why, changed = judge(ENGINE, _got(200, {"digest": "sha256:" + "b" * 64}))
-    assert not changed and "the fleet's contract names" in why
+    assert not changed and "is not the fleet's contract" in why
     why, changed = judge(ENGINE, _got(0, {}, ok=False, error="connection refused"))
     assert not changed and "cannot be read" in why
     assert judge(ENGINE, _got(404, {}))[0] == "the sidecar answered 404"

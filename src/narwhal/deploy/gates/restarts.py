@@ -19,6 +19,7 @@ from typing import Any
 
 from narwhal.core import result_line
 from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError
+from narwhal.core.sidecar_answer import read_answer
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.hosts.base import Host
@@ -62,20 +63,12 @@ def _captured_since(ledger: Ledger, engine: str) -> bool:
 
 def judge(engine: dict[str, Any], got: result_line.ResultLine) -> tuple[str, bool]:
     """(why the sidecar does not vouch for the fleet's contract, whether the engine itself
-    changed); ("", False) when it vouches."""
+    changed); ("", False) when it vouches. The reading is the router's own (core)."""
     if not got.ok:
         return f"the sidecar cannot be read ({got.error[:200]})", False
-    status, doc = int(got.data.get("status", 0)), got.data.get("document") or {}
-    if status == 503:
-        error = str(doc.get("error", ""))[:300]
-        return error, error.startswith(("engine process changed", "layout changed"))
-    if status != 200:
-        return f"the sidecar answered {status}", False
-    want = engine["contract"]["attestation_digest"]
-    if doc.get("digest") != want:
-        return (f"the sidecar vouches for {str(doc.get('digest'))[:19]}, the fleet's contract "
-                f"names {want[:19]}"), False
-    return "", False
+    reading = read_answer(int(got.data.get("status", 0)), got.data.get("document") or {},
+                          str(engine["contract"]["attestation_digest"]))
+    return reading.reason, reading.process_changed
 
 
 def _repeat(engine: str, process_changed: bool, recaptured: bool) -> tuple[str, ...]:
