@@ -8,6 +8,8 @@ pair's KV handoff and the contract against Gate C's captures (not SKIP).
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -286,7 +288,7 @@ def test_a_restarted_engine_makes_deploy_redo_exactly_that_engines_work(
 
 def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
         attested: Installer) -> None:
-    """Last in the module: the killed engine stays down."""
+    """Last of the tests that need every engine: the killed engine stays down."""
     code, doc = attested.op.json_command("preflight")  # passed again after the SLO test
     assert code == 0, doc
     code, doc = _trial_while(attested, lambda: ssh(
@@ -300,3 +302,44 @@ def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
     assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
     assert not engine3["admitted"]
     assert r["verdict"] != "client saturated"
+
+
+def test_the_exported_record_of_the_whole_deployment_names_nothing_private(
+        attested: Installer, tmp_path: Path) -> None:
+    """Every byte of the export of a deployment taken through A to G, with trials and their
+    reports: no lab address, host name, user name, home path or secret; and it still reads."""
+    op = attested.op
+    out = tmp_path / "exported" / "lab"
+    done = subprocess.run([NARWHAL, "record", "export", "--out", str(out), "--env", str(op.env),
+                           "--runs", str(op.runs)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    env = dict(line.split("=", 1) for line in op.env.read_text().splitlines()
+               if "=" in line and not line.startswith("#"))
+    secrets_ = {k: v for k, v in env.items()
+                if any(s in k for s in ("PASSWORD", "TOKEN", "API_KEY", "ENGINE_KEY")) and v}
+    lease_key = op.runs / "lab" / ".controller-lease.key"
+    if lease_key.exists():
+        secrets_["controller lease key"] = lease_key.read_text().strip()
+    plain = {**{v: k for k, v in secrets_.items()}, "/root": "home path",
+             **{ip: f"address of {h.name}" for h in op.plan.hosts
+                for ip in (h.mgmt_ip, h.fabric_ip)}, op.plan.ws_ip: "workstation address"}
+    words = {name: "host name" for name in {h.netns for h in op.plan.hosts}
+             | {socket.gethostname()}}
+    words.update({v.split("@")[0]: "user name" for k, v in env.items()
+                  if k.endswith("_SSH") and "@" in v})
+    found: list[str] = []
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "report.html" for p in files) and len(files) > 200
+    for path in files:
+        data = path.read_bytes()
+        found += [f"{path.relative_to(out)}: {what}" for needle, what in plain.items()
+                  if needle.encode() in data]
+        found += [f"{path.relative_to(out)}: {what} {name}" for name, what in words.items()
+                  if re.search(rb"(?<![A-Za-z0-9_-])" + re.escape(name.encode())
+                               + rb"(?![A-Za-z0-9_])", data)]
+    assert not found, found[:20]
+    status = subprocess.run([NARWHAL, "status", "--json", "--offline", "--env", str(op.env),
+                             "--runs", str(out.parent)], capture_output=True, text=True,
+                            timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert {g["gate"] for g in json.loads(status.stdout)["gates"]} >= {"discover", "serve"}

@@ -55,20 +55,24 @@ def _private_address(text: bytes) -> bool:
 class Scrubber:
     """Applies every replacement to one file's bytes; patterns are compiled once per export."""
 
-    def __init__(self, inputs: Inputs, aliaser: Aliaser) -> None:
+    def __init__(self, inputs: Inputs, aliaser: Aliaser,
+                 discovered_hosts: frozenset[str] = frozenset()) -> None:
         self.aliaser = aliaser
         self.secrets = {s.reveal().encode(): s.name or "unnamed" for s in inputs.secrets()}
         dests = [inputs.router.ssh, *[e.ssh for e in inputs.engines]]
         addresses = {d.host for d in dests if _is_ip(d.host)}
         addresses |= {e.ip for e in inputs.engines if e.ip}
-        hosts = {d.host for d in dests if not _is_ip(d.host)} | {socket.gethostname()}
+        hosts = {d.host for d in dests if not _is_ip(d.host)} | {socket.gethostname()} \
+            | set(discovered_hosts)
         users = {d.user for d in dests if d.user} | {getpass.getuser()}
         # Known values longest first, so one never eats part of another; afterwards any
         # private address the record mentions that the inputs did not name.
         known: list[tuple[str, str, re.Pattern[bytes]]] = []
         for kind, names, before, after in (
                 ("address", addresses, rb"(?<![0-9A-Za-z.:])", rb"(?![0-9A-Za-z:]|\.[0-9])"),
-                ("host", hosts, rb"(?<![A-Za-z0-9_-])", rb"(?![A-Za-z0-9_-])"),
+                # a host name followed by "-" is still that host (ids such as
+                # `<hostname>-<pid>-<nonce>`): better aliased once too often than leaked
+                ("host", hosts, rb"(?<![A-Za-z0-9_-])", rb"(?![A-Za-z0-9_])"),
                 ("user", users, rb"(?<![A-Za-z0-9_-])", rb"(?![A-Za-z0-9_-])")):
             for name in sorted(names, key=len, reverse=True):
                 pattern = re.compile(before + re.escape(name.encode()) + after)
@@ -109,6 +113,20 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def discovered_hostnames(ledger: Ledger) -> frozenset[str]:
+    """The hosts' own names as Gate A found them (each host-facts file's `hostname`): tools on
+    the hosts print them (iperf3, for one) though no input names them."""
+    names = set()
+    for path in ledger.root.glob("discover/*/host-facts-*.json"):
+        try:
+            name = json.loads(path.read_text()).get("hostname")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(name, str) and 1 < len(name) <= 253 and not _is_ip(name):
+            names.add(name)
+    return frozenset(names)
+
+
 def export(ledger: Ledger, inputs: Inputs, out: Path) -> dict[str, Any]:
     """Write the scrubbed record to out (which must not exist); return the manifest."""
     if out.exists():
@@ -116,7 +134,7 @@ def export(ledger: Ledger, inputs: Inputs, out: Path) -> dict[str, Any]:
     alias_path = ledger.root / ALIAS_FILE
     stored = json.loads(alias_path.read_text()) if alias_path.exists() else {}
     aliaser = Aliaser(stored)
-    scrub = Scrubber(inputs, aliaser)
+    scrub = Scrubber(inputs, aliaser, discovered_hostnames(ledger))
     writer = EvidenceWriter(Redactor(inputs.secrets()))
     private_dir(out)
     files: dict[str, Any] = {}
