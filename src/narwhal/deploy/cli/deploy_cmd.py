@@ -1,6 +1,8 @@
 """`narwhal deploy`: gates A to G in order, doing only the work that makes the fleet valid again.
 
-Before each gate the state is computed again from the record (and, once Gate E has passed,
+First every physical host is reached as pinned (`narwhal hosts check`, the `access`
+activity): a re-keyed or unreachable host stops the run before any gate, since a record that
+says "fresh" cannot see it. Then, before each gate, the state is computed again from the record (and, once Gate E has passed,
 from what the router host reads live from every attested engine's sidecar, asked once at the
 start): a gate that is passed and fresh is kept, anything else (pending, stale, blocked,
 failed) is run, through the very command an operator would type (`narwhal engines`, ...), so
@@ -137,7 +139,15 @@ def run(args: argparse.Namespace) -> int:
     ctx.ledger.ensure()
     say = Console(stderr=True, highlight=False).print
     changes: list[EngineChange] = []
+    access: dict[str, Any] = {}
     if not args.offline:
+        # Every host first, as pinned: a re-keyed or unreachable host stops the run here, even
+        # when every gate would be kept (the record alone cannot see it).
+        say("access: every physical host over SSH, as pinned (`narwhal hosts check`)")
+        code, output = _run_command(["hosts", "check", *_common(args)], args.json)
+        access = {"exit": code, "output": output}
+        if code != EXIT_OK:
+            return _no_access(args, ctx, access, say)
         changes, skipped = ledger_cmd.live_changes(ctx)
         if skipped:
             say(f"[yellow]{skipped}[/]")
@@ -165,7 +175,28 @@ def run(args: argparse.Namespace) -> int:
             changes = [replace(c, recapture=False) for c in changes]
         if gate.name == "attest":
             changes = []  # every engine attested again as it runs now
-    return _finished(args, ctx, steps, time.monotonic() - t0, say)
+    return _finished(args, ctx, steps, time.monotonic() - t0, say,
+                     "checked" if access else "skipped (--offline)")
+
+
+def _no_access(args: argparse.Namespace, ctx: Context, access: dict[str, Any],
+               say: Any) -> int:
+    entry = ctx.ledger.load().get("activities", {}).get("access", {})
+    folder = ctx.ledger.attempt_folder("access", entry["last"]) if entry.get("last") else \
+        ctx.ledger.root
+    fix = ("a host whose key changed: verify the new key out of band, then `narwhal hosts "
+           "trust --replace ALIAS`; a host that does not answer: check it is up and reachable")
+    if args.json:
+        print(json.dumps({"deployment": ctx.ledger.deployment, "verdict": "stopped",
+                          "stopped_at": "access", "cause": entry.get("cause", ""),
+                          "hosts": access["output"], "fix": fix, "evidence": str(folder),
+                          "steps": []}, indent=1))
+    else:
+        say("[red]narwhal deploy: stopped before gate A: not every host answers as pinned[/] "
+            "(above, per host)")
+        say(f"  evidence: {folder}")
+        say(f"  fix: {fix}; then narwhal deploy")
+    return EXIT_FAILED
 
 
 def _status_rows(ctx: Context) -> list[GateStatus]:
@@ -193,11 +224,12 @@ def _stopped(args: argparse.Namespace, ctx: Context, steps: list[Step], gate: Ga
 
 
 def _finished(args: argparse.Namespace, ctx: Context, steps: list[Step], seconds: float,
-              say: Any) -> int:
+              say: Any, access: str) -> int:
     rows = _status_rows(ctx)
     if args.json:
         print(json.dumps({"deployment": ctx.ledger.deployment, "verdict": "passed",
                           "until": args.until.name, "seconds": round(seconds, 3),
+                          "access": access,
                           "steps": [s.as_dict() for s in steps],
                           "status": [r.as_dict() for r in rows]}, indent=1))
         return EXIT_OK
