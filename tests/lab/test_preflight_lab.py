@@ -288,24 +288,6 @@ def test_a_restarted_engine_makes_deploy_redo_exactly_that_engines_work(
     assert code == 0 and {s["action"] for s in doc["steps"]} == {"kept"}, doc
 
 
-def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
-        attested: Installer) -> None:
-    """Last of the tests that need every engine: the killed engine stays down."""
-    code, doc = attested.op.json_command("preflight")  # passed again after the SLO test
-    assert code == 0, doc
-    code, doc = _trial_while(attested, lambda: ssh(
-        attested.op.plan, "eng3", "docker kill $(docker ps -q)"), "--rates", "3",
-        "--requests", "30")
-    [r] = doc["rates"]
-    assert code == (0 if r["verdict"] in ("within SLO", "capacity miss") else 1), r
-    assert r["reconciled"]["ok"], r  # every sent id once, failed or not
-    assert sum(r["statuses"].values()) == 30
-    engine3 = next(e for e in r["router_engines"] if e["id"] == "engine-3")
-    assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
-    assert not engine3["admitted"]
-    assert r["verdict"] != "client saturated"
-
-
 def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(
         attested: Installer, faults: Faults) -> None:
     op = attested.op
@@ -325,6 +307,24 @@ def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(
     assert op.narwhal("hosts", "trust", "--yes", "--replace", "node-3").returncode == 0
     code, doc = op.json_command("deploy")
     assert code == 0 and doc["verdict"] == "passed", doc
+
+
+def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
+        attested: Installer) -> None:
+    """Last of the tests that need every engine: the killed engine stays down."""
+    code, doc = attested.op.json_command("preflight")  # passed again after the SLO test
+    assert code == 0, doc
+    code, doc = _trial_while(attested, lambda: ssh(
+        attested.op.plan, "eng3", "docker kill $(docker ps -q)"), "--rates", "3",
+        "--requests", "30")
+    [r] = doc["rates"]
+    assert code == (0 if r["verdict"] in ("within SLO", "capacity miss") else 1), r
+    assert r["reconciled"]["ok"], r  # every sent id once, failed or not
+    assert sum(r["statuses"].values()) == 30
+    engine3 = next(e for e in r["router_engines"] if e["id"] == "engine-3")
+    assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
+    assert not engine3["admitted"]
+    assert r["verdict"] != "client saturated"
 
 
 def test_the_exported_record_of_the_whole_deployment_names_nothing_private(
