@@ -288,27 +288,6 @@ def test_a_restarted_engine_makes_deploy_redo_exactly_that_engines_work(
     assert code == 0 and {s["action"] for s in doc["steps"]} == {"kept"}, doc
 
 
-def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(
-        attested: Installer, faults: Faults) -> None:
-    op = attested.op
-    before = _attempts(op)
-    faults.rekey("eng3")
-    code, doc = op.json_command("deploy")
-    assert code == 1 and doc["stopped_at"] == "access", doc
-    said = json.dumps(doc["hosts"])
-    assert "node-3" in said and said.count("SHA256:") >= 2, said  # pinned and offered
-    assert "narwhal hosts trust --replace" in doc["fix"]
-    assert _attempts(op) == before  # no gate ran on a host that is not the one pinned
-    assert op.narwhal("hosts", "trust", "--yes", "--replace", "node-3").returncode == 0
-    code, doc = op.json_command("deploy")
-    assert code == 0 and doc["verdict"] == "passed", doc
-    with lifecycle.locked():
-        faults.clear()  # the original key back, and pinned again
-    assert op.narwhal("hosts", "trust", "--yes", "--replace", "node-3").returncode == 0
-    code, doc = op.json_command("deploy")
-    assert code == 0 and doc["verdict"] == "passed", doc
-
-
 def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
         attested: Installer) -> None:
     """Last of the tests that need every engine: the killed engine stays down."""
@@ -325,6 +304,28 @@ def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
     assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
     assert not engine3["admitted"]
     assert r["verdict"] != "client saturated"
+
+
+def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(
+        attested: Installer, faults: Faults) -> None:
+    """After the engine-kill test (engine-3 is down): the lab's re-key restarts the whole host,
+    so what it ran (engine-3 and its sidecar) is gone too, as after a reinstall."""
+    op = attested.op
+    before = _attempts(op)
+    faults.rekey("eng3")
+    code, doc = op.json_command("deploy")
+    assert code == 1 and doc["stopped_at"] == "access", doc
+    said = json.dumps(doc["hosts"])
+    assert "node-3" in said and said.count("SHA256:") >= 2, said  # pinned and offered
+    assert "narwhal hosts trust --replace" in doc["fix"]
+    assert _attempts(op) == before  # no gate ran on a host that is not the one pinned
+    assert op.narwhal("hosts", "trust", "--yes", "--replace", "node-3").returncode == 0
+    code, doc = op.json_command("deploy")
+    assert doc.get("stopped_at") != "access", doc  # the host is the one pinned now
+    assert [s["action"] for s in doc["steps"][:4]] == ["kept"] * 4, doc["steps"]
+    with lifecycle.locked():
+        faults.clear()  # the original key back, and pinned again
+    assert op.narwhal("hosts", "trust", "--yes", "--replace", "node-3").returncode == 0
 
 
 def test_the_exported_record_of_the_whole_deployment_names_nothing_private(
