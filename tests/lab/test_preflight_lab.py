@@ -303,7 +303,8 @@ def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
     engine3 = next(e for e in r["router_engines"] if e["id"] == "engine-3")
     assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
     assert not engine3["admitted"]
-    assert r["verdict"] != "client saturated"
+    # the fleet lost an engine, and the record shows it: not a client or a scrape at fault
+    assert r["verdict"] in ("within SLO", "capacity miss"), r
 
 
 def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(

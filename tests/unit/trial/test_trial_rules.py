@@ -74,3 +74,18 @@ def test_a_client_that_used_its_whole_core_is_saturated_not_a_capacity_miss() ->
     assert verdict(slow, True, True) == "client saturated"
     slow["client_cpu_share"] = 0.3
     assert verdict(slow, True, True) == "capacity miss"
+
+
+def test_a_target_down_is_a_scrape_failure_unless_the_router_has_that_engine_out() -> None:
+    from narwhal.deploy.gates.trial import scrape_holds
+
+    snap = {"up": {"engines a:1": "1", "engines b:1": "0", "sidecars b:2": "0",
+                   "narwhal-router r:1": "1"},
+            "engines": {"engines a:1": "e1", "engines b:1": "e2", "sidecars b:2": "e2",
+                        "narwhal-router r:1": ""}}
+    assert scrape_holds(snap, 4, {"e2"})  # the fleet lost e2, and the record says so
+    assert not scrape_holds(snap, 4, set())  # the router places on e2: the scrape broke
+    assert not scrape_holds(snap, 5, {"e2"})  # a target missing from Prometheus
+    assert not scrape_holds(None, 4, {"e2"})  # Prometheus did not answer
+    router_down = {"up": {**snap["up"], "narwhal-router r:1": "0"}, "engines": snap["engines"]}
+    assert not scrape_holds(router_down, 4, {"e2", ""})  # no engine id: never excused

@@ -68,14 +68,27 @@ def drain(base: str) -> float:
         "router inflight", "requests still in flight", "wait, or read /narwhal/state")])
 
 
-def scrape_ok(prometheus: str, expected: int) -> tuple[bool, dict[str, Any]]:
+def scrape(prometheus: str) -> dict[str, Any] | None:
+    """Prometheus's `up` of every target through the tunnel; None when it did not answer."""
     doc = _get_json(f"{prometheus}/api/v1/query?query=up")
     if doc is None:
-        return False, {"error": "Prometheus did not answer"}
-    result = doc.get("data", {}).get("result", [])
-    up = {f"{r['metric'].get('job')} {r['metric'].get('instance')}": r["value"][1]
-          for r in result}
-    return len(up) >= expected and all(v == "1" for v in up.values()), {"up": up}
+        return None
+    return {"up": {f"{r['metric'].get('job')} {r['metric'].get('instance')}": r["value"][1]
+                   for r in doc.get("data", {}).get("result", [])},
+            "engines": {f"{r['metric'].get('job')} {r['metric'].get('instance')}":
+                        r["metric"].get("engine", "") for r in doc.get("data", {}).get(
+                            "result", [])}}
+
+
+def scrape_holds(snapshot: dict[str, Any] | None, expected: int, engines_out: set[str]) -> bool:
+    """The monitoring held: Prometheus answered with every target, and each target that is
+    down belongs to an engine the router itself has out (ejected or held: the fleet lost an
+    engine, which the record shows; that is not a broken scrape)."""
+    if snapshot is None or len(snapshot["up"]) < expected:
+        return False
+    engines = snapshot["engines"]
+    return all(v == "1" or (bool(engines.get(k)) and engines.get(k) in engines_out)
+               for k, v in snapshot["up"].items())
 
 
 def profiled_tokens(host: Host, rh: RouterHost, workload_tokens: int) -> int:
@@ -163,13 +176,17 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
             journal = journal_since(host, rh, offset)
             rec = reconcile([x.request_id for x in planned], journal, f"{tag}-r{rate:g}")
             rows = journal_rows(journal, f"{tag}-r{rate:g}")[0]
-            scraped, snapshot = scrape_ok(prometheus, len(p.targets()))
+            snapshot = scrape(prometheus)
             state = _get_json(f"{base}/narwhal/state") or {}
+            out_now = {str(e.get("id")) for e in state.get("engines", [])
+                       if not e.get("admitted") or e.get("held_reason")}
+            scraped = scrape_holds(snapshot, len(p.targets()), out_now)
             attempt.add_artifact(f"rate-{rate:g}-router-state.json",
                                  canonical_json(state).encode() + b"\n")
             summary = summarise(rate, records, seconds, ttft_s, tpot_s)
             summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(cpu, 3),
-                           reconciled=rec.as_dict(), scrape=snapshot,
+                           reconciled=rec.as_dict(),
+                           scrape=snapshot or {"error": "Prometheus did not answer"},
                            router_engines=[{k: e.get(k) for k in (
                                "id", "admitted", "ejected_reason", "ejections", "held_reason")}
                                for e in state.get("engines", [])])
