@@ -98,7 +98,10 @@ def render(page: Path, selector: str = "body", width: int = 1200) -> Rendered:
     """Load `page` in headless Chromium and return what it showed."""
     if CHROMIUM is None:
         raise RuntimeError("chromium is not installed (scripts/apt-packages.txt installs it)")
-    with tempfile.TemporaryDirectory(prefix="narwhal-chromium-") as profile:
+    # Chromium's helpers can still be writing the profile when it has exited: the folder's
+    # removal must not fail the check
+    with tempfile.TemporaryDirectory(prefix="narwhal-chromium-",
+                                     ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--disable-extensions", "--disable-background-networking",
