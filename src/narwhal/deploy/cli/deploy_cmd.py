@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import io
 import json
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -199,10 +198,6 @@ def _no_access(args: argparse.Namespace, ctx: Context, access: dict[str, Any],
     return EXIT_FAILED
 
 
-def _status_rows(ctx: Context) -> list[GateStatus]:
-    return ledger_cmd.recorded_rows(ctx)
-
-
 def _stopped(args: argparse.Namespace, ctx: Context, steps: list[Step], gate: Gate,
              say: Any) -> int:
     entry = ctx.ledger.load()["gates"].get(gate.name, {})
@@ -212,7 +207,7 @@ def _stopped(args: argparse.Namespace, ctx: Context, steps: list[Step], gate: Ga
         print(json.dumps({"deployment": ctx.ledger.deployment, "verdict": "stopped",
                           "stopped_at": gate.name, "cause": entry.get("cause", ""),
                           "evidence": str(folder), "steps": [s.as_dict() for s in steps],
-                          "status": [r.as_dict() for r in _status_rows(ctx)]}, indent=1))
+                          "status": [r.as_dict() for r in ledger_cmd.recorded_rows(ctx)]}, indent=1))
     else:
         say(f"[red]narwhal deploy: stopped at gate {gate.letter} {gate.name}, "
             f"{entry.get('state', 'not passed')}[/]: {entry.get('cause') or 'see above'}")
@@ -225,7 +220,7 @@ def _stopped(args: argparse.Namespace, ctx: Context, steps: list[Step], gate: Ga
 
 def _finished(args: argparse.Namespace, ctx: Context, steps: list[Step], seconds: float,
               say: Any, access: str) -> int:
-    rows = _status_rows(ctx)
+    rows = ledger_cmd.recorded_rows(ctx)
     if args.json:
         print(json.dumps({"deployment": ctx.ledger.deployment, "verdict": "passed",
                           "until": args.until.name, "seconds": round(seconds, 3),
@@ -239,5 +234,4 @@ def _finished(args: argparse.Namespace, ctx: Context, steps: list[Step], seconds
         f"{', '.join(s.gate.letter for s in steps if s.action == 'kept') or 'nothing'}")
     for s in ran:
         say(f"  gate {s.gate.letter} {s.gate.name}: {s.seconds:.1f} s")
-    sys.stdout.flush()
     return EXIT_OK

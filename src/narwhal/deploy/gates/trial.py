@@ -36,7 +36,7 @@ from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 from narwhal.deploy.trial import client, report
-from narwhal.deploy.trial.reconcile import journal_rows, reconcile
+from narwhal.deploy.trial.reconcile import journal_rows, reconcile_rows
 from narwhal.deploy.trial.schedule import schedule
 from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
 
@@ -69,15 +69,16 @@ def drain(base: str) -> float:
 
 
 def scrape(prometheus: str) -> dict[str, Any] | None:
-    """Prometheus's `up` of every target through the tunnel; None when it did not answer."""
+    """Prometheus's `up` of every target through the tunnel, and each target's engine label;
+    None when it did not answer."""
     doc = _get_json(f"{prometheus}/api/v1/query?query=up")
     if doc is None:
         return None
-    return {"up": {f"{r['metric'].get('job')} {r['metric'].get('instance')}": r["value"][1]
-                   for r in doc.get("data", {}).get("result", [])},
-            "engines": {f"{r['metric'].get('job')} {r['metric'].get('instance')}":
-                        r["metric"].get("engine", "") for r in doc.get("data", {}).get(
-                            "result", [])}}
+    up, engines = {}, {}
+    for r in doc.get("data", {}).get("result", []):
+        key = f"{r['metric'].get('job')} {r['metric'].get('instance')}"
+        up[key], engines[key] = r["value"][1], r["metric"].get("engine", "")
+    return {"up": up, "engines": engines}
 
 
 def scrape_holds(snapshot: dict[str, Any] | None, expected: int, engines_out: set[str]) -> bool:
@@ -174,8 +175,8 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
             drain(base)
             time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
             journal = journal_since(host, rh, offset)
-            rec = reconcile([x.request_id for x in planned], journal, f"{tag}-r{rate:g}")
-            rows = journal_rows(journal, f"{tag}-r{rate:g}")[0]
+            rows, unreadable = journal_rows(journal, f"{tag}-r{rate:g}")
+            rec = reconcile_rows([x.request_id for x in planned], rows, unreadable)
             snapshot = scrape(prometheus)
             state = _get_json(f"{base}/narwhal/state") or {}
             out_now = {str(e.get("id")) for e in state.get("engines", [])

@@ -44,11 +44,16 @@ def journal_rows(text: str, tag: str) -> tuple[list[dict[str, Any]], int]:
     return rows, bad
 
 
-def reconcile(sent_ids: list[str], journal_text: str, tag: str) -> Reconciled:
-    rows, bad = journal_rows(journal_text, tag)
+def reconcile_rows(sent_ids: list[str], rows: list[dict[str, Any]],
+                   unreadable: int) -> Reconciled:
+    """What was sent against the journal rows of the trial (journal_rows, parsed once)."""
     seen = Counter(str(r["request_id"]) for r in rows)
     sent = set(sent_ids)
     return Reconciled(len(sent_ids), len(rows),
                       tuple(sorted(sent - set(seen))),
                       tuple(sorted(i for i, n in seen.items() if n > 1)),
-                      tuple(sorted(set(seen) - sent)), bad)
+                      tuple(sorted(set(seen) - sent)), unreadable)
+
+
+def reconcile(sent_ids: list[str], journal_text: str, tag: str) -> Reconciled:
+    return reconcile_rows(sent_ids, *journal_rows(journal_text, tag))

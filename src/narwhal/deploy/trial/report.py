@@ -19,6 +19,19 @@ from datetime import datetime
 from typing import Any
 
 REPORT = "report.html"
+# (heading, picture key, what the picture shows, what is said when it has no data), in order
+SECTIONS = (
+    ("Attainment and goodput", "attainment", "SLO attainment and goodput per rate",
+     "no rate finished"),
+    ("Latency against the SLO", "latency", "TTFT and TPOT distributions against the SLO",
+     "no answers"),
+    ("Per-engine load", "engine-load", "requests each engine held over the trial",
+     "the router's journal had no rows of this trial"),
+    ("Fabric (Gate D)", "fabric", "measured over required bandwidth per directed edge",
+     "no passed Gate D attempt in the record"),
+    ("Gate timeline", "timeline", "every gate and activity attempt in the record",
+     "no finished attempt in the record"),
+)
 VERDICT_COLOURS = {"passed": "#93c47d", "blocked": "#f6b26b", "failed": "#e06666",
                    "running": "#b7b7b7"}
 
@@ -228,21 +241,8 @@ def page(title: str, slo: dict[str, Any], rates: Sequence[RateData],
         f'<p id="verdict"><strong>Verdict:</strong> {html.escape(verdicts)}</p>',
         "<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr></thead>"
         "<tbody>" + "".join(body_rows) + "</tbody></table>",
-        "<h2>Attainment and goodput</h2>",
-        _figure(pictures.get("attainment"), "SLO attainment and goodput per rate",
-                "no rate finished"),
-        "<h2>Latency against the SLO</h2>",
-        _figure(pictures.get("latency"), "TTFT and TPOT distributions against the SLO",
-                "no answers"),
-        "<h2>Per-engine load</h2>",
-        _figure(pictures.get("engine-load"), "requests each engine held over the trial",
-                "the router's journal had no rows of this trial"),
-        "<h2>Fabric (Gate D)</h2>",
-        _figure(pictures.get("fabric"), "measured over required bandwidth per directed edge",
-                "no passed Gate D attempt in the record"),
-        "<h2>Gate timeline</h2>",
-        _figure(pictures.get("timeline"), "every gate and activity attempt in the record",
-                "no finished attempt in the record"),
+        *(f"<h2>{html.escape(heading)}</h2>\n" + _figure(pictures.get(key), alt, missing)
+          for heading, key, alt, missing in SECTIONS),
         "</body></html>", ""])
 
 
