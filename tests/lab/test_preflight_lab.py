@@ -307,10 +307,65 @@ def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
     assert r["verdict"] in ("within SLO", "capacity miss"), r
 
 
+def test_after_the_crash_deploy_starts_that_engine_again_and_a_full_disk_blocks_it_named(
+        attested: Installer, faults: Faults) -> None:
+    """After the engine-kill test (engine-3's container is dead): `status` names the work (start
+    it again, attest, profile it, full preflight); with node-3's run dir full, deploy stops at
+    gate C, blocked, naming the host and the disk, and starts nothing; `recover` leaves the
+    record's evidence; with the disk freed, deploy starts engine-3 alone and passes."""
+    op = attested.op
+    code, doc = op.json_command("status")
+    assert code == 0, doc
+    [change] = doc["engines_changed"]
+    assert change["engine"] == "engine-3" and change["restart"], change
+    assert [s.split(":")[0] for s in change["repeat"]] == [
+        "start and capture", "attestation", "profile of engine-3", "full preflight", "fabric"]
+    states = {g["gate"]: g for g in doc["gates"]}
+    assert states["engines"]["state"] == "stale", states["engines"]
+    assert "not running, to start again: engine-3" in states["engines"]["reason"]
+    assert states["fabric"]["state"] == "passed"
+
+    before = _attempts(op)
+    faults.fill("eng3")
+    code, doc = op.json_command("deploy")
+    assert code == 1 and doc["stopped_at"] == "engines", doc
+    said = json.dumps(doc)
+    assert "node-3" in said and "disk full" in said and "engine-3" in said, said[-3000:]
+    blocked = op.last_attempt("engines")
+    assert json.loads((blocked / "attempt.json").read_text())["verdict"] == "blocked"
+    assert not any(r["argv"][1:2] == ["start"] or "run" in r["argv"][1:2]
+                   for r in rows(blocked) if r.get("argv")), rows(blocked)
+    after = _attempts(op)
+    assert {g: len(after[g]) - len(before[g]) for g in after if g != "status"} == {
+        "discover": 0, "install": 0, "engines": 1, "fabric": 0, "attest": 0, "preflight": 0,
+        "serve": 0}
+    done = op.narwhal("recover", "engines")
+    assert done.returncode == 0 and "evidence is kept" in done.stdout, done.stdout + done.stderr
+    assert (blocked / "attempt.json").exists()
+
+    with lifecycle.locked():
+        faults.clear()
+    code, doc = op.json_command("deploy")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert {g: s["action"] for g, s in steps.items()} == {
+        "discover": "kept", "install": "kept", "engines": "ran", "fabric": "kept",
+        "attest": "ran", "preflight": "ran", "serve": "ran"}
+    assert steps["engines"]["command"][1:4] == ["engines", "--restart", "engine-3"]
+    restarted = op.last_attempt("engines")
+    assert {r["host"] for r in rows(restarted)} == {"node-3"}  # no other engine touched
+    summary = json.loads((op.last_attempt("attest") / "engine-attestation.json").read_text())
+    assert {k: v["sidecar"] for k, v in summary["engines"].items()} == {
+        "engine-1": "kept", "engine-2": "kept", "engine-3": "started"}
+    [profiled] = _tool_rows(op.last_attempt("preflight"), "narwhal-profile")
+    assert [profiled["argv"][i + 1] for i, a in enumerate(profiled["argv"])
+            if a == "--only"] == ["engine-3"]
+
+
 def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(
         attested: Installer, faults: Faults) -> None:
-    """After the engine-kill test (engine-3 is down): the lab's re-key restarts the whole host,
-    so what it ran (engine-3 and its sidecar) is gone too, as after a reinstall."""
+    """The lab's re-key restarts the whole host, so what it ran (engine-3 and its sidecar) is
+    gone too, as after a reinstall."""
     op = attested.op
     before = _attempts(op)
     faults.rekey("eng3")

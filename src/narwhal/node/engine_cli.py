@@ -9,11 +9,13 @@ prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine'
     capture --run-dir D [--timeout T]              the live cache layout (D/cache-layout.json)
     idle    --run-dir D                            its load gauges and counters (Gate D's proof)
     stop    --run-dir D                            what start started, if it still is that
+    state   --run-dir D                            whether what start started still runs
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -41,10 +43,16 @@ class Refused(Exception):
 
 
 def _write(path: Path, data: bytes) -> None:
+    """Whole or not at all: a full disk leaves neither a torn file nor the part file."""
     part = path.with_name(path.name + f".part-{os.getpid()}")
-    with open(part, "wb") as f:
-        f.write(data)
-    os.replace(part, path)
+    try:
+        with open(part, "wb") as f:
+            f.write(data)
+        os.replace(part, path)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        full = " (disk full)" if exc.errno == errno.ENOSPC else ""
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror}{full}") from None
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -89,8 +97,13 @@ def do_check(args: argparse.Namespace) -> dict[str, Any]:
     plan, plan_sha = _plan(run_dir)
     found = checks.run_all(plan, plan["runtime"])
     ok = all(c["ok"] for c in found)
-    _write(run_dir / "checked.json", canonical_json(
-        {"plan_sha256": plan_sha, "ok": ok, "checks": found}).encode() + b"\n")
+    try:
+        _write(run_dir / "checked.json", canonical_json(
+            {"plan_sha256": plan_sha, "ok": ok, "checks": found}).encode() + b"\n")
+    except OSError as exc:  # the checks are still the answer; the run dir joins them
+        found.append(checks.failed("run dir", str(exc), f"free space on the filesystem of "
+                                   f"{run_dir}, then run the gate again"))
+        ok = False
     return {"engine": plan["engine"], "plan_sha256": plan_sha, "ok": ok, "checks": found}
 
 
@@ -142,6 +155,20 @@ def do_stop(args: argparse.Namespace) -> dict[str, Any]:
     return {"result": rt.stop(started), **started.as_json()}
 
 
+def do_state(args: argparse.Namespace) -> dict[str, Any]:
+    """Whether the engine `start` started is still that process (or container) and running:
+    what `narwhal status` asks when an engine's sidecar says its process is gone or cannot
+    be read. Never started (no started.json, e.g. a host whose run dir was lost) is not
+    running either."""
+    from narwhal.node.engine import runtime as rt
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "started.json").exists():
+        return {"started": False, "running": False}
+    started = _started(run_dir)
+    return {"started": True, "running": rt.alive(started), **started.as_json()}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=COMMAND, description=DESCRIPTION)
     sub = parser.add_subparsers(dest="sub", required=True)
@@ -167,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stop", help="stop what start started, if it still is that")
     p.add_argument("--run-dir", required=True)
     p.set_defaults(handler=do_stop)
+    p = sub.add_parser("state", help="whether what start started still runs")
+    p.add_argument("--run-dir", required=True)
+    p.set_defaults(handler=do_state)
     return parser
 
 

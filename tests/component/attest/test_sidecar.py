@@ -69,10 +69,15 @@ def test_the_attestation_is_the_captured_engine_bound_to_its_live_process(
 def test_a_restarted_engine_is_refused_with_the_reason_at_once(sidecar: Sidecar) -> None:
     assert sidecar.get()[0] == 200
     run_dir = str(sidecar.run_dir)
+    assert engine("state", "--run-dir", run_dir).data["running"] is True
     assert engine("stop", "--run-dir", run_dir).ok
     status, body = sidecar.get()
     assert status == 503 and "engine process changed" in body["error"], body
+    # what `narwhal status` asks the engine's host when a sidecar says this
+    state = engine("state", "--run-dir", run_dir).data
+    assert state["started"] is True and state["running"] is False, state
     assert engine("start", "--run-dir", run_dir).ok  # same plan, a new process
+    assert engine("state", "--run-dir", run_dir).data["running"] is True
     assert engine("capture", "--run-dir", run_dir, "--timeout", "60", timeout=160).ok
     status, body = sidecar.get()
     assert status == 503 and "engine process changed" in body["error"], body  # no re-binding

@@ -70,3 +70,18 @@ def test_a_sidecar_change_alone_leaves_gate_c_passed() -> None:
     rows = {r.gate: r for r in with_live_changes(_rows(), doc, [change])}
     assert rows["engines"].state == "passed" and rows["attest"].state == "stale"
     assert with_live_changes(_rows(), doc, []) == _rows()
+
+
+def test_an_engine_that_is_not_running_is_started_again_then_attested_and_profiled() -> None:
+    steps = _repeat("engine-3", process_changed=True, recaptured=False, restart=True)
+    assert [s.split(":")[0] for s in steps] == ["start and capture", "attestation",
+                                                "profile of engine-3", "full preflight",
+                                                "fabric"]
+    assert "--restart engine-3" in steps[0]
+    doc = {"gates": {r.gate: {"state": "passed"} for r in _rows()}}
+    change = EngineChange("engine-3", "engine process changed: gone; its host says it is not "
+                          "running", steps, recapture=True, restart=True)
+    rows = {r.gate: r for r in with_live_changes(_rows(), doc, [change])}
+    assert rows["engines"].state == "stale"
+    assert rows["engines"].reason == "not running, to start again: engine-3"
+    assert rows["fabric"].state == "passed" and rows["attest"].state == "stale"

@@ -9,27 +9,22 @@ from narwhal.core.gates import gate
 from narwhal.deploy.cli.deploy_cmd import gate_argv
 from narwhal.deploy.cli.main import build_parser
 from narwhal.deploy.gates.restarts import EngineChange
-from narwhal.deploy.ledger.status import GateStatus
 
 
 def _args(*extra: str) -> object:
     return build_parser().parse_args(["deploy", *extra])
 
 
-def _row(name: str, state: str) -> GateStatus:
-    return GateStatus(name, gate(name).letter, state, 1, "001", "", ())
-
-
 def test_each_gate_gets_its_own_flags_only() -> None:
     args = _args("--prepared", "20261202T000000Z", "--checkout", "/src", "--fabric-seconds", "2")
-    assert gate_argv(gate("B"), args, _row("install", "stale"), []) == [
+    assert gate_argv(gate("B"), args, False, []) == [
         "install", "--prepared", "20261202T000000Z"]  # a prepared run carries its checkout
-    assert gate_argv(gate("D"), args, _row("fabric", "pending"), []) == [
+    assert gate_argv(gate("D"), args, False, []) == [
         "fabric", "--seconds", "2"]
     for name in ("discover", "engines", "attest", "preflight", "serve"):
-        assert gate_argv(gate(name), args, _row(name, "pending"), []) == [gate(name).command]
+        assert gate_argv(gate(name), args, False, []) == [gate(name).command]
     plain = _args("--wheelhouse", "/w", "--checkout", "/src")
-    assert gate_argv(gate("B"), plain, _row("install", "pending"), []) == [
+    assert gate_argv(gate("B"), plain, False, []) == [
         "install", "--wheelhouse", "/w", "--checkout", "/src"]
 
 
@@ -37,16 +32,27 @@ def test_an_engine_only_the_live_check_found_changed_is_captured_again_alone() -
     changes = [EngineChange("engine-2", "engine process changed", (), True),
                EngineChange("engine-3", "sidecar not vouching", (), False)]
     args = _args()
-    assert gate_argv(gate("C"), args, _row("engines", "passed"), changes) == [
+    assert gate_argv(gate("C"), args, True, changes) == [
         "engines", "--recapture", "engine-2"]
     # inputs moved too: the whole gate runs again
-    assert gate_argv(gate("C"), args, _row("engines", "stale"), changes) == ["engines"]
+    assert gate_argv(gate("C"), args, False, changes) == ["engines"]
 
 
 def test_every_flag_a_gate_command_gets_is_one_it_parses() -> None:
     args = _args("--prepared", "r1", "--fabric-seconds", "3")
     parser = build_parser()
     for g in ("A", "B", "C", "D", "E", "F", "G"):
-        argv = gate_argv(gate(g), args, _row(gate(g).name, "pending"), [])
+        argv = gate_argv(gate(g), args, False, [])
         parsed = parser.parse_args([*argv, "--env", str(Path("x.env")), "--json"])
         assert parsed.handler is not None
+
+
+def test_an_engine_that_is_not_running_is_started_again_alone_beside_a_recapture() -> None:
+    changes = [EngineChange("engine-2", "engine process changed", (), True),
+               EngineChange("engine-3", "engine process changed: the attested container or "
+                            "process is gone; its host says it is not running", (), True,
+                            restart=True)]
+    assert gate_argv(gate("C"), _args(), True, changes) == [
+        "engines", "--recapture", "engine-2", "--restart", "engine-3"]
+    parsed = build_parser().parse_args(["engines", "--restart", "engine-3,engine-1"])
+    assert parsed.restart == ["engine-3", "engine-1"]

@@ -80,3 +80,19 @@ def test_the_plan_is_recorded_before_execute_runs(tmp_path: Path) -> None:
 def test_a_gate_may_not_read_from_a_later_gate() -> None:
     with pytest.raises(ValueError, match="runs after it"):
         GateSpec("discover", Spread.PER_HOST, (Reads("engines", "x.json"),))
+
+
+def test_a_gate_redoing_part_of_its_work_reads_its_last_pass_through_a_failed_attempt(
+        tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    _discover(ledger, b'{"engines": 1}')
+
+    def blocked(attempt: object) -> None:
+        raise GateBlocked("discover", "disk full on node-3")
+
+    with pytest.raises(GateBlocked):
+        run_gate(DISCOVER, ledger, ENV, {}, "", {"plan": 2}, blocked)
+    with pytest.raises(GateBlocked):  # to every other gate, it has not passed
+        passed_artifact(ledger, "engines", READS)
+    art = passed_artifact(ledger, "discover", READS, through_failures=True)
+    assert art.json() == {"engines": 1} and art.attempt.startswith("001-")

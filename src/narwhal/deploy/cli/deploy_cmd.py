@@ -12,7 +12,9 @@ move is not run again even when an earlier gate ran (Gate D after a recapture wh
 came out byte-identical, for instance): staleness is read from fingerprints, never assumed.
 
 An engine that only the live check found changed is captured again alone
-(`narwhal engines --recapture ENGINE`); Gate E then replaces only its sidecar. A gate that
+(`narwhal engines --recapture ENGINE`), or, when its own host says it is not running (crashed,
+or the host restarted), started again from its checked plan and captured
+(`--restart ENGINE`); Gate E then replaces only its sidecar. A gate that
 does not pass stops the run: its cause, where its evidence is, and how to go on.
 """
 
@@ -34,8 +36,10 @@ from narwhal.core.gates import GATES, Gate
 from narwhal.core.gates import gate as gate_named
 from narwhal.deploy.cli import ledger_cmd
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.restarts import EngineChange
-from narwhal.deploy.ledger.status import GateStatus
+from narwhal.deploy.gates.runner import current_fingerprints
+from narwhal.deploy.ledger.status import GateStatus, moved_inputs
 
 
 def gate_flag(text: str) -> Gate:
@@ -90,22 +94,47 @@ def _common(args: argparse.Namespace) -> list[str]:
     return out + (["--ssh-config", args.ssh_config] if args.ssh_config else [])
 
 
-def gate_argv(gate: Gate, args: argparse.Namespace, plain: GateStatus,
+def gate_argv(gate: Gate, args: argparse.Namespace, partial: bool,
               changes: list[EngineChange]) -> list[str]:
-    """The command line that runs `gate` now (without the common flags)."""
+    """The command line that runs `gate` now (without the common flags). `partial`: the
+    gate's own inputs stand, so only what the live check found is redone."""
     argv = [gate.command]
     if gate.name == "install":
         for flag, value in (("--prepared", args.prepared), ("--wheelhouse", args.wheelhouse),
                             ("--checkout", args.checkout)):
             if value is not None and not (flag == "--checkout" and args.prepared):
                 argv += [flag, str(value)]
-    if gate.name == "engines" and plain.state == "passed":
-        recapture = [c.engine for c in changes if c.recapture]
-        if recapture:  # only the live check found these changed: capture them alone
-            argv += ["--recapture", ",".join(recapture)]
+    if gate.name == "engines" and partial:
+        # only the live check found these changed: capture them alone, and start again first
+        # those that are not running at all
+        recapture = [c.engine for c in changes if c.recapture and not c.restart]
+        restart = [c.engine for c in changes if c.restart]
+        argv += ["--recapture", ",".join(recapture)] if recapture else []
+        argv += ["--restart", ",".join(restart)] if restart else []
     if gate.name == "fabric" and args.fabric_seconds is not None:
         argv += ["--seconds", str(args.fabric_seconds)]
     return argv
+
+
+def partial_ok(ctx: Context, row: GateStatus) -> bool:
+    """Whether the gate may redo only part of its work: it is passed (only the live check
+    found something), or its last attempt was itself partial (`--recapture`, `--restart`)
+    and did not pass while nothing the gate reads moved since its last pass (a restart
+    stopped by a full disk, say: the other engines' captures still stand)."""
+    if row.state == "passed":
+        return True
+    if row.state not in ("blocked", "failed") or not row.last:
+        return False
+    try:
+        plan = json.loads((ctx.ledger.attempt_folder(row.gate, row.last) / "plan.json")
+                          .read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(plan, dict) or "recapture" not in plan:
+        return False
+    passed_with = ctx.ledger.load()["gates"][row.gate].get("fingerprint", {})
+    now = current_fingerprints(SPECS, ctx.ledger, ctx.fingerprints())[row.gate]
+    return bool(passed_with) and not moved_inputs(passed_with, now)
 
 
 def _rows(ctx: Context, changes: list[EngineChange]) -> tuple[dict[str, GateStatus],
@@ -161,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             say(f"{head}: passed and fresh, kept")
             steps.append(Step(gate, row, "kept", []))
             continue
-        argv = gate_argv(gate, args, plain[gate.name], changes)
+        argv = gate_argv(gate, args, partial_ok(ctx, plain[gate.name]), changes)
         why = f" ({row.reason})" if row.reason else ""
         say(f"{head}: {row.state}{why}; running narwhal {' '.join(argv)}")
         started = time.monotonic()
@@ -171,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         if code != EXIT_OK:
             return _stopped(args, ctx, steps, gate, say)
         if gate.name == "engines":
-            changes = [replace(c, recapture=False) for c in changes]
+            changes = [replace(c, recapture=False, restart=False) for c in changes]
         if gate.name == "attest":
             changes = []  # every engine attested again as it runs now
     return _finished(args, ctx, steps, time.monotonic() - t0, say,

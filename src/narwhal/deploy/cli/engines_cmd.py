@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from narwhal.core.errors import InputError, Problem
 from narwhal.deploy.cli.context import Context
 from narwhal.deploy.cli.gate_command import (
     Execute,
@@ -25,6 +26,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--recapture", type=roles_list, default=None, metavar="ENGINE[,ENGINE]",
                    help="after a restart with the same launch plan: capture only these "
                         "running engines again and keep the others' captures")
+    p.add_argument("--restart", type=roles_list, default=None, metavar="ENGINE[,ENGINE]",
+                   help="engines that are not running (crashed, or their host restarted): "
+                        "start these again from their checked plan and capture them; keep "
+                        "the others' captures (with --recapture: both)")
 
 
 def roles_list(text: str) -> list[str]:
@@ -40,14 +45,22 @@ def run(args: argparse.Namespace) -> int:
 
     def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         targets, doc = engines.plan(ctx.inputs, ctx.ledger)
-        if args.recapture is not None:
-            carried = engines.carried_captures(ctx.ledger, targets, args.recapture)
-            doc["recapture"] = {"engines": args.recapture, "carried": {
+        if args.recapture is not None or args.restart is not None:
+            again, restart = args.recapture or [], args.restart or []
+            both = sorted(set(again) & set(restart))
+            if both:
+                raise InputError("--restart", [Problem("--restart", f"{', '.join(both)} "
+                                                       "also given to --recapture", "name each "
+                                                       "engine in one of the two")])
+            carried = engines.carried_captures(ctx.ledger, targets, again + restart)
+            doc["recapture"] = {"engines": again, "restart": restart, "carried": {
                 role: art.attempt for role, art in carried.items()}}
-            progress.say(f"narwhal engines: capturing {', '.join(args.recapture)} again; "
-                         f"{len(carried)} capture(s) carried")
-            return doc, lambda attempt: engines.recapture(sessions, attempt, targets, doc,
-                                                          carried, progress)
+            said = [f"capturing {', '.join(again)} again"] if again else []
+            said += [f"starting {', '.join(restart)} again"] if restart else []
+            progress.say(f"narwhal engines: {'; '.join(said)}; {len(carried)} capture(s) "
+                         "carried")
+            return doc, lambda attempt: engines.recapture(
+                sessions, attempt, targets, doc, carried, progress, frozenset(restart))
         progress.say(f"narwhal engines: {len(targets)} engine(s) in "
                      f"{len(doc['start_groups'])} start group(s)")
         return doc, lambda attempt: engines.execute(sessions, attempt, targets, doc, progress)

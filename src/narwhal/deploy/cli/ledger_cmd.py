@@ -15,7 +15,7 @@ from narwhal.core.cli_common import EXIT_OK
 from narwhal.core.errors import HostError
 from narwhal.core.gates import GATE_NAMES, gate
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.gates import restarts
+from narwhal.deploy.gates import engines, restarts
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import installed_tool
@@ -68,7 +68,8 @@ def live_changes(ctx: Context) -> tuple[list[EngineChange], str]:
             router = sessions.get(alias)
             with attempt.bind(router):
                 tool = installed_tool(router, str(plan["remote_dir"]), restarts.COMMAND)
-                changes = restarts.changed_engines(ctx.ledger, router, tool)
+                running = engines.running_probe(sessions, ctx.ledger, ctx.inputs, attempt)
+                changes = restarts.changed_engines(ctx.ledger, router, tool, running)
             attempt.add_artifact("live-attestation.json", json.dumps(
                 {"router_host": alias, "changed": [c.as_dict() for c in changes]},
                 indent=1).encode() + b"\n")

@@ -116,6 +116,29 @@ class Remote:
                             f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
 
 
+def running_probe(sessions: Sessions, ledger: Ledger, inputs: Inputs,
+                  attempt: Attempt) -> Callable[[str], bool | None]:
+    """For `narwhal status`: ask an engine's own host (`narwhal-engine state`, recorded in
+    `attempt`) whether what Gate C started for it still runs; None when it cannot be asked."""
+    install = passed_artifact(ledger, "status", INSTALL_PLAN).json()
+    by_role = {t.role: t for t in targets_for(inputs, ledger, "status")}
+
+    def running(role: str) -> bool | None:
+        t = by_role.get(role)
+        if t is None:
+            return None
+        try:
+            host = sessions.get(t.alias)
+            with attempt.bind(host):
+                r = Remote(host, install, t)
+                got = r.call("state", "--run-dir", r.run_dir)
+        except HostError:
+            return None
+        return bool(got.data.get("running")) if got.ok else None
+
+    return running
+
+
 def _capture(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
     """`narwhal-engine capture` of the running engine; its capture kept as evidence."""
     t = r.t
@@ -133,6 +156,55 @@ def _capture(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
                         f"{exc.problems[0].line()}") from None
     progress(t.role, "captured")
     return capture
+
+
+def _prepare_and_check(r: Remote, progress: Progress) -> list[Problem]:
+    """`prepare` and `check` of one engine: the plan against its host now."""
+    t = r.t
+    progress(t.role, "checking")
+    prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir)
+    if not prepared.ok:
+        fix = (f"free space on the filesystem of {r.run_dir} on {t.alias}, then run the gate "
+               "again") if "disk full" in prepared.error else \
+            "check the launch record Gate B installed"
+        return [Problem(f"{t.alias}: {t.role}: prepare", prepared.error, fix)]
+    result = r.call("check", "--run-dir", r.run_dir)
+    return [] if result.ok else _check_problems(t, result)
+
+
+def _start(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
+    """`start` of one checked engine, owned by the attempt, then its capture."""
+    t = r.t
+    progress(t.role, "starting")
+    started = r.call("start", "--run-dir", r.run_dir, "--secrets", r.secrets,
+                     timeout=START_TIMEOUT_S)
+    if not started.ok:
+        raise HostError(t.alias, f"{t.role}: start refused: {started.error}")
+    for ran in started.data.get("commands", []):  # the host's `docker run`
+        attempt.record_command(RunResult(
+            t.alias, tuple(str(a) for a in ran["argv"]), int(ran["exit_status"]),
+            b"", b"", float(ran["start"]), float(ran["end"])), "reported")
+    if started.data["runtime"] != "native":
+        attempt.own_container(r.host, str(started.data["runtime"]),
+                              str(started.data["id"]), str(started.data["created"]))
+    return _capture(r, attempt, progress)
+
+
+def _restart(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
+    """An engine started again from its checked plan: what is left of the last start
+    removed first (`stop` touches only that container or process), then checked, started
+    and captured as in a full run. Blocked, named, when the host fails the check."""
+    t = r.t
+    state = r.call("state", "--run-dir", r.run_dir)
+    if state.ok and state.data.get("started"):
+        progress(t.role, "removing what is left of its last start")
+        stopped = r.call("stop", "--run-dir", r.run_dir, timeout=90)
+        if not stopped.ok:
+            raise HostError(t.alias, f"{t.role}: cannot remove its last start: {stopped.error}")
+    problems = _prepare_and_check(r, progress)
+    if problems:
+        raise GateBlocked("engines", "; ".join(p.line() for p in problems[:2]), problems)
+    return _start(r, attempt, progress)
 
 
 def _check_problems(t: EngineTarget, result: result_line.ResultLine) -> list[Problem]:
@@ -158,13 +230,7 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
         host = sessions.get(t.alias)
         with attempt.bind(host):
             r = remotes[t.role] = Remote(host, install, t)
-            progress(t.role, "checking")
-            prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir)
-            if not prepared.ok:
-                return [Problem(f"{t.alias}: {t.role}: prepare", prepared.error,
-                                "check the launch record Gate B installed")]
-            result = r.call("check", "--run-dir", r.run_dir)
-            return [] if result.ok else _check_problems(t, result)
+            return _prepare_and_check(r, progress)
 
     problems: list[Problem] = []
     for outcome in each(targets, checked):
@@ -185,19 +251,7 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
         for t in group:
             r = remotes[t.role]
             with attempt.bind(r.host):
-                progress(t.role, "starting")
-                started = r.call("start", "--run-dir", r.run_dir, "--secrets", r.secrets,
-                                 timeout=START_TIMEOUT_S)
-                if not started.ok:
-                    raise HostError(t.alias, f"{t.role}: start refused: {started.error}")
-                for ran in started.data.get("commands", []):  # the host's `docker run`
-                    attempt.record_command(RunResult(
-                        t.alias, tuple(str(a) for a in ran["argv"]), int(ran["exit_status"]),
-                        b"", b"", float(ran["start"]), float(ran["end"])), "reported")
-                if started.data["runtime"] != "native":
-                    attempt.own_container(r.host, str(started.data["runtime"]),
-                                          str(started.data["id"]), str(started.data["created"]))
-                captures[t.role] = _capture(r, attempt, progress)
+                captures[t.role] = _start(r, attempt, progress)
 
     for started in each(start_groups(targets), start_group):
         if started.error is not None:
@@ -215,26 +269,30 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
 
 def carried_captures(ledger: Ledger, targets: list[EngineTarget], roles: list[str]
                      ) -> dict[str, Artifact]:
-    """For `--recapture ROLES`: the last passed attempt's capture of every other engine, or
-    InputError / GateBlocked before anything is recorded (an unknown role, no passed Gate C)."""
+    """For `--recapture ROLES`: the last passed attempt's capture of every other engine (a
+    partial attempt that failed since replaced none of them), or InputError / GateBlocked
+    before anything is recorded (an unknown role, no passed Gate C)."""
     unknown = sorted(set(roles) - {t.role for t in targets})
     if unknown or not roles:
         raise InputError("--recapture", [Problem("--recapture", f"{', '.join(unknown)!r} is "
                                                  "not an engine of this deployment", "use one "
                                                  "of: " + ", ".join(t.role for t in targets))])
     return {t.role: passed_artifact(ledger, "engines",
-                                    Reads("engines", f"cache-layout-{t.role}.json"))
+                                    Reads("engines", f"cache-layout-{t.role}.json"),
+                                    through_failures=True)
             for t in targets if t.role not in roles}
 
 
 def recapture(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
               doc: dict[str, Any], carried: dict[str, Artifact],
-              progress: Progress) -> dict[str, Any]:
+              progress: Progress, restart: frozenset[str] = frozenset()) -> dict[str, Any]:
     """After a restart with the same launch plan: capture the named running engines again and
     carry every other engine's capture from the last passed attempt unchanged (its bytes and
-    digest), then the whole contract again. Nothing is started or stopped; an engine that is
-    not running fails its capture by name. When the new captures keep the geometry,
-    contract.json comes out byte for byte the same, so Gate D's fabric budget stays valid."""
+    digest), then the whole contract again. The engines in `restart` (not running: crashed,
+    or their host restarted) are started again from their checked plan first; nothing else
+    is started or stopped, and an engine that is not running fails its capture by name. When
+    the new captures keep the geometry, contract.json comes out byte for byte the same, so
+    Gate D's fabric budget stays valid."""
     captures: dict[str, CacheLayout] = {}
     for role, art in carried.items():
         attempt.add_artifact(art.name, art.read_bytes())
@@ -244,17 +302,23 @@ def recapture(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
     def again(t: EngineTarget) -> CacheLayout:
         host = sessions.get(t.alias)
         with attempt.bind(host):
-            return _capture(Remote(host, doc["install"], t), attempt, progress)
+            r = Remote(host, doc["install"], t)
+            return _restart(r, attempt, progress) if t.role in restart else \
+                _capture(r, attempt, progress)
 
     problems: list[Problem] = []
     for o in each([t for t in targets if t.role not in carried], again):
         if o.error is None and o.value is not None:
             captures[o.item.role] = o.value
-        elif isinstance(o.error, HostError):
+        elif isinstance(o.error, GateBlocked):
+            problems += o.error.problems
+        elif isinstance(o.error, (HostError, ContractError)):
+            fix = ("read the engine log in its run dir; `narwhal recover engines` removes what "
+                   "this attempt started") if o.item.role in restart else \
+                ("is the engine running? `--recapture` reads the live engine; "
+                 "`--restart` starts it again from its checked plan")
             problems.append(Problem(f"{o.item.alias}: {o.item.role}",
-                                    str(o.error).splitlines()[0],
-                                    "is the engine running? `--recapture` reads the live "
-                                    "engine; start it with `narwhal engines` otherwise"))
+                                    str(o.error).splitlines()[0], fix))
         elif o.error is not None:
             raise o.error
     if problems:

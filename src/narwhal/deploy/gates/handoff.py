@@ -46,9 +46,30 @@ def passed_attempt(ledger: Ledger, gate: str) -> str | None:
     return str(last) or None
 
 
-def _recorded(ledger: Ledger, gate: str) -> tuple[str, dict[str, str]] | None:
+def last_passed_attempt(ledger: Ledger, gate: str) -> str | None:
+    """The gate's newest attempt that passed, even when a later one did not (a partial
+    attempt that failed: what it would have replaced still stands). None when none passed."""
+    if not ledger.exists():
+        return None
+    entry = ledger.load().get("gates", {}).get(gate, {})
+    if entry.get("state") == "passed":
+        return passed_attempt(ledger, gate)
+    for attempt in reversed(entry.get("attempts") or []):
+        try:
+            doc = json.loads((ledger.attempt_folder(gate, attempt) / "attempt.json")
+                             .read_text())
+        except (OSError, ValueError):
+            continue  # still running, or cut off before it finished: not passed
+        if doc.get("verdict") == "passed":
+            return str(attempt)
+    return None
+
+
+def _recorded(ledger: Ledger, gate: str, through_failures: bool = False
+              ) -> tuple[str, dict[str, str]] | None:
     """The gate's last passed attempt and the artifact digests its attempt.json recorded."""
-    attempt = passed_attempt(ledger, gate)
+    attempt = last_passed_attempt(ledger, gate) if through_failures else \
+        passed_attempt(ledger, gate)
     if attempt is None:
         return None
     folder = ledger.attempt_folder(gate, attempt)
@@ -59,9 +80,12 @@ def _recorded(ledger: Ledger, gate: str) -> tuple[str, dict[str, str]] | None:
     return attempt, dict(artifacts)
 
 
-def passed_artifact(ledger: Ledger, reader: str, read: Reads) -> Artifact:
-    """The artifact, verified; GateBlocked (for `reader`) when the upstream gate has not passed."""
-    recorded = _recorded(ledger, read.gate)
+def passed_artifact(ledger: Ledger, reader: str, read: Reads, *,
+                    through_failures: bool = False) -> Artifact:
+    """The artifact, verified; GateBlocked (for `reader`) when the upstream gate has not passed.
+    `through_failures`: from the newest attempt that passed even if a later one did not (only
+    a gate re-doing part of its own work reads its own record this way)."""
+    recorded = _recorded(ledger, read.gate, through_failures)
     if recorded is None:
         raise GateBlocked(reader, f"gate {read.gate} has not passed; run `narwhal {read.gate}` "
                                   f"first (this gate reads its {read.artifact})")

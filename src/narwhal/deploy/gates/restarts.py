@@ -8,12 +8,16 @@ runbook's repeat rows decide the rest:
   it again, profile it, run the full preflight; the fabric only when the new capture's geometry
   differs, which Gate D's fingerprint then shows by itself;
 - the sidecar cannot be read, or vouches for another digest: attest again (its own document is
-  rebuilt from the same capture, so nothing measured on the engine is lost).
+  rebuilt from the same capture, so nothing measured on the engine is lost);
+- the engine is not running at all (crashed, or its host restarted; asked of its own host
+  when the sidecar says the process is gone or cannot be read): start it again from its
+  checked plan and capture it (`narwhal engines --restart`), then as for a restart.
 Engines whose sidecar vouches need nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +38,15 @@ class EngineChange:
     reason: str
     repeat: tuple[str, ...]
     recapture: bool  # Gate C must capture it again first
+    restart: bool = False  # ... and start it first: it is not running
 
     def as_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "reason": self.reason, "repeat": list(self.repeat),
-                "recapture": self.recapture}
+                "recapture": self.recapture, "restart": self.restart}
+
+
+# Whether an engine's own host says it runs: True, False, or None when it cannot be asked.
+Running = Callable[[str], bool | None]
 
 
 def attested_fleet(ledger: Ledger) -> dict[str, Any] | None:
@@ -71,10 +80,13 @@ def judge(engine: dict[str, Any], got: result_line.ResultLine) -> tuple[str, boo
     return reading.reason, reading.process_changed
 
 
-def _repeat(engine: str, process_changed: bool, recaptured: bool) -> tuple[str, ...]:
-    if not process_changed:
+def _repeat(engine: str, process_changed: bool, recaptured: bool,
+            restart: bool = False) -> tuple[str, ...]:
+    if not process_changed and not restart:
         return (f"attestation: `narwhal attest` (replaces the sidecar of {engine} only)",)
-    steps = [] if recaptured else [f"capture: `narwhal engines --recapture {engine}`"]
+    steps = [f"start and capture: `narwhal engines --restart {engine}` (from its checked "
+             "plan)"] if restart else \
+        [] if recaptured else [f"capture: `narwhal engines --recapture {engine}`"]
     return (*steps,
             f"attestation: `narwhal attest` (replaces the sidecar of {engine} only)",
             f"profile of {engine}: `narwhal-profile --only {engine}` on the router host",
@@ -82,9 +94,12 @@ def _repeat(engine: str, process_changed: bool, recaptured: bool) -> tuple[str, 
             "fabric: only when the new capture's geometry differs (gate D then shows stale)")
 
 
-def changed_engines(ledger: Ledger, router: Host, tool: str) -> list[EngineChange]:
+def changed_engines(ledger: Ledger, router: Host, tool: str,
+                    running: Running | None = None) -> list[EngineChange]:
     """Every attested engine whose sidecar does not vouch for the fleet's contract now, read
-    from the router host in one command per engine; HostError when the host is unreachable."""
+    from the router host in one command per engine; HostError when the host is unreachable.
+    `running` asks an engine's own host whether it still runs, for the engines whose sidecar
+    says their process is gone or cannot be read."""
     fleet = attested_fleet(ledger)
     if fleet is None:
         return []
@@ -99,9 +114,17 @@ def changed_engines(ledger: Ledger, router: Host, tool: str) -> list[EngineChang
         except ContractError:
             raise HostError(router.alias, f"`{COMMAND} fetch` printed no result line") from None
         why, process_changed = judge(engine, got)
-        if why:
-            recaptured = process_changed and _captured_since(ledger, engine["id"])
-            out.append(EngineChange(engine["id"], why,
-                                    _repeat(engine["id"], process_changed, recaptured),
-                                    process_changed and not recaptured))
+        if not why:
+            continue
+        down = running is not None and (process_changed or not got.ok) and \
+            running(engine["id"]) is False
+        if down:
+            out.append(EngineChange(engine["id"], f"{why}; its host says it is not running",
+                                    _repeat(engine["id"], True, False, restart=True),
+                                    True, restart=True))
+            continue
+        recaptured = process_changed and _captured_since(ledger, engine["id"])
+        out.append(EngineChange(engine["id"], why,
+                                _repeat(engine["id"], process_changed, recaptured),
+                                process_changed and not recaptured))
     return out

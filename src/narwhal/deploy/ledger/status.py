@@ -68,11 +68,14 @@ def with_live_changes(rows: list[GateStatus], doc: dict[str, Any],
     the engines; the later passed gates are to repeat, as for a moved input."""
     if not changes:
         return rows
-    recapture = [c.engine for c in changes if c.recapture]
+    recapture = [c.engine for c in changes if c.recapture and not c.restart]
+    down = [c.engine for c in changes if c.restart]
     causes = {"attest": "not attested now: " + "; ".join(f"{c.engine}: {c.reason}"
                                                          for c in changes)}
-    if recapture:
-        causes["engines"] = f"restarted since captured: {', '.join(recapture)}"
+    said = [f"restarted since captured: {', '.join(recapture)}"] if recapture else []
+    said += [f"not running, to start again: {', '.join(down)}"] if down else []
+    if said:
+        causes["engines"] = "; ".join(said)
     out, stale_from = [], ""
     for row in rows:
         if row.gate in causes and row.state in ("passed", "stale"):

@@ -97,10 +97,26 @@ def checkpoint(plan: dict[str, Any]) -> dict[str, Any]:
     return _check("checkpoint", True, got)
 
 
+# What an engine's run dir needs free before a start: its state files, the engine log and
+# the sidecar's lease state. A full disk fails here, named, before any container exists.
+RUN_DIR_MIN_FREE_BYTES = 8 << 20
+
+
+def failed(name: str, found: str, fix: str) -> dict[str, Any]:
+    """A check that failed outside `run_all` (its result could not be written, say)."""
+    return _check(name, False, found, fix)
+
+
 def run_dir(plan: dict[str, Any]) -> dict[str, Any]:
     facts = hp.disk_facts(plan["run_dir"])
-    return _check("run dir", bool(facts["writable"]), facts,
-                  f"create {plan['run_dir']} and make it writable")
+    if not facts["writable"]:
+        return _check("run dir", False, facts, f"create {plan['run_dir']} and make it writable")
+    free = facts["free_bytes"]
+    if free is not None and free < RUN_DIR_MIN_FREE_BYTES:
+        return _check("run dir", False, f"{plan['run_dir']}: only {free >> 20} MiB free "
+                      f"(disk full)", f"free at least {RUN_DIR_MIN_FREE_BYTES >> 20} MiB on "
+                      f"the filesystem of {plan['run_dir']}, then run the gate again")
+    return _check("run dir", True, facts)
 
 
 def fabric(plan: dict[str, Any]) -> dict[str, Any]:
