@@ -119,11 +119,11 @@ def gate_argv(gate: Gate, args: argparse.Namespace, partial: bool,
 def partial_ok(ctx: Context, row: GateStatus) -> bool:
     """Whether the gate may redo only part of its work: it is passed (only the live check
     found something), or its last attempt was itself partial (`--recapture`, `--restart`)
-    and did not pass while nothing the gate reads moved since its last pass (a restart
-    stopped by a full disk, say: the other engines' captures still stand)."""
+    and did not pass (or was recovered) while nothing the gate reads moved since its last
+    pass (a restart stopped by a full disk, say: the other engines' captures still stand)."""
     if row.state == "passed":
         return True
-    if row.state not in ("blocked", "failed") or not row.last:
+    if row.state not in ("blocked", "failed", "pending") or not row.last:
         return False
     try:
         plan = json.loads((ctx.ledger.attempt_folder(row.gate, row.last) / "plan.json")
