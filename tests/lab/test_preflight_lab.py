@@ -167,9 +167,13 @@ def test_an_edited_slo_makes_deploy_rerun_preflight_and_serve_only(attested: Ins
 
 def test_a_trial_reconciles_every_request_with_the_journal_and_drains_between_rates(
         attested: Installer) -> None:
+    """Also the runbook's row "Offered rate or request count": a new rate is the trial alone;
+    the profiles, the fabric samples and the preflight are kept (no gate attempt added)."""
     op = attested.op
+    before = _attempts(op)
     code, doc = op.json_command("trial", "--rates", "2,4", "--requests", "40")
     assert code == 0, doc
+    assert _attempts(op) == before
     assert [r["rate"] for r in doc["rates"]] == [2.0, 4.0]
     for r in doc["rates"]:
         rec = r["reconciled"]
