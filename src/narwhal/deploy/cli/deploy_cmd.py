@@ -190,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
             say(f"{head}: passed and fresh, kept")
             steps.append(Step(gate, row, "kept", []))
             continue
-        argv = gate_argv(gate, args, partial_ok(ctx, plain[gate.name]), changes)
+        partial = gate.name == "engines" and bool(changes) and partial_ok(ctx, plain[gate.name])
+        argv = gate_argv(gate, args, partial, changes)
         why = f" ({row.reason})" if row.reason else ""
         say(f"{head}: {row.state}{why}; running narwhal {' '.join(argv)}")
         started = time.monotonic()

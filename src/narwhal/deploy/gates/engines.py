@@ -164,10 +164,9 @@ def _prepare_and_check(r: Remote, progress: Progress) -> list[Problem]:
     progress(t.role, "checking")
     prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir)
     if not prepared.ok:
-        fix = (f"free space on the filesystem of {r.run_dir} on {t.alias}, then run the gate "
-               "again") if "disk full" in prepared.error else \
-            "check the launch record Gate B installed"
-        return [Problem(f"{t.alias}: {t.role}: prepare", prepared.error, fix)]
+        return [Problem(f"{t.alias}: {t.role}: prepare", prepared.error,
+                        "the error names the file: the launch record Gate B installed, or "
+                        f"the run dir {r.run_dir} (a full disk: free space there)")]
     result = r.call("check", "--run-dir", r.run_dir)
     return [] if result.ok else _check_problems(t, result)
 
