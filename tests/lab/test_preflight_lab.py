@@ -29,6 +29,7 @@ from narwhal.lab.testing import ssh
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1200)]
 ENGINES = ["engine-1", "engine-2", "engine-3"]
 PAIRS = {f"{a}->{b}" for a in ENGINES for b in ENGINES if a != b}
+PAIRS_BY_HOST = {f"node-{a}->node-{b}" for a in (1, 2, 3) for b in (1, 2, 3) if a != b}
 # What deploy does after one engine changed (the runbook's engine-restart row): that engine's
 # capture, attestation and profile, full preflight and the router; the fabric kept.
 ENGINE_WORK = {"discover": "kept", "install": "kept", "engines": "ran", "fabric": "kept",
@@ -294,6 +295,42 @@ def test_a_restarted_engine_makes_deploy_redo_exactly_that_engines_work(
     assert code == 0 and {s["action"] for s in doc["steps"]} == {"kept"}, doc
 
 
+def test_a_killed_router_is_started_again_alone_bound_to_the_live_generations(
+        attested: Installer) -> None:
+    """The runbook's row "Router restart with the same fleet document": `status` names the
+    router; deploy runs Gate G alone, and the new router admits every engine only with its
+    saved profile bound to the live generation Gate E attested."""
+    op = attested.op
+    old = _owned(attested, "serve", "router")
+    _on_router(attested, f"kill -9 {old['pid']}")
+    code, doc = op.json_command("status")
+    assert code == 0, doc
+    assert doc["router"]["down"] and "does not answer" in doc["router"]["reason"], doc["router"]
+    assert doc["router"]["repeat"][0].startswith("router: `narwhal serve`")
+    assert doc["engines_changed"] == [] and doc["links_moved"] == []
+    states = {g["gate"]: g["state"] for g in doc["gates"]}
+    assert states == {**{g: "passed" for g in ENGINE_WORK}, "serve": "stale"}, states
+    before = _attempts(op)
+    code, doc = op.json_command("deploy")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert {g: s["action"] for g, s in steps.items()} == {
+        **{g: "kept" for g in ENGINE_WORK}, "serve": "ran"}
+    after = _attempts(op)
+    assert {g: len(after[g]) - len(before[g]) for g in after if g != "status"} == {
+        **{g: 0 for g in ENGINE_WORK}, "serve": 1}
+    served = op.last_attempt("serve")
+    assert {r["host"] for r in rows(served)} == {"router"}  # nothing asked of an engine host
+    assert steps["serve"]["output"]["router"] == "started"
+    bound = steps["serve"]["output"]["engines"]
+    for engine in ENGINES:
+        attested_doc = json.loads((op.last_attempt("attest") / f"attestation-{engine}.json")
+                                  .read_text())
+        assert bound[engine]["generation"]["process_start_time_seconds"] == pytest.approx(
+            attested_doc["process"]["process_start_time_seconds"], abs=1e-3), engine
+    assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "1"
+
+
 def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
         attested: Installer) -> None:
     """Last of the tests that need every engine: the killed engine stays down."""
@@ -364,6 +401,46 @@ def test_after_the_crash_deploy_starts_that_engine_again_and_a_full_disk_blocks_
     [profiled] = _tool_rows(op.last_attempt("preflight"), "narwhal-profile")
     assert [profiled["argv"][i + 1] for i, a in enumerate(profiled["argv"])
             if a == "--only"] == ["engine-3"]
+
+
+def test_a_link_moved_on_one_host_resamples_only_its_edges_then_runs_full_preflight(
+        attested: Installer, faults: Faults) -> None:
+    """The runbook's row "Fabric route, host assignment, or transport": node-3's fabric MTU
+    changed under a passed fleet; `status` names exactly node-3's four directed edges, and
+    deploy measures only those, then exercises the live KV paths (narwhal-check) against the
+    saved profiles; no engine is captured, started or profiled again."""
+    op = attested.op
+    faults.mtu("eng3", 1500)
+    code, doc = op.json_command("status")
+    assert code == 0, doc
+    moved = {c["edge"]: c["moved"] for c in doc["links_moved"]}
+    assert set(moved) == {e for e in PAIRS_BY_HOST if "node-3" in e}, moved
+    assert moved["node-1->node-3"] == ["destination_interface"]
+    assert moved["node-3->node-1"] == ["source_interface"]
+    states = {g["gate"]: g for g in doc["gates"]}
+    assert states["engines"]["state"] == "passed"
+    assert states["fabric"]["state"] == "stale" and "node-3->node-2" in \
+        states["fabric"]["reason"], states["fabric"]
+    assert states["preflight"]["state"] == "stale"
+    before = _attempts(op)
+    code, doc = op.json_command("deploy")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert {g: steps[g]["action"] for g in ("discover", "install", "engines")} == {
+        "discover": "kept", "install": "kept", "engines": "kept"}
+    assert steps["fabric"]["action"] == steps["preflight"]["action"] == "ran"
+    after = _attempts(op)
+    assert after["engines"] == before["engines"]
+    edges = json.loads((op.last_attempt("fabric") / "edges.json").read_text())["edges"]
+    resampled = {e["edge"] for e in edges if not e["reused"]}
+    assert resampled == set(moved), edges
+    summary = json.loads((op.last_attempt("attest") / "engine-attestation.json").read_text())
+    assert {v["sidecar"] for v in summary["engines"].values()} == {"kept"}
+    preflight = op.last_attempt("preflight")
+    assert _tool_rows(preflight, "narwhal-profile") == []  # the same engine processes
+    assert _tool_rows(preflight, "narwhal-check")
+    code, doc = op.json_command("status")
+    assert doc["links_moved"] == [] and {g["state"] for g in doc["gates"]} == {"passed"}, doc
 
 
 def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(

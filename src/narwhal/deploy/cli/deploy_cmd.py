@@ -36,6 +36,7 @@ from narwhal.core.gates import GATES, Gate
 from narwhal.core.gates import gate as gate_named
 from narwhal.deploy.cli import ledger_cmd
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.gates.live_check import Live
 from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.runner import current_fingerprints
@@ -137,12 +138,10 @@ def partial_ok(ctx: Context, row: GateStatus) -> bool:
     return bool(passed_with) and not moved_inputs(passed_with, now)
 
 
-def _rows(ctx: Context, changes: list[EngineChange]) -> tuple[dict[str, GateStatus],
-                                                                dict[str, GateStatus]]:
-    """(the record's states, the states with the live check's changes) by gate."""
+def _rows(ctx: Context, live: Live) -> tuple[dict[str, GateStatus], dict[str, GateStatus]]:
+    """(the record's states, the states with what the live check found) by gate."""
     plain = ledger_cmd.recorded_rows(ctx)
-    live = ledger_cmd.with_live(ctx, plain, changes)
-    return {r.gate: r for r in plain}, {r.gate: r for r in live}
+    return {r.gate: r for r in plain}, {r.gate: r for r in ledger_cmd.with_live(ctx, plain, live)}
 
 
 def _run_command(argv: list[str], quiet: bool) -> tuple[int, Any]:
@@ -166,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     ctx.ledger.ensure()
     say = Console(stderr=True, highlight=False).print
-    changes: list[EngineChange] = []
+    live = Live()
     access: dict[str, Any] = {}
     if not args.offline:
         # Every host first, as pinned: a re-keyed or unreachable host stops the run here, even
@@ -176,22 +175,23 @@ def run(args: argparse.Namespace) -> int:
         access = {"exit": code, "output": output}
         if code != EXIT_OK:
             return _no_access(args, ctx, access, say)
-        changes, skipped = ledger_cmd.live_changes(ctx)
-        if skipped:
-            say(f"[yellow]{skipped}[/]")
+        live = ledger_cmd.read_live(ctx)
+        if live.skipped:
+            say(f"[yellow]{live.skipped}[/]")
     last = GATES.index(args.until)
     steps: list[Step] = []
     t0 = time.monotonic()
     for number, gate in enumerate(GATES[:last + 1], 1):
-        plain, live = _rows(ctx, changes)
-        row = live[gate.name]
+        plain, now = _rows(ctx, live)
+        row = now[gate.name]
         head = f"[{number}/{last + 1}] gate {gate.letter} {gate.name}"
         if row.state == "passed":
             say(f"{head}: passed and fresh, kept")
             steps.append(Step(gate, row, "kept", []))
             continue
-        partial = gate.name == "engines" and bool(changes) and partial_ok(ctx, plain[gate.name])
-        argv = gate_argv(gate, args, partial, changes)
+        partial = gate.name == "engines" and bool(live.engines) and \
+            partial_ok(ctx, plain[gate.name])
+        argv = gate_argv(gate, args, partial, live.engines)
         why = f" ({row.reason})" if row.reason else ""
         say(f"{head}: {row.state}{why}; running narwhal {' '.join(argv)}")
         started = time.monotonic()
@@ -201,9 +201,13 @@ def run(args: argparse.Namespace) -> int:
         if code != EXIT_OK:
             return _stopped(args, ctx, steps, gate, say)
         if gate.name == "engines":
-            changes = [replace(c, recapture=False, restart=False) for c in changes]
+            live.engines = [replace(c, recapture=False, restart=False) for c in live.engines]
         if gate.name == "attest":
-            changes = []  # every engine attested again as it runs now
+            live.engines = []  # every engine attested again as it runs now
+        if gate.name == "preflight":
+            live.links = []  # measured again (gate D), and the live KV paths exercised
+        if gate.name == "serve":
+            live.router = ""
     return _finished(args, ctx, steps, time.monotonic() - t0, say,
                      "checked" if access else "skipped (--offline)")
 

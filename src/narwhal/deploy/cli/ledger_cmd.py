@@ -12,15 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 from narwhal.core.cli_common import EXIT_OK
-from narwhal.core.errors import HostError
+from narwhal.core.errors import GateBlocked, HostError, LedgerError
 from narwhal.core.gates import GATE_NAMES, gate
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.gates import engines, restarts
+from narwhal.deploy.gates import engines, live_check, restarts
 from narwhal.deploy.gates.engines import INSTALL_PLAN
-from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import installed_tool
+from narwhal.deploy.gates.live_check import ROUTER_REPEAT, Live
 from narwhal.deploy.gates.registry import SPECS
-from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.ledger.export import export
 from narwhal.deploy.ledger.recover import recover
@@ -54,28 +54,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rec.set_defaults(handler=run_recover)
 
 
-def live_changes(ctx: Context) -> tuple[list[EngineChange], str]:
-    """The attested engines that changed, read from the router host (recorded as activity
-    `status`); ([], why) when the live check cannot run."""
-    if restarts.attested_fleet(ctx.ledger) is None:
-        return [], ""
-    plan = passed_artifact(ctx.ledger, "status", INSTALL_PLAN).json()
+def read_live(ctx: Context) -> Live:
+    """What moved that the record cannot see, read from the hosts (recorded as activity
+    `status`): the attested engines (asked from the router host, the peer that relies on
+    their sidecars), the router Gate G left serving, and the links Gate D measured (asked of
+    both ends). Empty, with the reason, when the live check cannot run."""
+    if restarts.attested_fleet(ctx.ledger) is None and passed_attempt(ctx.ledger, "fabric") is None:
+        return Live()
+    try:
+        plan = passed_artifact(ctx.ledger, "status", INSTALL_PLAN).json()
+    except (GateBlocked, LedgerError):
+        return Live()
     sessions = ctx.sessions()
     alias = next(a for a, rs in sessions.roles().items() if "router" in rs)
     try:
         with ctx.ledger.attempt("status", fingerprint={}, hosts={alias: ["router"]},
                                 deployment_revision=ctx.inputs.revision) as attempt:
+            live = Live()
             router = sessions.get(alias)
             with attempt.bind(router):
                 tool = installed_tool(router, str(plan["remote_dir"]), restarts.COMMAND)
                 running = engines.running_probe(sessions, ctx.ledger, ctx.inputs, attempt)
-                changes = restarts.changed_engines(ctx.ledger, router, tool, running)
+                live.engines = restarts.changed_engines(ctx.ledger, router, tool, running)
+                live.router = live_check.router_down(ctx.ledger, router, tool)
+            live.links = live_check.moved_links(ctx.inputs, ctx.ledger, sessions, attempt)
             attempt.add_artifact("live-attestation.json", json.dumps(
-                {"router_host": alias, "changed": [c.as_dict() for c in changes]},
+                {"router_host": alias, "changed": [c.as_dict() for c in live.engines]},
                 indent=1).encode() + b"\n")
-        return changes, ""
+            attempt.add_artifact("live-check.json", json.dumps(
+                {"router_host": alias, **live.as_dict()}, indent=1).encode() + b"\n")
+        return live
     except HostError as exc:
-        return [], f"live check skipped: {exc}"
+        return Live(skipped=f"live check skipped: {exc}")
     finally:
         ctx.close()
 
@@ -86,22 +96,20 @@ def recorded_rows(ctx: Context) -> list[GateStatus]:
     return compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints()))
 
 
-def with_live(ctx: Context, rows: list[GateStatus], changes: list[EngineChange]
-              ) -> list[GateStatus]:
-    """The rows with what the live check found changed (restarts.py)."""
-    return with_live_changes(rows, ctx.ledger.load(), changes)
+def with_live(ctx: Context, rows: list[GateStatus], live: Live) -> list[GateStatus]:
+    """The rows with what the live check found moved (restarts.py, live_check.py)."""
+    return with_live_changes(rows, ctx.ledger.load(), live.engines, live.router, live.links)
 
 
 def run_status(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     ledger = ctx.ledger.ensure()
-    changes, skipped = ([], "") if args.offline else live_changes(ctx)
-    rows = with_live(ctx, recorded_rows(ctx), changes)
+    live = Live() if args.offline else read_live(ctx)
+    rows = with_live(ctx, recorded_rows(ctx), live)
     if args.json:
         print(json.dumps({"deployment": ledger.deployment,
-                          "gates": [r.as_dict() for r in rows],
-                          "engines_changed": [c.as_dict() for c in changes],
-                          "live_check": "off" if args.offline else (skipped or "done")},
+                          "gates": [r.as_dict() for r in rows], **live.as_dict(),
+                          "live_check": "off" if args.offline else (live.skipped or "done")},
                          indent=2))
         return EXIT_OK
     table = Table(title=f"deployment {ledger.deployment}")
@@ -114,16 +122,26 @@ def run_status(args: argparse.Namespace) -> int:
                       row.last or "-", why or "")
     console = Console()
     console.print(table)
-    if changes:
-        live = Table(title="engines that are not what gate E attested (read from the router "
-                           "host)")
+    if live.engines:
+        table = Table(title="engines that are not what gate E attested (read from the router "
+                            "host)")
         for column in ("engine", "why", "repeat, in order"):
-            live.add_column(column)
-        for c in changes:
-            live.add_row(c.engine, c.reason, "\n".join(c.repeat))
-        console.print(live)
-    if skipped:
-        console.print(f"[yellow]{skipped}[/]")
+            table.add_column(column)
+        for c in live.engines:
+            table.add_row(c.engine, c.reason, "\n".join(c.repeat))
+        console.print(table)
+    if live.links:
+        table = Table(title="directed links that moved since gate D measured them (read from "
+                            "both ends)")
+        for column in ("edge", "what moved", "repeat, in order"):
+            table.add_column(column)
+        for link in live.links:
+            table.add_row(link.edge, ", ".join(link.moved), "\n".join(link.repeat))
+        console.print(table)
+    if live.router:
+        console.print(f"[yellow]router: {live.router}[/]; repeat: {ROUTER_REPEAT[0]}")
+    if live.skipped:
+        console.print(f"[yellow]{live.skipped}[/]")
     return EXIT_OK
 
 

@@ -139,7 +139,9 @@ class HostLinks:
     tool_versions: dict[str, str]  # iperf3, and ib_write_bw on an RDMA host
 
 
-def _host_links(host: Host, p: FabricPlan) -> HostLinks:
+def host_links(host: Host, p: FabricPlan) -> HostLinks:
+    """One host's link facts as its kernel reports them now (also read by `narwhal status`,
+    which compares them with the links Gate D measured)."""
     alias = host.alias
     iface, addr = p.interface[alias], p.address[alias]
     shown = host.run(["ip", "-j", "addr", "show", "dev", iface])
@@ -362,7 +364,7 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
     def facts_of(alias: str) -> HostLinks:
         host = sessions.get(alias)
         with attempt.bind(host):
-            return _host_links(host, p)
+            return host_links(host, p)
 
     facts: dict[str, HostLinks] = {}
     problems: list[Problem] = []

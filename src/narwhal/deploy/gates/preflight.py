@@ -39,7 +39,10 @@ from narwhal.deploy.ledger.attempt import Attempt
 
 FLEET = Reads("attest", "fleet.json")
 CONTRACT = Reads("engines", "contract.json")
-SPEC = GateSpec("preflight", Spread.SERIAL, reads=(INSTALL_PLAN, CONTRACT, FLEET))
+# The runbook's row "Fabric route, host assignment, or transport": links measured again are
+# followed by the live KV paths exercised, so Gate D's edge matrix is an input here too.
+EDGES = Reads("fabric", "edges.json")
+SPEC = GateSpec("preflight", Spread.SERIAL, reads=(INSTALL_PLAN, CONTRACT, FLEET, EDGES))
 PROFILE, CHECK = "narwhal-profile", "narwhal-check"
 TOOL_TIMEOUT_S = 900.0
 STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"

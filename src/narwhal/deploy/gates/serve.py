@@ -53,7 +53,7 @@ SERVE, FETCH = "narwhal-serve", "narwhal-attest"
 PROMETHEUS, PROMTOOL = "prometheus", "promtool"
 DEFAULT_ROUTER = ("127.0.0.1", 8000)
 PROMETHEUS_AT = ("127.0.0.1", 9090)
-READY_S, UP_S = 60.0, 45.0
+READY_S, UP_S, BOUND_S = 60.0, 45.0, 20.0
 Progress = Callable[[str, str], None]
 
 
@@ -198,6 +198,41 @@ def start_router(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan,
     return {"router": "started", "pid": ref.pid}
 
 
+def bound_engines(rh: RouterHost, attempt: Attempt, p: ServePlan,
+                  progress: Progress) -> dict[str, Any]:
+    """Every engine of the fleet admitted by the router: its saved profile bound to the
+    engine's live generation (the runbook's row "Router restart with the same fleet
+    document"), read from /narwhal/state (kept as router-state.json); blocked, naming each
+    engine the router holds out and why, when one is not admitted within BOUND_S."""
+    want = [str(e["id"]) for e in p.fleet.get("engines", [])]
+    seen: dict[str, dict[str, Any]] = {}
+    doc: dict[str, Any] = {}
+
+    def all_bound() -> bool:
+        nonlocal doc
+        got = rh.get(f"{p.router_url}/narwhal/state")
+        if got is None or got[0] != 200:
+            return False
+        doc = got[1]
+        seen.clear()
+        seen.update({str(e.get("id")): e for e in doc.get("engines", [])
+                     if isinstance(e, dict)})
+        return all(seen.get(e, {}).get("admitted") and seen[e].get("generation")
+                   for e in want)
+    progress("router", "every engine's saved profile bound to its live generation")
+    done = _wait("bound", all_bound, BOUND_S)
+    attempt.add_artifact("router-state.json", canonical_json(doc).encode() + b"\n")
+    if not done:
+        held = [e for e in want if not seen.get(e, {}).get("admitted")]
+        raise GateBlocked("serve", f"the router holds out {', '.join(held)}", [Problem(
+            f"{p.router}: {e}", f"{seen.get(e, {}).get('held_reason') or 'not admitted'}: "
+            f"{seen.get(e, {}).get('held_detail') or seen.get(e, {}).get('ejected_reason')}",
+            "a new generation needs its profile (`narwhal preflight`); an attestation hold, "
+            "`narwhal attest`") for e in held])
+    return {e: {"generation": seen[e]["generation"], "role": seen[e].get("role")}
+            for e in want}
+
+
 def _promtool(rh: RouterHost, *args: str) -> None:
     done = rh.host.run(cl.in_dir(rh.monitoring, [PROMTOOL, *args]), timeout=120)
     if not done.ok:
@@ -340,8 +375,7 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
                                    "missing" if placed is None else "changed since preflight",
                                    "run `narwhal preflight` again")])
     router = start_router(rh, attempt, ledger, p, progress)
-    attempt.add_artifact("router-state.json", canonical_json(
-        (rh.get(f"{p.router_url}/narwhal/state") or (0, {}))[1]).encode() + b"\n")
+    bound = bound_engines(rh, attempt, p, progress)
     mon = start_monitoring(rh, attempt, ledger, p, progress)
     progress("private path", "through the SSH forward: /ready, one completion, Prometheus")
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
@@ -358,6 +392,7 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
         raise GateBlocked("serve", f"dashboard panels without data: {', '.join(empty[:3])}", [
             Problem(f"panel {t}", "its query returns no series", "check the scrape targets")
             for t in empty])
-    return {"router_host": p.router, "router_url": p.router_url, **router, **mon,
+    return {"router_host": p.router, "router_url": p.router_url, **router, "engines": bound,
+            **mon,
             "tunnel": tunnel, "panels": series, "grafana": "SKIP: not started on this host "
             "(its provisioning and every panel's query were checked)"}

@@ -62,20 +62,31 @@ def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None) -> l
 
 
 def with_live_changes(rows: list[GateStatus], doc: dict[str, Any],
-                      changes: Sequence[Any]) -> list[GateStatus]:
+                      changes: Sequence[Any], router: str = "",
+                      links: Sequence[Any] = ()) -> list[GateStatus]:
     """The rows with what the live check found: an engine that must be captured again makes
     Gate C stale, any engine its sidecar no longer vouches for makes Gate E stale, each naming
-    the engines; the later passed gates are to repeat, as for a moved input."""
-    if not changes:
+    the engines; a directed link that moved makes Gate D stale, naming the edges, and the full
+    preflight (Gate F) is repeated after it; a router that does not answer makes Gate G stale.
+    The later passed gates are to repeat, as for a moved input."""
+    if not changes and not router and not links:
         return rows
+    causes: dict[str, str] = {}
+    if changes:
+        causes["attest"] = "not attested now: " + "; ".join(f"{c.engine}: {c.reason}"
+                                                            for c in changes)
     recapture = [c.engine for c in changes if c.recapture and not c.restart]
     down = [c.engine for c in changes if c.restart]
-    causes = {"attest": "not attested now: " + "; ".join(f"{c.engine}: {c.reason}"
-                                                         for c in changes)}
     said = [f"restarted since captured: {', '.join(recapture)}"] if recapture else []
     said += [f"not running, to start again: {', '.join(down)}"] if down else []
     if said:
         causes["engines"] = "; ".join(said)
+    if links:
+        causes["fabric"] = "link moved since measured: " + "; ".join(
+            f"{c.edge} ({', '.join(c.moved)})" for c in links)
+        causes["preflight"] = "the live KV paths over the moved links are to be exercised"
+    if router:
+        causes["serve"] = f"router not serving: {router}"
     out, stale_from = [], ""
     for row in rows:
         if row.gate in causes and row.state in ("passed", "stale"):

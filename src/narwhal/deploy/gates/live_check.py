@@ -1,0 +1,139 @@
+"""What `narwhal status` reads live besides the engines: the router Gate G left serving, and
+the directed links Gate D measured.
+
+The record cannot see either move. The runbook's repeat rows name the work:
+- "Router restart with the same fleet document": a router that no longer answers is started
+  again on the fleet Gate F checked (`narwhal serve`), and before it accepts traffic it binds
+  each saved profile to its engine's live generation; nothing before Gate G is repeated;
+- "Fabric route, host assignment, or transport": a directed link whose measured facts (either
+  end's interface, address or MTU, the kernel's route each way, the tool's version) differ
+  from the link record Gate D sampled under is measured again, then the live KV paths are
+  exercised in the full preflight. The other edges keep their samples (Gate D reuses a sample
+  while its fingerprint holds), and the transport, test parameters and budget are inputs that
+  Gate D's own fingerprint already follows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError
+from narwhal.deploy.gates import fabric
+from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
+from narwhal.deploy.gates.owned_processes import alive, earlier_processes
+from narwhal.deploy.gates.restarts import EngineChange
+from narwhal.deploy.gates.spec import Reads
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.hosts.trust import pinned_fingerprints
+from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.ledger import Ledger
+from narwhal.deploy.ledger.attempt import Attempt
+
+LINKS = Reads("fabric", "links.json")
+# The link record's fields measured on the hosts; the rest are inputs (transport, test
+# parameters, budget) or the pinned host keys (checked before any gate, as access).
+MEASURED = ("source_interface", "destination_interface", "route", "reverse_route",
+            "tool_version")
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    edge: str
+    moved: tuple[str, ...]  # the link record's fields that differ now
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"edge": self.edge, "moved": list(self.moved), "repeat": list(self.repeat)}
+
+    @property
+    def repeat(self) -> tuple[str, ...]:
+        return (f"fabric: sample {self.edge} again against its budget (`narwhal fabric`; "
+                "the edges whose links did not move keep their samples)",
+                "full preflight: narwhal-check on the router host exercises the live KV "
+                "paths (gate F)")
+
+
+@dataclass
+class Live:
+    """Everything the live check found; empty when nothing moved (or it did not run)."""
+
+    engines: list[EngineChange] = field(default_factory=list)
+    router: str = ""  # why the router Gate G left serving is not serving now
+    links: list[LinkChange] = field(default_factory=list)
+    skipped: str = ""  # why (part of) the live check could not run
+
+    def __bool__(self) -> bool:
+        return bool(self.engines or self.router or self.links)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"engines_changed": [c.as_dict() for c in self.engines],
+                "router": {"down": bool(self.router), "reason": self.router,
+                           "repeat": list(ROUTER_REPEAT) if self.router else []},
+                "links_moved": [c.as_dict() for c in self.links]}
+
+
+ROUTER_REPEAT = ("router: `narwhal serve` on the fleet gate F checked; before it accepts "
+                 "traffic the router binds each saved profile to its engine's live generation",)
+
+
+def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
+    """Why the router Gate G's last passed attempt left serving does not answer now; "" when
+    it answers (whatever its /ready says: the engines' own states are read separately), or
+    before Gate G passed."""
+    attempt_id = passed_attempt(ledger, "serve")
+    if attempt_id is None:
+        return ""
+    try:
+        plan = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
+        url = str(plan["router_url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""  # a record from before Gate G planned its address: nothing to ask
+    done = router.run([fetch_tool, "fetch", "--url", f"{url}/ready", "--timeout", "5"],
+                      timeout=30)
+    try:
+        got = result_line.parse(done.text, "narwhal-attest fetch")
+    except ContractError:
+        raise HostError(router.alias, "`narwhal-attest fetch` printed no result line") from None
+    if got.ok:
+        return ""
+    ours = [r for r in earlier_processes(ledger, "serve", "", "narwhal-serve")
+            if r["host"] == router.alias]
+    running = [r for r in ours if alive(router, r)]
+    which = (f"narwhal-serve pid {running[-1]['pid']} still runs but does not answer"
+             if running else "no narwhal-serve that gate G started runs there")
+    return f"the router at {url} on {router.alias} does not answer ({which})"
+
+
+def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,
+                attempt: Attempt) -> list[LinkChange]:
+    """The directed edges whose measured link facts differ from the record Gate D's last
+    passed attempt sampled them under, read from both ends now (commands in `attempt`)."""
+    if passed_attempt(ledger, "fabric") is None:
+        return []
+    try:
+        recorded = dict(passed_artifact(ledger, "status", LINKS).json())
+        p = fabric.plan(inputs, ledger, fabric.FabricOptions())
+    except (GateBlocked, LedgerError):
+        return []  # an upstream gate is not passed: the record's own states say so
+    facts = {}
+    for alias in p.hosts:
+        host = sessions.get(alias)
+        with attempt.bind(host):
+            facts[alias] = fabric.host_links(host, p)
+    keys = {h: ",".join(sorted(pinned_fingerprints(sessions.known_hosts,
+                                                   sessions.hosts[h].destination)))
+            for h in p.hosts}
+    now = fabric.link_records(p, facts, keys, fabric.transports(inputs, p))
+    out = []
+    for edge, rec in now.items():
+        then = recorded.get(edge)
+        if not isinstance(then, dict):
+            continue  # an edge Gate D did not measure: its own fingerprint makes it stale
+        doc = rec.document()
+        moved = tuple(k for k in MEASURED if doc.get(k) != then.get(k))
+        if moved:
+            out.append(LinkChange(edge, moved))
+    return out

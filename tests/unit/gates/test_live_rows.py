@@ -1,0 +1,46 @@
+"""What `narwhal status` makes of a router that does not answer and of links that moved: the
+gates they make stale and the work the runbook's rows name."""
+
+from __future__ import annotations
+
+from narwhal.core.gates import GATES
+from narwhal.deploy.gates.live_check import ROUTER_REPEAT, LinkChange, Live
+from narwhal.deploy.ledger.status import GateStatus, with_live_changes
+
+
+def _rows() -> list[GateStatus]:
+    return [GateStatus(g.name, g.letter, "passed", 1, "001", "", ()) for g in GATES]
+
+
+DOC = {"gates": {g.name: {"state": "passed"} for g in GATES}}
+
+
+def test_a_router_that_does_not_answer_makes_only_gate_g_stale() -> None:
+    rows = {r.gate: r for r in with_live_changes(_rows(), DOC, [], router="pid 7 is gone")}
+    assert {g for g, r in rows.items() if r.state != "passed"} == {"serve"}
+    assert rows["serve"].reason == "router not serving: pid 7 is gone"
+    assert rows["serve"].repeat == ("serve",)
+    assert "live generation" in ROUTER_REPEAT[0] and "narwhal serve" in ROUTER_REPEAT[0]
+
+
+def test_a_moved_link_makes_the_fabric_and_the_preflight_stale_and_keeps_the_engines() -> None:
+    moved = [LinkChange("node-1->node-3", ("destination_interface",)),
+             LinkChange("node-3->node-1", ("source_interface", "route"))]
+    rows = {r.gate: r for r in with_live_changes(_rows(), DOC, [], links=moved)}
+    assert rows["engines"].state == rows["discover"].state == "passed"
+    assert rows["fabric"].state == "stale"
+    assert rows["fabric"].reason == ("link moved since measured: node-1->node-3 "
+                                     "(destination_interface); node-3->node-1 "
+                                     "(source_interface, route)")
+    assert rows["preflight"].state == "stale"
+    assert rows["fabric"].repeat == ("fabric", "attest", "preflight", "serve")
+    assert moved[0].repeat[0].startswith("fabric: sample node-1->node-3 again")
+    assert moved[0].repeat[1].startswith("full preflight")
+
+
+def test_nothing_moved_changes_no_row_and_says_so_in_json() -> None:
+    assert with_live_changes(_rows(), DOC, [], router="", links=[]) == _rows()
+    live = Live()
+    assert not live
+    assert live.as_dict() == {"engines_changed": [], "links_moved": [],
+                              "router": {"down": False, "reason": "", "repeat": []}}
