@@ -56,3 +56,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if problems:
         pytest.exit("the router's build does not match its sources:\n  " + "\n  ".join(problems)
                     + "\nrun `make setup` to rebuild it (scripts/setup-venv.sh)", returncode=4)
+
+
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Wall time per test module (setup, call and teardown), for the summary below."""
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The slowest modules and each tier's total: `make test` must stay under 30 minutes here,
+    so a new drill shows where its time goes and what it costs its tier."""
+    if not _MODULE_SECONDS:
+        return
+    tiers: dict[str, float] = {}
+    for module, seconds in _MODULE_SECONDS.items():
+        tier = module.split("/")[1] if module.startswith("tests/") else module
+        tiers[tier] = tiers.get(tier, 0.0) + seconds
+    terminalreporter.write_sep("=", "time per tier and the slowest modules")
+    for tier, seconds in sorted(tiers.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  tier {tier}")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:12]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {module}")

@@ -461,8 +461,19 @@ def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(
     assert doc.get("stopped_at") != "access", doc  # the host is the one pinned now
     steps = {s["gate"]: s for s in doc["steps"]}
     assert steps["discover"]["action"] == steps["install"]["action"] == "kept", doc["steps"]
-    # the restart lost node-3's run dir, so engine-3 is started again, not captured in place
+    # the restart lost node-3's run dir, so engine-3 is started again, not captured in place;
+    # the container it left under its name is one the record owns, so it is replaced
     assert steps["engines"]["command"][1:4] == ["engines", "--restart", "engine-3"], steps
+    assert code == 0 and doc["verdict"] == "passed", doc
+    restarted = op.last_attempt("engines")
+    owned = json.loads((restarted / "plan.json").read_text())["owned_containers"]["node-3"]
+    removed = [r["argv"][3] for r in rows(restarted)
+               if r["host"] == "node-3" and r["argv"][:3] == ["docker", "rm", "-f"]]
+    assert len(removed) == 1 and any(o.startswith(removed[0] + ":") for o in owned), removed
+    # a new host key may be a new machine: its links are measured again (the others kept)
+    edges = json.loads((op.last_attempt("fabric") / "edges.json").read_text())["edges"]
+    assert {e["edge"] for e in edges if not e["reused"]} == {
+        e for e in PAIRS_BY_HOST if "node-3" in e}
     with lifecycle.locked():
         faults.clear()  # the original key back, and pinned again
     assert op.narwhal("hosts", "trust", "--yes", "--replace", "node-3").returncode == 0

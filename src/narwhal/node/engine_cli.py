@@ -18,6 +18,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,9 +108,20 @@ def do_check(args: argparse.Namespace) -> dict[str, Any]:
     return {"engine": plan["engine"], "plan_sha256": plan_sha, "ok": ok, "checks": found}
 
 
+def _owned_container(text: str) -> tuple[str, str]:
+    """`--replace-owned ID:CREATED`: a full 64-hex container Id and its creation time."""
+    container_id, sep, created = text.partition(":")
+    if not sep or not re.fullmatch(r"[0-9a-f]{64}", container_id) or not created \
+            or len(created) > 64 or any(c.isspace() for c in created):
+        raise Refused(f"--replace-owned {text[:80]!r}: give the full container Id (64 hex "
+                      "digits), a colon and its creation time as the runtime reports it")
+    return container_id, created
+
+
 def do_start(args: argparse.Namespace) -> dict[str, Any]:
     from narwhal.node.engine import runtime as rt
 
+    owned = frozenset(_owned_container(v) for v in args.replace_owned)  # refused first
     run_dir = Path(args.run_dir)
     plan, plan_sha = _plan(run_dir)
     checked = _read_json(run_dir / "checked.json", "check")
@@ -123,7 +135,7 @@ def do_start(args: argparse.Namespace) -> dict[str, Any]:
         if args.secrets is None:
             raise Refused(f"the plan needs the secret {name}: pass --secrets DIR")
         secrets[name] = (Path(args.secrets) / name).read_text().rstrip("\n")
-    started, ran = rt.start(plan, secrets, run_dir / "engine.log")
+    started, ran = rt.start(plan, secrets, run_dir / "engine.log", owned)
     _write(run_dir / "started.json", canonical_json(started.as_json()).encode() + b"\n")
     return {"engine": plan["engine"], **started.as_json(), "commands": ran}
 
@@ -183,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("start", help="start a checked, unchanged plan (started.json)")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--secrets", default=None, help="folder of 0600 secret files")
+    p.add_argument("--replace-owned", action="append", default=[], metavar="ID:CREATED",
+                   help="a container the deployment record owns (its full Id and creation "
+                        "time): removed first if it holds the plan's container name")
     p.set_defaults(handler=do_start)
     p = sub.add_parser("capture", help="the live cache layout (cache-layout.json)")
     p.add_argument("--run-dir", required=True)

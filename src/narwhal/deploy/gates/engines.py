@@ -30,6 +30,7 @@ from narwhal.core.kv.pair import check_fleet
 from narwhal.core.launch_record import LaunchRecord
 from narwhal.deploy.gates.handoff import Artifact, passed_artifact
 from narwhal.deploy.gates.install import install_dir
+from narwhal.deploy.gates.owned_processes import owned_containers
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts.base import Host, RunResult
@@ -91,14 +92,18 @@ def plan(inputs: Inputs, ledger: Ledger) -> tuple[list[EngineTarget], dict[str, 
            "engines": [{"engine": t.role, "host": t.alias, "run_dir": f"{t.record.run_dir}/"
                         f"{t.role}", "gpus": [d.uuid for d in t.record.devices],
                         "launch_record_sha256": t.launch_sha256} for t in targets],
-           "start_groups": [[t.role for t in g] for g in groups]}
+           "start_groups": [[t.role for t in g] for g in groups],
+           # what a start may remove when a container holds its engine's name: only these
+           "owned_containers": owned_containers(ledger, "engines")}
     return targets, doc
 
 
 class Remote:
     """Paths and commands of one engine on its host (narwhal-engine from Gate B's venv)."""
 
-    def __init__(self, host: Host, install: dict[str, Any], t: EngineTarget) -> None:
+    def __init__(self, host: Host, install: dict[str, Any], t: EngineTarget,
+                 owned: list[str] | None = None) -> None:
+        self.owned = owned or []  # ID:CREATED of the containers the record owns on this host
         base = install_dir(host, str(install["remote_dir"]))
         run = f"{base}/runs/{install['prepared_run']}"
         self.host, self.t = host, t
@@ -175,7 +180,8 @@ def _start(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
     """`start` of one checked engine, owned by the attempt, then its capture."""
     t = r.t
     progress(t.role, "starting")
-    started = r.call("start", "--run-dir", r.run_dir, "--secrets", r.secrets,
+    owned = [a for c in r.owned for a in ("--replace-owned", c)]
+    started = r.call("start", "--run-dir", r.run_dir, "--secrets", r.secrets, *owned,
                      timeout=START_TIMEOUT_S)
     if not started.ok:
         raise HostError(t.alias, f"{t.role}: start refused: {started.error}")
@@ -228,7 +234,8 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
     def checked(t: EngineTarget) -> list[Problem]:
         host = sessions.get(t.alias)
         with attempt.bind(host):
-            r = remotes[t.role] = Remote(host, install, t)
+            r = remotes[t.role] = Remote(host, install, t,
+                                         doc.get("owned_containers", {}).get(t.alias))
             return _prepare_and_check(r, progress)
 
     problems: list[Problem] = []
@@ -301,7 +308,7 @@ def recapture(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
     def again(t: EngineTarget) -> CacheLayout:
         host = sessions.get(t.alias)
         with attempt.bind(host):
-            r = Remote(host, doc["install"], t)
+            r = Remote(host, doc["install"], t, doc.get("owned_containers", {}).get(t.alias))
             return _restart(r, attempt, progress) if t.role in restart else \
                 _capture(r, attempt, progress)
 

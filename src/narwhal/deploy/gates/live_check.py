@@ -6,7 +6,8 @@ The record cannot see either move. The runbook's repeat rows name the work:
   again on the fleet Gate F checked (`narwhal serve`), and before it accepts traffic it binds
   each saved profile to its engine's live generation; nothing before Gate G is repeated;
 - "Fabric route, host assignment, or transport": a directed link whose measured facts (either
-  end's interface, address or MTU, the kernel's route each way, the tool's version) differ
+  end's interface, address or MTU, the kernel's route each way, the tool's version, the
+  pinned host keys) differ
   from the link record Gate D sampled under is measured again, then the live KV paths are
   exercised in the full preflight. The other edges keep their samples (Gate D reuses a sample
   while its fingerprint holds), and the transport, test parameters and budget are inputs that
@@ -34,10 +35,12 @@ from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
 
 LINKS = Reads("fabric", "links.json")
-# The link record's fields measured on the hosts; the rest are inputs (transport, test
-# parameters, budget) or the pinned host keys (checked before any gate, as access).
+# The link record's fields read from the hosts: the interfaces, routes and tool, and the
+# pinned host keys (a host whose key was replaced may be another machine: a new host
+# assignment). The rest are inputs (transport, test parameters, budget) that Gate D's own
+# fingerprint follows.
 MEASURED = ("source_interface", "destination_interface", "route", "reverse_route",
-            "tool_version")
+            "tool_version", "host_keys")
 
 
 @dataclass(frozen=True)

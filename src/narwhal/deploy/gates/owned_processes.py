@@ -34,6 +34,22 @@ def earlier_processes(ledger: Ledger, gate: str, this_attempt: str,
     return rows
 
 
+def owned_containers(ledger: Ledger, gate: str) -> dict[str, list[str]]:
+    """Every container the gate's attempts started, by host, as `ID:CREATED` (what a start
+    may replace when it finds one holding its engine's name: the record owns it)."""
+    entry = ledger.load().get("gates", {}).get(gate, {}) if ledger.exists() else {}
+    out: dict[str, list[str]] = {}
+    for attempt_id in entry.get("attempts") or []:
+        owned = ledger.attempt_folder(gate, attempt_id) / "owned.jsonl"
+        if not owned.exists():
+            continue
+        for line in owned.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("kind") == "container" and row.get("id") and row.get("created"):
+                out.setdefault(str(row["host"]), []).append(f"{row['id']}:{row['created']}")
+    return out
+
+
 def alive(host: Host, row: dict[str, Any]) -> bool:
     return host.process_start(int(row["pid"])) == int(row["start_ticks"])
 

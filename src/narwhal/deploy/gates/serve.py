@@ -384,8 +384,15 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
         raise GateBlocked("serve", "the router does not serve through the private path", [
             Problem(f"tunnel -> {p.router_url}", f"/ready {tunnel['ready']}, completion "
                     f"{tunnel['completion']}", "read router-state.json in the attempt")])
-    time.sleep(monitoring.SCRAPE_INTERVAL_S + 1)  # the completion's series, scraped once
-    series = panel_series(rh, p)
+    series: dict[str, int] = {}
+
+    def panels_have_data() -> bool:
+        series.clear()
+        series.update(panel_series(rh, p))
+        return all(n > 0 for n in series.values())
+    # the completion's series appear with the next scrape: poll until every panel has data,
+    # for at most two scrape intervals
+    _wait("panels", panels_have_data, 2 * monitoring.SCRAPE_INTERVAL_S + 1)
     attempt.add_artifact("panel-series.json", canonical_json(series).encode() + b"\n")
     empty = [t for t, n in series.items() if n == 0]
     if empty:

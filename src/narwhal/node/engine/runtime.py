@@ -52,10 +52,16 @@ def inspect(runtime: str, ref: str) -> tuple[str, str, bool] | None:
     return parts[0], parts[1], parts[2] == "true"
 
 
-def start(plan: dict[str, Any], secrets: dict[str, str],
-          log_path: Path) -> tuple[Started, list[dict[str, Any]]]:
+def start(plan: dict[str, Any], secrets: dict[str, str], log_path: Path,
+          owned: frozenset[tuple[str, str]] = frozenset()
+          ) -> tuple[Started, list[dict[str, Any]]]:
     """Start the plan; what was started, and the runtime commands run with their wall-clock
-    times (for the workstation's commands.jsonl: the record shows each host's `docker run`)."""
+    times (for the workstation's commands.jsonl: the record shows each host's `docker run`).
+
+    A container already holding the plan's name is removed first only when its (Id, Created)
+    is in `owned`: one the deployment record says an earlier attempt started, left behind
+    when this run dir lost track of it (the host was reinstalled or its disk restored).
+    Any other container of that name refuses the start, named."""
     env = {**os.environ, **secrets}  # secret values travel in the environment, never in argv
     runtime = plan["runtime"]
     if runtime == "native":
@@ -64,15 +70,24 @@ def start(plan: dict[str, Any], secrets: dict[str, str],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True, cwd=plan["run_dir"])
         return Started("native", str(proc.pid), _start_ticks(proc.pid)), []
+    ran: list[dict[str, Any]] = []
     existing = inspect(runtime, plan["container_name"])
+    if existing is not None and existing[:2] in owned:
+        t0 = time.time()
+        argv = [runtime, "rm", "-f", existing[0]]
+        removed = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        ran.append({"argv": argv, "start": t0, "end": time.time(),
+                    "exit_status": removed.returncode})
+        existing = inspect(runtime, plan["container_name"])
     if existing is not None:
         raise RuntimeError_(f"a container named {plan['container_name']} already exists "
-                            f"({existing[0][:12]}); stop it (`narwhal-engine stop`) or remove it")
+                            f"({existing[0][:12]}) and the deployment record does not own it; "
+                            "stop it (`narwhal-engine stop`) or remove it")
     t0 = time.time()
     done = subprocess.run(plan["argv"], env=env, capture_output=True, text=True,
                           timeout=START_TIMEOUT_S, check=False)
-    ran = [{"argv": plan["argv"], "start": t0, "end": time.time(),
-            "exit_status": done.returncode}]
+    ran.append({"argv": plan["argv"], "start": t0, "end": time.time(),
+                "exit_status": done.returncode})
     if done.returncode != 0:
         raise RuntimeError_(f"{runtime} run exited {done.returncode}: "
                             f"{done.stderr.strip()[-500:]}")
