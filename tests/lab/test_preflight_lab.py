@@ -331,6 +331,80 @@ def test_a_killed_router_is_started_again_alone_bound_to_the_live_generations(
     assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "1"
 
 
+# Polls both router addresses on the router host for 4 s: [[role, epoch] or None, ...] per
+# 50 ms sample, to see who serves while the standby takes over.
+WATCH_ROUTERS = """python3 - <<'PY'
+import json, time, urllib.request
+out, end = [], time.monotonic() + 4
+while time.monotonic() < end:
+    row = []
+    for port in (8000, 8001):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/narwhal/state",
+                                        timeout=0.5) as reply:
+                c = json.load(reply)["controller"]
+                row.append([c["role"], c["epoch"]])
+        except Exception:
+            row.append(None)
+    out.append(row)
+    time.sleep(0.05)
+print(json.dumps(out))
+PY"""
+
+
+def test_a_standby_takes_over_a_killed_primary_and_deploy_starts_a_new_standby(
+        attested: Installer) -> None:
+    """The fault drill "router killed with a standby": with NARWHAL_ROUTER_STANDBY_URL, Gate
+    G starts a warm standby beside the primary; the primary killed, the standby takes over and
+    no two routers ever serve at once; `status` names the missing standby; deploy runs Gate G
+    alone (the new primary adopted, a standby started at the freed address); a trial through
+    the tunnel reaches the new primary; without the variable again, one router is left."""
+    op = attested.op
+    env = op.variant("standby", NARWHAL_ROUTER_STANDBY_URL="http://127.0.0.1:8001")
+    code, doc = op.json_command("deploy", env=env)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert [g for g, s in steps.items() if s["action"] == "ran"] == ["serve"]
+    out = steps["serve"]["output"]
+    assert out["router"] == "adopted" and out["router_url"] == "http://127.0.0.1:8000", out
+    assert out["standby"]["action"] == "started", out
+    epoch = int(out["epoch"])
+
+    _on_router(attested, f"kill -9 {_owned(attested, 'serve', 'router')['pid']}")
+    samples = json.loads(_on_router(attested, WATCH_ROUTERS))
+    assert not any(all(r and r[0] == "primary" for r in row) for row in samples), samples
+    assert samples[-1][0] is None and samples[-1][1][0] == "primary", samples[-1]
+    assert samples[-1][1][1] > epoch  # a new fencing epoch, taken through the lease
+
+    code, doc = op.json_command("status", env=env)
+    assert code == 0, doc
+    assert doc["router"]["down"] and "took over as primary" in doc["router"]["reason"], doc
+    assert {g["gate"]: g["state"] for g in doc["gates"]}["serve"] == "stale"
+    before = _attempts(op)
+    code, doc = op.json_command("deploy", env=env)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert [g for g, s in steps.items() if s["action"] == "ran"] == ["serve"]
+    assert {g: len(v) - len(before[g]) for g, v in _attempts(op).items() if g != "status"} \
+        == {**{g: 0 for g in ENGINE_WORK}, "serve": 1}
+    out = steps["serve"]["output"]
+    assert out["router"] == "adopted" and out["router_url"] == "http://127.0.0.1:8001", out
+    assert out["standby"] == {"url": "http://127.0.0.1:8000", "action": "started",
+                              "pid": out["standby"]["pid"]}, out
+    assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "2"
+    code, doc = op.json_command("trial", "--rates", "2", "--requests", "10", env=env)
+    assert code == 0, doc
+    [r] = doc["rates"]
+    assert r["reconciled"]["ok"] and r["ok"] == 10, r
+
+    code, doc = op.json_command("deploy")  # the standby no longer asked for
+    assert code == 0 and doc["verdict"] == "passed", doc
+    out = {s["gate"]: s for s in doc["steps"]}["serve"]["output"]
+    assert out["router"] == "started" and out["router_url"] == "http://127.0.0.1:8000", out
+    assert "standby" not in out
+    assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "1"
+
+
 def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
         attested: Installer) -> None:
     """Last of the tests that need every engine: the killed engine stays down."""

@@ -208,6 +208,7 @@ class Leadership:
                 "url": seen.url, "pid": seen.pid, "host": seen.host, "epoch": seen.epoch,
                 "holder_id": seen.holder_id},
             "lease_ttl_s": self.policy.lease_ttl_s, "holder_id": self.claimant.holder_id,
+            "pid": self.claimant.pid,  # this router's own process (Gate G tells them apart)
             "valid_for_s": round(max(0.0, self.until - time.monotonic()), 3),
             "standby_of": self.standby_of, "took_over_at": self.took_over_at,
             "fenced_reason": self.fenced_reason or None, "renewals": self.renewals,

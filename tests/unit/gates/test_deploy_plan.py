@@ -56,3 +56,15 @@ def test_an_engine_that_is_not_running_is_started_again_alone_beside_a_recapture
         "engines", "--recapture", "engine-2", "--restart", "engine-3"]
     parsed = build_parser().parse_args(["engines", "--restart", "engine-3,engine-1"])
     assert parsed.restart == ["engine-3", "engine-1"]
+
+
+def test_the_fabric_runs_again_with_the_parameters_its_last_pass_measured_with() -> None:
+    """They are part of every link record: other parameters would measure every edge again,
+    not only those whose links moved."""
+    kept = {"seconds": 1, "omit_s": 0, "parallel": 1, "port": 5201}
+    assert gate_argv(gate("D"), _args(), False, [], kept) == [
+        "fabric", "--seconds", "1", "--omit", "0", "--parallel", "1", "--port", "5201"]
+    assert gate_argv(gate("D"), _args("--fabric-seconds", "4"), False, [], kept)[1:3] == [
+        "--seconds", "4"]  # the operator's word wins
+    parsed = build_parser().parse_args(gate_argv(gate("D"), _args(), False, [], kept))
+    assert (parsed.seconds, parsed.omit, parsed.parallel, parsed.port) == (1, 0, 1, 5201)

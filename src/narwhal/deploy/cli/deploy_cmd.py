@@ -36,6 +36,7 @@ from narwhal.core.gates import GATES, Gate
 from narwhal.core.gates import gate as gate_named
 from narwhal.deploy.cli import ledger_cmd
 from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.gates.handoff import passed_attempt
 from narwhal.deploy.gates.live_check import Live
 from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.restarts import EngineChange
@@ -96,9 +97,12 @@ def _common(args: argparse.Namespace) -> list[str]:
 
 
 def gate_argv(gate: Gate, args: argparse.Namespace, partial: bool,
-              changes: list[EngineChange]) -> list[str]:
+              changes: list[EngineChange],
+              fabric_parameters: dict[str, Any] | None = None) -> list[str]:
     """The command line that runs `gate` now (without the common flags). `partial`: the
-    gate's own inputs stand, so only what the live check found is redone."""
+    gate's own inputs stand, so only what the live check found is redone.
+    `fabric_parameters`: Gate D's last passed test parameters, kept unless
+    `--fabric-seconds` says otherwise."""
     argv = [gate.command]
     if gate.name == "install":
         for flag, value in (("--prepared", args.prepared), ("--wheelhouse", args.wheelhouse),
@@ -112,9 +116,30 @@ def gate_argv(gate: Gate, args: argparse.Namespace, partial: bool,
         restart = [c.engine for c in changes if c.restart]
         argv += ["--recapture", ",".join(recapture)] if recapture else []
         argv += ["--restart", ",".join(restart)] if restart else []
-    if gate.name == "fabric" and args.fabric_seconds is not None:
-        argv += ["--seconds", str(args.fabric_seconds)]
+    if gate.name == "fabric":
+        # the test parameters are part of every link record: the ones the last pass measured
+        # with, so that only the edges whose links moved are measured again
+        kept = dict(fabric_parameters or {})
+        if args.fabric_seconds is not None:
+            kept["seconds"] = args.fabric_seconds
+        for flag, key in (("--seconds", "seconds"), ("--omit", "omit_s"),
+                          ("--parallel", "parallel"), ("--port", "port")):
+            if isinstance(kept.get(key), int):
+                argv += [flag, str(kept[key])]
     return argv
+
+
+def fabric_parameters(ctx: Context) -> dict[str, Any] | None:
+    """The test parameters Gate D's last passed attempt measured with (its plan), or None."""
+    attempt = passed_attempt(ctx.ledger, "fabric")
+    if attempt is None:
+        return None
+    try:
+        plan = json.loads((ctx.ledger.attempt_folder("fabric", attempt) / "plan.json")
+                          .read_text())
+        return dict(plan["parameters"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def partial_ok(ctx: Context, row: GateStatus) -> bool:
@@ -191,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         partial = gate.name == "engines" and bool(live.engines) and \
             partial_ok(ctx, plain[gate.name])
-        argv = gate_argv(gate, args, partial, live.engines)
+        argv = gate_argv(gate, args, partial, live.engines,
+                         fabric_parameters(ctx) if gate.name == "fabric" else None)
         why = f" ({row.reason})" if row.reason else ""
         say(f"{head}: {row.state}{why}; running narwhal {' '.join(argv)}")
         started = time.monotonic()

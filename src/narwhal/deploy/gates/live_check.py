@@ -78,36 +78,61 @@ class Live:
                 "links_moved": [c.as_dict() for c in self.links]}
 
 
-ROUTER_REPEAT = ("router: `narwhal serve` on the fleet gate F checked; before it accepts "
-                 "traffic the router binds each saved profile to its engine's live generation",)
+ROUTER_REPEAT = ("router: `narwhal serve` on the fleet gate F checked (a primary that serves is "
+                 "adopted, a missing standby started); before it accepts traffic a new router "
+                 "binds each saved profile to its engine's live generation",)
+
+
+def _fetch(router: Host, fetch_tool: str, url: str) -> tuple[int, dict[str, Any]] | None:
+    """GET a JSON document from the router host; None when nothing answers there."""
+    done = router.run([fetch_tool, "fetch", "--url", url, "--timeout", "5"], timeout=30)
+    try:
+        got = result_line.parse(done.text, "narwhal-attest fetch")
+    except ContractError:
+        raise HostError(router.alias, "`narwhal-attest fetch` printed no result line") from None
+    if not got.ok:
+        return None
+    return int(got.data.get("status", 0)), dict(got.data.get("document") or {})
+
+
+def _role(state: tuple[int, dict[str, Any]] | None) -> str:
+    if state is None:
+        return ""
+    return str((state[1].get("controller") or {}).get("role", "")) if state[0] == 200 else ""
 
 
 def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
-    """Why the router Gate G's last passed attempt left serving does not answer now; "" when
-    it answers (whatever its /ready says: the engines' own states are read separately), or
-    before Gate G passed."""
+    """Why the routers Gate G's last passed attempt left serving are not serving now: no
+    primary answers at the planned addresses, or, with a warm standby planned, none stands by
+    (it took over when the primary died, or it is gone). "" when they serve as planned, or
+    before Gate G passed. Whatever /ready says is not asked: the engines' own states are read
+    separately."""
     attempt_id = passed_attempt(ledger, "serve")
     if attempt_id is None:
         return ""
     try:
         plan = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
-        url = str(plan["router_url"])
+        urls = [str(plan["router_url"]), *([str(plan["standby_url"])]
+                                          if plan.get("standby_url") else [])]
     except (OSError, ValueError, KeyError, TypeError):
         return ""  # a record from before Gate G planned its address: nothing to ask
-    done = router.run([fetch_tool, "fetch", "--url", f"{url}/ready", "--timeout", "5"],
-                      timeout=30)
-    try:
-        got = result_line.parse(done.text, "narwhal-attest fetch")
-    except ContractError:
-        raise HostError(router.alias, "`narwhal-attest fetch` printed no result line") from None
-    if got.ok:
-        return ""
-    ours = [r for r in earlier_processes(ledger, "serve", "", "narwhal-serve")
-            if r["host"] == router.alias]
-    running = [r for r in ours if alive(router, r)]
-    which = (f"narwhal-serve pid {running[-1]['pid']} still runs but does not answer"
-             if running else "no narwhal-serve that gate G started runs there")
-    return f"the router at {url} on {router.alias} does not answer ({which})"
+    roles = {u: _role(_fetch(router, fetch_tool, f"{u}/narwhal/state")) for u in urls}
+    primaries = [u for u, r in roles.items() if r == "primary"]
+    if not primaries:
+        ours = [r for r in earlier_processes(ledger, "serve", "", "narwhal-serve")
+                if r["host"] == router.alias]
+        running = [r for r in ours if alive(router, r)]
+        which = (f"narwhal-serve pid {running[-1]['pid']} still runs but does not serve"
+                 if running else "no narwhal-serve that gate G started runs there")
+        return (f"the router at {' or '.join(urls)} on {router.alias} does not answer as "
+                f"primary ({which})")
+    if len(urls) == 2 and "standby" not in roles.values():
+        other = next(u for u in urls if u not in primaries)
+        took_over = primaries[0] == urls[1]
+        return (f"no warm standby on {router.alias}: " + (
+            f"the standby at {urls[1]} took over as primary and nothing stands by at {other}"
+            if took_over else f"the standby at {other} does not answer"))
+    return ""
 
 
 def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,

@@ -38,9 +38,10 @@ def _address(url: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
-def targets(fleet: dict[str, Any], router_address: str) -> list[Target]:
-    """Every scrape target of the fleet: the router, each engine and each attestation sidecar."""
-    out = [Target("narwhal-router", router_address)]
+def targets(fleet: dict[str, Any], *router_addresses: str) -> list[Target]:
+    """Every scrape target of the fleet: the router (and its warm standby), each engine and
+    each attestation sidecar."""
+    out = [Target("narwhal-router", a) for a in router_addresses]
     for e in fleet["engines"]:
         out.append(Target("engines", _address(e["url"]), e["id"]))
         if e.get("attestation_url"):

@@ -28,9 +28,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json
@@ -43,7 +42,8 @@ from narwhal.deploy.gates.owned_processes import alive, earlier_processes, retir
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
-from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.inputs.model import DEFAULT_ROUTER_URL, Inputs
+from narwhal.deploy.inputs.urls import url_bind
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
 
@@ -51,33 +51,42 @@ FLEET = Reads("preflight", "fleet-calibrated.json")
 SPEC = GateSpec("serve", Spread.SERIAL, reads=(INSTALL_PLAN, FLEET))
 SERVE, FETCH = "narwhal-serve", "narwhal-attest"
 PROMETHEUS, PROMTOOL = "prometheus", "promtool"
-DEFAULT_ROUTER = ("127.0.0.1", 8000)
 PROMETHEUS_AT = ("127.0.0.1", 9090)
 READY_S, UP_S, BOUND_S = 60.0, 45.0, 20.0
 Progress = Callable[[str, str], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServePlan:
     router: str
     install: dict[str, Any]
     fleet: dict[str, Any]
     fleet_sha256: str
-    bind: tuple[str, int]
+    bind: tuple[str, int]  # the primary router's address on the router host
+    standby: tuple[str, int] | None = None  # the warm standby's, when there is one
 
     @property
     def router_url(self) -> str:
         return f"http://{self.bind[0]}:{self.bind[1]}"
 
     @property
+    def standby_url(self) -> str | None:
+        return f"http://{self.standby[0]}:{self.standby[1]}" if self.standby else None
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        return [self.bind, *([self.standby] if self.standby else [])]
+
+    @property
     def prometheus_url(self) -> str:
         return f"http://{PROMETHEUS_AT[0]}:{PROMETHEUS_AT[1]}"
 
     def targets(self) -> list[monitoring.Target]:
-        return monitoring.targets(self.fleet, f"{self.bind[0]}:{self.bind[1]}")
+        return monitoring.targets(self.fleet, *(f"{h}:{port}" for h, port in self.addresses))
 
     def document(self) -> dict[str, Any]:
         return {"router_host": self.router, "router_url": self.router_url,
+                "standby_url": self.standby_url,
                 "prometheus_url": self.prometheus_url, "fleet_sha256": self.fleet_sha256,
                 "targets": [{"job": t.job, "address": t.address, "engine": t.engine}
                             for t in self.targets()]}
@@ -86,11 +95,9 @@ class ServePlan:
 def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> ServePlan:
     install = passed_artifact(ledger, "serve", INSTALL_PLAN).json()
     art = passed_artifact(ledger, "serve", FLEET)
-    bind = DEFAULT_ROUTER
-    if inputs.router.url:
-        parts = urlsplit(inputs.router.url)
-        bind = (parts.hostname or DEFAULT_ROUTER[0], parts.port or DEFAULT_ROUTER[1])
-    return ServePlan(router_host, install, art.json(), art.sha256, bind)
+    bind = url_bind(inputs.router.url or DEFAULT_ROUTER_URL)
+    standby = url_bind(inputs.router.standby_url) if inputs.router.standby_url else None
+    return ServePlan(router_host, install, art.json(), art.sha256, bind, standby)
 
 
 class RouterHost:
@@ -139,63 +146,137 @@ def served_fleet(ledger: Ledger, attempt_id: str) -> str:
         return ""
 
 
-def start_router(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan,
-                 progress: Progress) -> dict[str, Any]:
-    """Adopt this fleet's primary router at the address, or start one and wait for /ready."""
-    state = rh.get(f"{p.router_url}/narwhal/state")
-    earlier = [r for r in earlier_processes(ledger, "serve", attempt.id, SERVE)
-               if r["host"] == p.router]
-    ours = [r for r in earlier if alive(rh.host, r)]
-    if state is not None:
-        status, doc = state
-        controller = doc.get("controller") or {}
-        primary = status == 200 and doc.get("model") == p.fleet["model"] \
-            and controller.get("role") == "primary"
-        served = {served_fleet(ledger, str(r["attempt"])) for r in ours}
-        if primary and ours and p.fleet_sha256 not in served:
-            # our router, started on an earlier fleet document (an SLO, a deadline or an
-            # engine's contract changed since): it reads its fleet once, so it is replaced
-            progress("router", "the running router serves an earlier fleet document; "
-                     "replacing it with one on the fleet Gate F checked")
-            retire(rh.host, ours, progress, "router")
-            state = None
-        elif primary:
-            progress("router", f"adopting the router already serving at {p.router_url} "
-                     f"(lease epoch {controller.get('epoch')})")
-            return {"router": "adopted", "epoch": controller.get("epoch"),
-                    "holder_id": controller.get("holder_id")}
-    if state is not None:
-        status, doc = state
-        controller = doc.get("controller") or {}
-        raise GateBlocked("serve", f"{p.router_url} answers, but not as this fleet's primary "
-                          "router", [Problem(f"{p.router}: {p.router_url}",
-                                             f"answered {status}: model {doc.get('model')!r}, "
-                                             f"role {controller.get('role')!r}",
-                                             "stop what listens there, or set "
-                                             "NARWHAL_ROUTER_URL to a free address")])
-    for row in earlier:  # an earlier router of ours that no longer answers: end it cleanly
-        if alive(rh.host, row):
-            retire(rh.host, [row], progress, "router")
-    progress("router", f"starting narwhal-serve on {p.router} at {p.router_url}")
-    log = f"{rh.folder}/router-{attempt.id}.log"
-    ref = attempt.start_process(rh.host, [rh.serve, "--fleet", f"{rh.folder}/fleet.json",
-                                          "--host", p.bind[0], "--port", str(p.bind[1])],
-                                log, serves="router")
+def url_of(bind: tuple[str, int]) -> str:
+    return f"http://{bind[0]}:{bind[1]}"
+
+
+def _role(state: tuple[int, dict[str, Any]] | None, p: ServePlan) -> str:
+    """What answers at an address: "primary" or "standby" (a router of this fleet's model),
+    "other" (something else answers), or "" (nothing answers)."""
+    if state is None:
+        return ""
+    status, doc = state
+    role = str((doc.get("controller") or {}).get("role", ""))
+    if status == 200 and doc.get("model") == p.fleet["model"] and role in ("primary", "standby"):
+        return role
+    return "other"
+
+
+def _pid(state: tuple[int, dict[str, Any]] | None) -> int | None:
+    pid = ((state or (0, {}))[1].get("controller") or {}).get("pid")
+    return int(pid) if isinstance(pid, int) else None
+
+
+def serving(rh: RouterHost, p: ServePlan) -> ServePlan:
+    """The plan as it serves now: after a takeover the primary answers at the standby's
+    address, so the two are swapped (the trial and the tunnel go to the primary)."""
+    if p.standby is not None and _role(rh.get(f"{url_of(p.standby)}/narwhal/state"), p) \
+            == "primary":
+        return replace(p, bind=p.standby, standby=p.bind)
+    return p
+
+
+def start_routers(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan,
+                  progress: Progress) -> tuple[ServePlan, dict[str, Any]]:
+    """This fleet's primary router, and its warm standby when the plan has one; each adopted
+    when it already answers as such at a planned address, else started and owned. Every
+    other narwhal-serve an earlier attempt started here is ended first (one on an earlier
+    fleet document: a router reads its fleet once; one that does not answer; one at an
+    address the plan no longer names), so exactly one controller serves. Returns the plan as
+    served (the primary's address first) and what was done."""
+    ours = [r for r in earlier_processes(ledger, "serve", attempt.id, SERVE)
+            if r["host"] == p.router and alive(rh.host, r)]
+    older = [r for r in ours if served_fleet(ledger, str(r["attempt"])) != p.fleet_sha256]
+    if older:
+        progress("router", "the running router serves an earlier fleet document; replacing "
+                 "it with one on the fleet Gate F checked")
+        retire(rh.host, older, progress, "router")
+    seen = {b: rh.get(f"{url_of(b)}/narwhal/state") for b in p.addresses}
+    primary = next((b for b in p.addresses if _role(seen[b], p) == "primary"), None)
+    standby_at = None if p.standby is None else p.standby if primary in (None, p.bind) \
+        else p.bind
+    standing_by = primary is not None and standby_at is not None and \
+        _role(seen[standby_at], p) == "standby" and \
+        ((seen[standby_at] or (0, {}))[1].get("controller") or {}).get("standby_of") \
+        == url_of(primary)
+    keep = {_pid(seen[b]) for b in (primary, standby_at if standing_by else None) if b}
+    # (a router that does not say its pid cannot be told from the others: none is ended)
+    stray = [] if None in keep else [r for r in ours
+                                     if r not in older and int(r["pid"]) not in keep]
+    if stray:  # ours, but not what the plan keeps: a hung router, a standby no longer named
+        retire(rh.host, stray, progress, "router")
+        seen = {b: rh.get(f"{url_of(b)}/narwhal/state") for b in p.addresses}
+    done: dict[str, Any]
+    if primary is not None:
+        controller = (seen[primary] or (0, {}))[1].get("controller") or {}
+        progress("router", f"adopting the router already serving at {url_of(primary)} "
+                 f"(lease epoch {controller.get('epoch')})")
+        done = {"router": "adopted", "epoch": controller.get("epoch"),
+                "holder_id": controller.get("holder_id")}
+    else:
+        primary = p.bind
+        _free(p, primary, seen[primary])
+        done = {"router": "started", "pid": _start_one(rh, attempt, p, primary, None, progress)}
+    served = replace(p, bind=primary, standby=standby_at)
+    done["router_url"] = served.router_url
+    if standby_at is not None:
+        if standing_by:
+            progress("standby", f"adopting the warm standby at {url_of(standby_at)}")
+            done["standby"] = {"url": url_of(standby_at), "action": "adopted"}
+        else:
+            _free(p, standby_at, rh.get(f"{url_of(standby_at)}/narwhal/state"))
+            pid = _start_one(rh, attempt, p, standby_at, primary, progress)
+            done["standby"] = {"url": url_of(standby_at), "action": "started", "pid": pid}
+    return served, done
+
+
+def _free(p: ServePlan, bind: tuple[str, int],
+          state: tuple[int, dict[str, Any]] | None) -> None:
+    """Blocked, naming what answers, when a planned address is taken by something not ours."""
+    if state is None:
+        return
+    status, doc = state
+    raise GateBlocked("serve", f"{url_of(bind)} answers, but not as a router of this fleet "
+                      "that narwhal started", [Problem(
+                          f"{p.router}: {url_of(bind)}",
+                          f"answered {status}: model {doc.get('model')!r}, role "
+                          f"{(doc.get('controller') or {}).get('role')!r}",
+                          "stop what listens there, or set NARWHAL_ROUTER_URL (or "
+                          "NARWHAL_ROUTER_STANDBY_URL) to a free address")])
+
+
+def _start_one(rh: RouterHost, attempt: Attempt, p: ServePlan, bind: tuple[str, int],
+               standby_of: tuple[str, int] | None, progress: Progress) -> int:
+    """Start narwhal-serve at `bind` (a warm standby of `standby_of` when given), owned by the
+    attempt, and wait until it answers as such; its pid."""
+    what = "router" if standby_of is None else "standby"
+    url = url_of(bind)
+    progress(what, f"starting narwhal-serve on {p.router} at {url}" + (
+        f" as the warm standby of {url_of(standby_of)}" if standby_of else ""))
+    log = f"{rh.folder}/{what}-{attempt.id}.log"
+    argv = [rh.serve, "--fleet", f"{rh.folder}/fleet.json", "--host", bind[0],
+            "--port", str(bind[1])]
+    argv += ["--standby-of", url_of(standby_of)] if standby_of else []
+    ref = attempt.start_process(rh.host, argv, log, serves=what)
     row = {"pid": ref.pid, "start_ticks": ref.start_ticks}
 
     def ready() -> bool:
         if not alive(rh.host, row):
-            raise GateBlocked("serve", "narwhal-serve exited before it was ready", [Problem(
-                f"{p.router}: narwhal-serve", rh.log_tail(log) or "no output",
-                "if another router holds the controller lease, stop it or start this one "
-                "as its standby; else read the log in the attempt")])
-        got = rh.get(f"{p.router_url}/ready")
-        return got is not None and got[0] == 200
-    if not _wait("/ready", ready, READY_S):
-        raise GateBlocked("serve", f"narwhal-serve did not become ready in {READY_S:.0f} s", [
-            Problem(f"{p.router}: {p.router_url}/ready", rh.log_tail(log) or "not ready",
-                    "read /narwhal/state on the router host for the engines it holds out")])
-    return {"router": "started", "pid": ref.pid}
+            raise GateBlocked("serve", f"narwhal-serve ({what}) exited before it was ready", [
+                Problem(f"{p.router}: narwhal-serve at {url}", rh.log_tail(log) or "no output",
+                        "if another router holds the controller lease, stop it or start this "
+                        "one as its standby; else read the log in the attempt")])
+        if standby_of is None:
+            got = rh.get(f"{url}/ready")
+            return got is not None and got[0] == 200
+        return _role(rh.get(f"{url}/narwhal/state"), p) == "standby"
+    if not _wait(what, ready, READY_S):
+        raise GateBlocked("serve", f"narwhal-serve ({what}) did not become ready in "
+                          f"{READY_S:.0f} s", [Problem(
+                              f"{p.router}: {url}", rh.log_tail(log) or "not ready",
+                              "read /narwhal/state on the router host for the engines it "
+                              "holds out")])
+    return ref.pid
 
 
 def bound_engines(rh: RouterHost, attempt: Attempt, p: ServePlan,
@@ -374,7 +455,7 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
                           [Problem(f"{p.router}: {rh.folder}/fleet.json",
                                    "missing" if placed is None else "changed since preflight",
                                    "run `narwhal preflight` again")])
-    router = start_router(rh, attempt, ledger, p, progress)
+    p, router = start_routers(rh, attempt, ledger, p, progress)  # p: the primary first
     bound = bound_engines(rh, attempt, p, progress)
     mon = start_monitoring(rh, attempt, ledger, p, progress)
     progress("private path", "through the SSH forward: /ready, one completion, Prometheus")
@@ -399,7 +480,7 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
         raise GateBlocked("serve", f"dashboard panels without data: {', '.join(empty[:3])}", [
             Problem(f"panel {t}", "its query returns no series", "check the scrape targets")
             for t in empty])
-    return {"router_host": p.router, "router_url": p.router_url, **router, "engines": bound,
+    return {"router_host": p.router, **router, "engines": bound,
             **mon,
             "tunnel": tunnel, "panels": series, "grafana": "SKIP: not started on this host "
             "(its provisioning and every panel's query were checked)"}

@@ -30,7 +30,14 @@ from typing import Any
 
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import GateBlocked, HostError, Problem
-from narwhal.deploy.gates.serve import PROMETHEUS_AT, RouterHost, ServePlan, forwarded, http
+from narwhal.deploy.gates.serve import (
+    PROMETHEUS_AT,
+    RouterHost,
+    ServePlan,
+    forwarded,
+    http,
+    serving,
+)
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.inputs.model import Inputs
@@ -152,6 +159,7 @@ class Size:
 def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
               size: Size, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
     rh = RouterHost(host, p.install)
+    p = serving(rh, p)  # after a takeover the primary answers at the standby's address
     slo = p.fleet["slo"]
     ttft_s, tpot_s = float(slo["ttft_s"]), float(slo["tpot_s"])
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None

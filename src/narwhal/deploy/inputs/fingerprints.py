@@ -54,7 +54,9 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
                      "keys": sorted({k for k in [inputs.ssh_key, inputs.router.ssh_key,
                                                  *[e.ssh_key for e in engines]] if k})},
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
-        "router": {"url": inputs.router.url},
+        "router": {"url": inputs.router.url,
+                   **({"standby_url": inputs.router.standby_url}
+                      if inputs.router.standby_url else {})},
         "workload": inputs.workload.model_dump(),
     }
 

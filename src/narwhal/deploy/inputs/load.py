@@ -23,10 +23,16 @@ from narwhal.deploy.inputs.destination import FORMS, Destination, parse_destinat
 from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
 from narwhal.deploy.inputs.envsource import read_env_file
 from narwhal.deploy.inputs.hostnames import HOST_FORMS
-from narwhal.deploy.inputs.model import EngineInputs, Inputs, RouterInputs, Workload
+from narwhal.deploy.inputs.model import (
+    DEFAULT_ROUTER_URL,
+    EngineInputs,
+    Inputs,
+    RouterInputs,
+    Workload,
+)
 from narwhal.deploy.inputs.relations import check_colocation
 from narwhal.deploy.inputs.secretnames import is_secret_env_name, is_secret_name
-from narwhal.deploy.inputs.urls import check_url
+from narwhal.deploy.inputs.urls import check_url, url_bind
 from narwhal.deploy.inputs.vocabulary import (
     ENGINE_FIELDS,
     GLOBAL_ONLY,
@@ -216,29 +222,44 @@ class _Reader:
             self.add(key, f"{path!r} is not a regular file", f.FIXES["ssh_key"])
 
     def router(self, engines: dict[int, EngineInputs]) -> RouterInputs | None:
+        url = self._router_url("ROUTER_URL")
+        standby = self._router_url("ROUTER_STANDBY_URL")
+        if standby is not None and url_bind(standby) == url_bind(url or DEFAULT_ROUTER_URL):
+            self.add("NARWHAL_ROUTER_STANDBY_URL", "is the router's own address "
+                     f"({url or DEFAULT_ROUTER_URL}){_shown('NARWHAL_ROUTER_STANDBY_URL', standby)}",
+                     "give the standby another port on the router host, e.g. "
+                     "http://127.0.0.1:8001")
         text = self.globals.get("ROUTER_SSH")
         if text is None:
             if not engines:
                 return None
             first = engines[min(engines)]
             return RouterInputs(ssh=first.ssh, ssh_password=first.ssh_password,
-                                ssh_key=first.ssh_key, api_key=self._secret("ROUTER_API_KEY"))
+                                ssh_key=first.ssh_key, url=url, standby_url=standby,
+                                api_key=self._secret("ROUTER_API_KEY"))
         dest = self.destination("NARWHAL_ROUTER_SSH", text)
         key = self.globals.get("ROUTER_SSH_KEY") or self.globals.get("SSH_KEY")
         if key is not None:
             self._check_key_file("NARWHAL_ROUTER_SSH_KEY" if "ROUTER_SSH_KEY" in self.globals
                                  else "NARWHAL_SSH_KEY", key)
-        url = self.globals.get("ROUTER_URL")
-        if url is not None:
-            try:
-                check_url(url, "")
-            except ValueError as exc:
-                self.add("NARWHAL_ROUTER_URL", f"{exc}{_shown('NARWHAL_ROUTER_URL', url)}",
-                         "write http://HOST:PORT with an explicit port")
         if dest is None:
             return None
         return RouterInputs(ssh=dest, ssh_password=self._secret("ROUTER_SSH_PASSWORD"),
-                            ssh_key=key, url=url, api_key=self._secret("ROUTER_API_KEY"))
+                            ssh_key=key, url=url, standby_url=standby,
+                            api_key=self._secret("ROUTER_API_KEY"))
+
+    def _router_url(self, field: str) -> str | None:
+        """NARWHAL_<field>: an address on the router host, http://HOST:PORT (None if unset)."""
+        url = self.globals.get(field)
+        if url is None:
+            return None
+        try:
+            check_url(url, "")
+        except ValueError as exc:
+            self.add(PREFIX + field, f"{exc}{_shown(PREFIX + field, url)}",
+                     "write http://HOST:PORT with an explicit port")
+            return None
+        return url
 
     def _secret(self, field: str) -> Secret | None:
         value = self.globals.get(field)

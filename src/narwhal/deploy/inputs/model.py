@@ -51,6 +51,9 @@ class EngineInputs(_Frozen):
         return f"engine-{self.n}"
 
 
+DEFAULT_ROUTER_URL = "http://127.0.0.1:8000"  # the private path, reached through the tunnel
+
+
 class RouterInputs(_Frozen):
     """The router and observability host."""
 
@@ -58,6 +61,7 @@ class RouterInputs(_Frozen):
     ssh_password: Secret | None = None
     ssh_key: str | None = None
     url: str | None = None
+    standby_url: str | None = None  # a warm standby router on the same host, when set
     api_key: Secret | None = None
 
 

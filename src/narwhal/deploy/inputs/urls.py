@@ -37,3 +37,9 @@ def check_url(value: str, path: str) -> str:
     if parts.path.rstrip("/") != path:
         raise ValueError(f"has path {parts.path!r}, expected {path or 'none'!r}")
     return value.rstrip("/") if not path else value
+
+
+def url_bind(value: str) -> tuple[str, int]:
+    """(host, port) of a checked http://HOST:PORT, as a server binds it."""
+    parts = urlsplit(value)
+    return (parts.hostname or "").lower(), int(parts.port or 0)
