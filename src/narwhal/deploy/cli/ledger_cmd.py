@@ -123,26 +123,28 @@ def run_status(args: argparse.Namespace) -> int:
     console = Console()
     console.print(table)
     if live.engines:
-        table = Table(title="engines that are not what gate E attested (read from the router "
-                            "host)")
-        for column in ("engine", "why", "repeat, in order"):
-            table.add_column(column)
-        for c in live.engines:
-            table.add_row(c.engine, c.reason, "\n".join(c.repeat))
-        console.print(table)
+        console.print(_table("engines that are not what gate E attested (read from the router "
+                             "host)", ("engine", "why", "repeat, in order"),
+                             [(c.engine, c.reason, "\n".join(c.repeat)) for c in live.engines]))
     if live.links:
-        table = Table(title="directed links that moved since gate D measured them (read from "
-                            "both ends)")
-        for column in ("edge", "what moved", "repeat, in order"):
-            table.add_column(column)
-        for link in live.links:
-            table.add_row(link.edge, ", ".join(link.moved), "\n".join(link.repeat))
-        console.print(table)
+        console.print(_table("directed links that moved since gate D measured them (read from "
+                             "both ends)", ("edge", "what moved", "repeat, in order"),
+                             [(c.edge, ", ".join(c.moved), "\n".join(c.repeat))
+                              for c in live.links]))
     if live.router:
         console.print(f"[yellow]router: {live.router}[/]; repeat: {ROUTER_REPEAT[0]}")
     if live.skipped:
         console.print(f"[yellow]{live.skipped}[/]")
     return EXIT_OK
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def run_export(args: argparse.Namespace) -> int:
