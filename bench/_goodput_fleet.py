@@ -152,11 +152,15 @@ def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
 
 
 def _nwi_row(iid: str, url: str, timing: Timing) -> dict[str, Any]:
-    # 0.7.0's decode model has no per-request term: fold it in at half the seat limit.
-    intercept = timing.decode_base + timing.decode_per_request * timing.max_num_seqs / 2
+    # 0.7.0's decode model has the same three terms as the emulator's: a base, a per-token
+    # slope and a per-request slope (`tpot_request_slope`, profiling/model.py there). An
+    # earlier version of this bench folded the per-request term into the intercept, which put
+    # the intercept above the TPOT SLO: narwhal-inference then priced decode capacity at zero
+    # and its controller never moved a role. Its own preflight refuses such rows.
     return {"iid": iid, "generation_digest": engine_generation(url),
             "ttft_a": timing.prefill_c, "ttft_b": timing.prefill_b, "ttft_c": timing.prefill_a,
-            "tpot_slope": timing.decode_per_token, "tpot_intercept": intercept,
+            "tpot_slope": timing.decode_per_token, "tpot_intercept": timing.decode_base,
+            "tpot_request_slope": timing.decode_per_request,
             "kv_capacity_tokens": KV_CAPACITY_TOKENS, "decode_min_requests": 1,
             "decode_max_requests": timing.max_num_seqs, "decode_min_kv_tokens": 1,
             "decode_max_kv_tokens": KV_CAPACITY_TOKENS, "decode_fit_mape": 0.0,
@@ -164,17 +168,34 @@ def _nwi_row(iid: str, url: str, timing: Timing) -> dict[str, Any]:
             "decode_min_output_tokens": 1, "decode_max_output_tokens": 2048}
 
 
+# narwhal-inference 0.7.0's reactive role controller as its own shipped fleets tune it (the
+# `controller` block of dev/reference-v1.json and dev/small-cuda*.json in its wheel): its code
+# defaults (a 120 s demand window, 5 s steps, 60 s of evidence before a move) cannot react
+# within a 30 s phase. The controller runs whenever engines are not pinned; there is no flag.
+NWI_CONTROLLER = {
+    "advisory": False, "monitor_interval_s": 0.1, "min_prefill": 1, "min_decode": 1,
+    "thresholds": {"expand": 1.0, "shrink": 0.5, "cooldown_s": 10.0, "dwell_s": 0.0,
+                   "sustained_intervals": 3, "panic_ratio": 0.0, "flip_resident_guard": 0},
+    "reactive": {"window_s": 30.0, "step_s": 0.25, "confirmations": 2, "utilization": 0.8,
+                 "min_arrivals": 10, "demand_floor": 0.2, "movement_margin": 0.05,
+                 "evidence_span_s": 15.0, "evidence_max_span_s": 30.0,
+                 "evidence_min_arrivals": 10, "demand_rise_tolerance": 0.25}}
+
+
 def start_narwhal_inference(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
-                            work: Path) -> Owned:
+                            work: Path, controller: bool = False) -> Owned:
+    """narwhal-inference at the fixed 2+2 split (every engine pinned), or with its reactive
+    role controller on (`controller`: unpinned, its shipped tuning)."""
     root = venv("setup-narwhal-inference.sh")
-    folder = (work / "nwi").resolve()
+    folder = (work / ("nwi-controller" if controller else "nwi")).resolve()
     folder.mkdir(exist_ok=True)
     doc = {"schema": "narwhal.fleet", "schema_version": 2, "model": fleet.model,
-           "engines": [{"iid": f"e{i}", "url": fleet.url(i), "role": role, "pin": True}
-                       for i, role in enumerate(fleet.roles)],
+           "engines": [{"iid": f"e{i}", "url": fleet.url(i), "role": role,
+                        "pin": not controller} for i, role in enumerate(fleet.roles)],
            "slo": slo, "engine": {"first_token_timeout_s": 30.0},
            "profiles": {"path": str(folder / "profiles.json")},
-           "recovery": {"state_path": str(folder / "state.json")}}
+           "recovery": {"state_path": str(folder / "state.json")},
+           **({"controller": NWI_CONTROLLER} if controller else {})}
     (folder / "fleet.json").write_text(json.dumps(doc, indent=2))
     rows = [_nwi_row(f"e{i}", fleet.url(i), timing) for i in range(len(fleet.engines))]
     (folder / "profiles.json").write_text(json.dumps(
@@ -210,6 +231,8 @@ def start_router(name: str, fleet: Fleet, timing: Timing, slo: dict[str, float],
         return start_narwhal(fleet, timing, slo, cpu, work, name, flips=PLANNER)
     if name == "narwhal-inference":
         return start_narwhal_inference(fleet, timing, slo, cpu, work)
+    if name == "narwhal-inference-controller":
+        return start_narwhal_inference(fleet, timing, slo, cpu, work, controller=True)
     if name == "vllm-router":
         return start_vllm_router(fleet, cpu, work)
     raise ValueError(f"unknown router {name!r}")

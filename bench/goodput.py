@@ -3,7 +3,8 @@
 
     .venv/bin/python bench/goodput.py [--trace shifting|light] [--seconds 90] [--seed 0]
         [--ttft 0.3] [--tpot 0.025] [--max-requests 4000]
-        [--routers narwhal,narwhal-planner,narwhal-flips,narwhal-inference,vllm-router]
+        [--routers narwhal,narwhal-planner,narwhal-flips,narwhal-inference,
+                   narwhal-inference-controller,vllm-router]
 
 Four kv_both emulators with the same realistic timing model (prefill tens of ms for 1k tokens,
 a decode step of about 10-20 ms; they sleep, so the 2-core machine is not the bottleneck) serve
@@ -27,6 +28,11 @@ three ~17 ms by the model. Measured steps run above the model at this load (the 
 carry four emulators, a router and the client, ~1800 SSE chunks/s), for every router alike.
 (A decode phase of longer streams, ~3600 chunks/s, made the machine itself the bottleneck.) That is the case the pools that move
 (`narwhal-planner`, `narwhal-flips`) exist for; the `narwhal` row keeps the fixed split.
+
+narwhal-inference runs twice: `narwhal-inference` with every engine pinned (the fixed 2 + 2
+split, as the `narwhal` row), and `narwhal-inference-controller` with its reactive role
+controller on (engines unpinned, the controller tuning its own shipped fleets use). Each row
+records, from the router's own /narwhal/state after the run, how it moved roles (`roles`).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +57,8 @@ from _goodput_fleet import Fleet, Timing, start_fleet, start_router, tokenize_co
 from _procs import Owned, stop_on_sigterm
 
 HERE = Path(__file__).resolve().parent
-ROUTERS = ("narwhal", "narwhal-planner", "narwhal-flips", "narwhal-inference", "vllm-router")
+ROUTERS = ("narwhal", "narwhal-planner", "narwhal-flips", "narwhal-inference",
+           "narwhal-inference-controller", "vllm-router")
 
 
 @dataclass(frozen=True)
@@ -224,7 +232,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     for ours in ("narwhal", "narwhal-planner", "narwhal-flips"):
         if ours not in results:
             continue
-        for base in ("narwhal-inference", "vllm-router"):
+        for base in ("narwhal-inference", "narwhal-inference-controller", "vllm-router"):
             if base not in results:
                 continue
             cells = []
@@ -232,7 +240,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                 b, n = results[base][c]["goodput_rps"], results[ours][c]["goodput_rps"]
                 cells.append(f"{n / b:.2f}x" if b else ("inf" if n else "-"))
             label = {"narwhal-flips": "nwf / ", "narwhal-planner": "nwp / "}.get(ours, "nw / ") \
-                + base[:12]
+                + {"narwhal-inference-controller": "nwi+ctl"}.get(base, base[:12])
             lines.append(f"{label:<18}" + "".join(f"{c:>30}" for c in cells))
     return "\n".join(lines)
 
@@ -259,6 +267,32 @@ def _args() -> argparse.Namespace:
     if not 3.0 <= args.seconds <= 3600 or args.max_requests < 1 or args.ttft <= 0 or args.tpot <= 0:
         ap.error("--seconds must be 3..3600; --max-requests, --ttft, --tpot positive")
     return args
+
+
+def roles_moved(port: int) -> dict[str, Any]:
+    """From the router's own /narwhal/state after the run: how it moved engines between the
+    prefill and decode pools (both Narwhals and narwhal-inference answer there, each in its
+    own shape), so a row that claims a controller shows that it acted."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/narwhal/state",
+                                    timeout=10) as reply:
+            state = json.load(reply)
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)[:200]}
+    if "control" in state:  # narwhal-inference 0.7.0
+        control = state.get("control") or {}
+        return {"flips": control.get("flips"), "flip_reversals": control.get("flip_reversals"),
+                "flips_refused": control.get("flips_refused"),
+                "decisions": control.get("decisions"),
+                "last_decision": (control.get("last_decision") or {}).get("reason"),
+                "moves": [{k: f.get(k) for k in ("at", "iid", "to", "by")}
+                          for f in state.get("flips") or []][:50],
+                "pools": {k: len(v) if isinstance(v, list) else v
+                          for k, v in (state.get("pools") or {}).items()}}
+    engines = state.get("engines") or []
+    return {"current_roles": {str(e.get("id")): e.get("current_role") for e in engines},
+            "last_flips": {str(e.get("id")): e.get("last_flip") for e in engines
+                           if e.get("last_flip")}}
 
 
 def main() -> int:
@@ -297,6 +331,7 @@ def main() -> int:
             wall = time.monotonic() - t0
             raw[name] = rows
             results[name] = score(rows, args.seconds, args.ttft, args.tpot)
+            results[name]["roles"] = roles_moved(router.port)
             o = results[name]["overall"]
             print(f"{name}: {o['attaining']}/{o['requests']} attain, goodput "
                   f"{o['goodput_rps']} req/s, {o['ok_200']} ok, wall {wall:.1f} s", flush=True)
@@ -313,7 +348,8 @@ def main() -> int:
               "trace": args.trace,
               "seconds": args.seconds, "seed": args.seed, "slo": slo, "timing": asdict(timing),
               "phases": [asdict(p) for p in PHASES], "split": "2 prefill + 2 decode (narwhal-planner / narwhal-flips: 4 kv_both, "
-                       "roles moved by the planner / the reactive controller)",
+                       "roles moved by the planner / the reactive controller; "
+                       "narwhal-inference-controller: unpinned, its own controller)",
               "requests": len(trace), **meta, "results": results}
     stem = f"goodput-{started.replace(':', '')}"
     rows_path = args.out / "rows" / f"{stem}.json"  # per-request rows: ignored by git

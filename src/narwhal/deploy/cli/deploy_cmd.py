@@ -24,7 +24,10 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -178,12 +181,26 @@ def _run_command(argv: list[str], quiet: bool) -> tuple[int, Any]:
     if not quiet:
         return run_handler(ns), None
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with _stdout_fd_to_stderr(), contextlib.redirect_stdout(out):
         code = run_handler(ns)
     try:
         return code, json.loads(out.getvalue())
     except ValueError:
         return code, out.getvalue()[-2000:]
+
+
+@contextlib.contextmanager
+def _stdout_fd_to_stderr() -> Iterator[None]:
+    """With --json, stdout holds one document: while a gate runs, file descriptor 1 points at
+    stderr, so nothing a child process (ssh, a tool) writes there can land in it."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def run(args: argparse.Namespace) -> int:
