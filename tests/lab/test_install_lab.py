@@ -12,6 +12,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,52 @@ def test_a_connection_cut_mid_transfer_is_resumed_by_the_same_command(
     node3 = doc["hosts"]["node-3"]
     assert node3["files_present"] >= 2 and node3["files_sent"] >= 1 and node3["pip_ran"]
     assert _tree(failed) == before
+
+
+def test_deploy_cut_mid_install_stops_at_b_and_the_next_deploy_resumes_it(
+        installer: Installer, faults: Faults) -> None:
+    """The fault drill "SSH cut mid-install", through `narwhal deploy`: A kept, B resumed."""
+    host = installer.lab_host("node-2")
+    wheels = f"{installer.remote}/wheelhouse"
+    ssh(installer.op.plan, host, f"rm -rf {wheels} {installer.remote}/venv")  # sent again
+    op = installer.op
+    # an operator's edit to the launch policy: A and B are stale, so deploy runs both
+    env = op.variant("drill-policy", NARWHAL_NODE_2_GPU_MEMORY_UTILIZATION="0.85")
+    argv = [NARWHAL, "lab", "exec", "--", NARWHAL, "deploy", "--until", "B", "--json",
+            "--checkout", str(installer.checkout), "--wheelhouse", str(installer.wheels),
+            "--env", str(env), "--runs", str(op.runs)]
+    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not 2 <= int(ssh(op.plan, host, f"ls {wheels} 2>/dev/null | wc -l").stdout
+                           .strip() or 0) < 20:
+            assert running.poll() is None and time.monotonic() < deadline, \
+                "the deploy ended before the moment to cut it came"
+            time.sleep(0.05)
+        faults.crash(host)  # the power goes while node-2's wheels arrive
+        out, err = running.communicate(timeout=300)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    try:
+        stopped = json.loads(out)  # one document on stdout, whatever a cut connection printed
+    except ValueError:
+        raise AssertionError(f"exit {running.returncode}; stdout: {out[-2000:]!r}; "
+                             f"stderr: {err[-4000:]}") from None
+    assert running.returncode == 1 and stopped["stopped_at"] == "install", stopped
+    assert [s["action"] for s in stopped["steps"]] == ["ran", "ran"], stopped["steps"]
+    failed = op.last_attempt("install")
+    before = _tree(failed)
+    faults.clear()  # the host boots again
+    done = op.narwhal("deploy", "--until", "B", "--json", "--checkout", str(installer.checkout),
+                      "--wheelhouse", str(installer.wheels), env=env)
+    doc = json.loads(done.stdout)
+    assert done.returncode == 0 and doc["verdict"] == "passed", doc
+    assert [(s["gate"], s["action"]) for s in doc["steps"]] == [("discover", "kept"),
+                                                                 ("install", "ran")]  # A held
+    node2 = doc["steps"][1]["output"]["hosts"]["node-2"]
+    assert node2["files_present"] >= 2 and node2["pip_ran"], node2  # resumed, not restarted
+    assert _tree(failed) == before  # the failed attempt's evidence kept as it was
 
 
 def test_a_role_shell_command_runs_in_the_checkout_with_the_role_env_and_venv(
