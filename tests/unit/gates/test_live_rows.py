@@ -41,6 +41,6 @@ def test_a_moved_link_makes_the_fabric_and_the_preflight_stale_and_keeps_the_eng
 def test_nothing_moved_changes_no_row_and_says_so_in_json() -> None:
     assert with_live_changes(_rows(), DOC, [], router="", links=[]) == _rows()
     live = Live()
-    assert not live
+    assert not (live.engines or live.router or live.links)
     assert live.as_dict() == {"engines_changed": [], "links_moved": [],
                               "router": {"down": False, "reason": "", "repeat": []}}

@@ -78,9 +78,6 @@ def read_live(ctx: Context) -> Live:
                 live.engines = restarts.changed_engines(ctx.ledger, router, tool, running)
                 live.router = live_check.router_down(ctx.ledger, router, tool)
             live.links = live_check.moved_links(ctx.inputs, ctx.ledger, sessions, attempt)
-            attempt.add_artifact("live-attestation.json", json.dumps(
-                {"router_host": alias, "changed": [c.as_dict() for c in live.engines]},
-                indent=1).encode() + b"\n")
             attempt.add_artifact("live-check.json", json.dumps(
                 {"router_host": alias, **live.as_dict()}, indent=1).encode() + b"\n")
         return live

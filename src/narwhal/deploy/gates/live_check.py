@@ -20,12 +20,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from narwhal.core import result_line
-from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError
+from narwhal.core.errors import GateBlocked, LedgerError
 from narwhal.deploy.gates import fabric
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes
 from narwhal.deploy.gates.restarts import EngineChange
+from narwhal.deploy.gates.serve import controller_of, fetch_json
 from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
@@ -68,9 +68,6 @@ class Live:
     links: list[LinkChange] = field(default_factory=list)
     skipped: str = ""  # why (part of) the live check could not run
 
-    def __bool__(self) -> bool:
-        return bool(self.engines or self.router or self.links)
-
     def as_dict(self) -> dict[str, Any]:
         return {"engines_changed": [c.as_dict() for c in self.engines],
                 "router": {"down": bool(self.router), "reason": self.router,
@@ -83,22 +80,8 @@ ROUTER_REPEAT = ("router: `narwhal serve` on the fleet gate F checked (a primary
                  "binds each saved profile to its engine's live generation",)
 
 
-def _fetch(router: Host, fetch_tool: str, url: str) -> tuple[int, dict[str, Any]] | None:
-    """GET a JSON document from the router host; None when nothing answers there."""
-    done = router.run([fetch_tool, "fetch", "--url", url, "--timeout", "5"], timeout=30)
-    try:
-        got = result_line.parse(done.text, "narwhal-attest fetch")
-    except ContractError:
-        raise HostError(router.alias, "`narwhal-attest fetch` printed no result line") from None
-    if not got.ok:
-        return None
-    return int(got.data.get("status", 0)), dict(got.data.get("document") or {})
-
-
 def _role(state: tuple[int, dict[str, Any]] | None) -> str:
-    if state is None:
-        return ""
-    return str((state[1].get("controller") or {}).get("role", "")) if state[0] == 200 else ""
+    return str(controller_of(state).get("role", "")) if state and state[0] == 200 else ""
 
 
 def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
@@ -116,7 +99,7 @@ def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
                                           if plan.get("standby_url") else [])]
     except (OSError, ValueError, KeyError, TypeError):
         return ""  # a record from before Gate G planned its address: nothing to ask
-    roles = {u: _role(_fetch(router, fetch_tool, f"{u}/narwhal/state")) for u in urls}
+    roles = {u: _role(fetch_json(router, fetch_tool, f"{u}/narwhal/state", 5)) for u in urls}
     primaries = [u for u, r in roles.items() if r == "primary"]
     if not primaries:
         ours = [r for r in earlier_processes(ledger, "serve", "", "narwhal-serve")

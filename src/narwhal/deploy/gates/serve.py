@@ -56,6 +56,10 @@ READY_S, UP_S, BOUND_S = 60.0, 45.0, 20.0
 Progress = Callable[[str, str], None]
 
 
+def url_of(bind: tuple[str, int]) -> str:
+    return f"http://{bind[0]}:{bind[1]}"
+
+
 @dataclass(frozen=True)
 class ServePlan:
     router: str
@@ -67,11 +71,11 @@ class ServePlan:
 
     @property
     def router_url(self) -> str:
-        return f"http://{self.bind[0]}:{self.bind[1]}"
+        return url_of(self.bind)
 
     @property
     def standby_url(self) -> str | None:
-        return f"http://{self.standby[0]}:{self.standby[1]}" if self.standby else None
+        return url_of(self.standby) if self.standby else None
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -100,6 +104,26 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> ServePlan:
     return ServePlan(router_host, install, art.json(), art.sha256, bind, standby)
 
 
+def fetch_json(host: Host, fetch_tool: str, url: str,
+               timeout_s: int = 3) -> tuple[int, dict[str, Any]] | None:
+    """GET a JSON document from `host` with the installed `narwhal-attest fetch`: (status,
+    document), or None when nothing answers there."""
+    done = host.run([fetch_tool, "fetch", "--url", url, "--timeout", str(timeout_s)],
+                    timeout=30)
+    try:
+        got = result_line.parse(done.text, f"{FETCH} fetch")
+    except ContractError:
+        raise HostError(host.alias, f"`{FETCH} fetch` printed no result line") from None
+    if not got.ok:
+        return None
+    return int(got.data.get("status", 0)), dict(got.data.get("document") or {})
+
+
+def controller_of(state: tuple[int, dict[str, Any]] | None) -> dict[str, Any]:
+    """The `controller` section of a router's /narwhal/state ({} when none answered)."""
+    return dict((state or (0, {}))[1].get("controller") or {})
+
+
 class RouterHost:
     """The router host as Gate G drives it: its folder, its tools, a bounded JSON GET."""
 
@@ -113,14 +137,7 @@ class RouterHost:
 
     def get(self, url: str) -> tuple[int, dict[str, Any]] | None:
         """GET a JSON document from the router host; None when nothing answers."""
-        done = self.host.run([self.fetch, "fetch", "--url", url, "--timeout", "3"], timeout=30)
-        try:
-            got = result_line.parse(done.text, f"{FETCH} fetch")
-        except ContractError:
-            raise HostError(self.host.alias, f"`{FETCH} fetch` printed no result line") from None
-        if not got.ok:
-            return None
-        return int(got.data["status"]), dict(got.data["document"])
+        return fetch_json(self.host, self.fetch, url)
 
     def log_tail(self, path: str) -> str:
         done = self.host.run(cl.read_file(path))
@@ -146,24 +163,20 @@ def served_fleet(ledger: Ledger, attempt_id: str) -> str:
         return ""
 
 
-def url_of(bind: tuple[str, int]) -> str:
-    return f"http://{bind[0]}:{bind[1]}"
-
-
 def _role(state: tuple[int, dict[str, Any]] | None, p: ServePlan) -> str:
     """What answers at an address: "primary" or "standby" (a router of this fleet's model),
     "other" (something else answers), or "" (nothing answers)."""
     if state is None:
         return ""
     status, doc = state
-    role = str((doc.get("controller") or {}).get("role", ""))
+    role = str(controller_of(state).get("role", ""))
     if status == 200 and doc.get("model") == p.fleet["model"] and role in ("primary", "standby"):
         return role
     return "other"
 
 
 def _pid(state: tuple[int, dict[str, Any]] | None) -> int | None:
-    pid = ((state or (0, {}))[1].get("controller") or {}).get("pid")
+    pid = controller_of(state).get("pid")
     return int(pid) if isinstance(pid, int) else None
 
 
@@ -197,8 +210,7 @@ def start_routers(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan
         else p.bind
     standing_by = primary is not None and standby_at is not None and \
         _role(seen[standby_at], p) == "standby" and \
-        ((seen[standby_at] or (0, {}))[1].get("controller") or {}).get("standby_of") \
-        == url_of(primary)
+        controller_of(seen[standby_at]).get("standby_of") == url_of(primary)
     keep = {_pid(seen[b]) for b in (primary, standby_at if standing_by else None) if b}
     # (a router that does not say its pid cannot be told from the others: none is ended)
     stray = [] if None in keep else [r for r in ours
@@ -208,7 +220,7 @@ def start_routers(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan
         seen = {b: rh.get(f"{url_of(b)}/narwhal/state") for b in p.addresses}
     done: dict[str, Any]
     if primary is not None:
-        controller = (seen[primary] or (0, {}))[1].get("controller") or {}
+        controller = controller_of(seen[primary])
         progress("router", f"adopting the router already serving at {url_of(primary)} "
                  f"(lease epoch {controller.get('epoch')})")
         done = {"router": "adopted", "epoch": controller.get("epoch"),
@@ -240,7 +252,7 @@ def _free(p: ServePlan, bind: tuple[str, int],
                       "that narwhal started", [Problem(
                           f"{p.router}: {url_of(bind)}",
                           f"answered {status}: model {doc.get('model')!r}, role "
-                          f"{(doc.get('controller') or {}).get('role')!r}",
+                          f"{controller_of(state).get('role')!r}",
                           "stop what listens there, or set NARWHAL_ROUTER_URL (or "
                           "NARWHAL_ROUTER_STANDBY_URL) to a free address")])
 
