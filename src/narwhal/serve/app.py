@@ -117,10 +117,12 @@ class Router:
         # without a profiles store, so `binder` is set whenever role_flips is.
         self.roles: RoleController | None = None
         if settings.role_flips is not None and self.binder is not None:
-            offered = (lambda c=chooser: c.offered_prefill_s) \
-                if isinstance(chooser, CurvePriced) else None
-            self.roles = RoleController(self.engines, settings.ttft_s, settings.tpot_s,
-                                        settings.role_flips, offered_prefill_s=offered)
+            priced = chooser if isinstance(chooser, CurvePriced) else None
+            self.roles = RoleController(
+                self.engines, settings.ttft_s, settings.tpot_s, settings.role_flips,
+                offered_prefill_s=None if priced is None else (lambda: priced.offered_prefill_s),
+                refused_decode=None if priced is None else (
+                    lambda: (priced.refused_decode_stream_s, priced.refused_decode_token_s)))
         self.proxy = Proxy(limits, chooser, self.health, self.metrics, self.journal,
                            self.deadlines)
         control = settings.controller

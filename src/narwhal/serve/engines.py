@@ -8,6 +8,7 @@ methods without touching the data path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,10 +21,14 @@ from narwhal.serve.upstream import EnginePool
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("busy_until", "context_len", "draining", "ejected", "ejected_reason", "ejections",
-                 "fail_streak", "held", "held_detail", "last_flip", "last_ok", "live_generation",
-                 "outstanding", "pool", "prefill_pending", "profile", "resident_tokens",
-                 "running", "serves_decode", "serves_prefill", "spec")
+    __slots__ = ("arrival_rate", "batch_end", "busy_until", "context_len", "draining", "ejected",
+                 "ejected_reason", "ejections", "fail_streak", "handoff_s", "held", "held_detail",
+                 "last_flip",
+                 "last_ok", "live_generation", "outstanding", "pool", "prefill_pending",
+                 "prefill_queued_s", "profile", "reserved", "reserved_arrivals",
+                 "reserved_tokens", "resident_tokens", "running", "serves_decode",
+                 "serves_prefill", "spec",
+                 "waiting_since")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
         self.spec = spec
@@ -49,8 +54,26 @@ class Engine:
         # in flight, and the decode legs running with the tokens they keep resident.
         self.busy_until = 0.0
         self.prefill_pending = 0
+        self.prefill_queued_s = 0.0  # the booked seconds of those prefills
         self.running = 0
         self.resident_tokens = 0
+        # Decode work placed here whose leg has not started yet (its prefill runs): counted
+        # so a burst of placements sees itself, with its tokens and arrivals per step.
+        self.reserved = 0
+        self.reserved_tokens = 0
+        self.reserved_arrivals = 0.0
+        # The engine batches every waiting prefill into its next step, so they all answer when
+        # that step ends: `batch_end` is when the step believed running ends, `waiting_since`
+        # when the oldest prefill queued behind it arrived (inf: none waits). A newcomer
+        # delays every one of those, so admission prices it against the oldest (scheduler.py).
+        self.batch_end = 0.0
+        self.waiting_since = math.inf
+        # Decode legs that arrive per step, as the sum over running streams of 1/max_tokens:
+        # each arrival computes its last prompt token in a step every stream shares.
+        self.arrival_rate = 0.0
+        # Seconds from a prefill leg's reply to the first token this engine streams for it
+        # (moving average; 0 until measured): the KV pull and first step, part of the TTFT.
+        self.handoff_s = 0.0
         # The legs the choosers may place here now. Fixed by the role for `prefill`/`decode`
         # engines; for `both` engines under role flips (roles.py) exactly one is set, or none
         # while the engine drains its decode streams before it takes prefills.
@@ -92,7 +115,10 @@ class Engine:
             "context_len": self.context_len or None,
             "prefill_pending": self.prefill_pending,
             "decode_running": self.running,
+            "decode_reserved": self.reserved,
             "decode_resident_tokens": self.resident_tokens,
+            "decode_arrivals_per_step": round(self.arrival_rate, 4),
+            "handoff_s": round(self.handoff_s, 6) or None,
         }
 
 
@@ -151,12 +177,16 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Admission said no: no placement meets the TTFT budget; retry after this many seconds."""
+    """Admission said no: no placement meets the TTFT budget (or, `over_tpot`, no decode engine
+    keeps the TPOT budget with this request added); retry after this many seconds."""
 
     retry_after_s: int
     predicted_ttft_s: float
     ttft_budget_s: float
     over_share: bool = False  # refused first because its tenant is over its fair share
+    over_tpot: bool = False  # every decode engine would step slower than the TPOT budget
+    predicted_tpot_s: float = 0.0  # the best decode engine's step with this request added
+    tpot_budget_s: float = 0.0
 
 
 class EngineChooser(Protocol):

@@ -197,11 +197,13 @@ class _Families(Collector):
         decisions = CounterMetricFamily("narwhal_router_admission_decisions",
                                         "Predictive admission: requests admitted; refused (429) "
                                         "because no placement met the TTFT budget; refused "
-                                        "near capacity because the tenant was over its share",
+                                        "near capacity because the tenant was over its share; "
+                                        "refused because no decode engine kept the TPOT budget",
                                         labels=["decision"])
         decisions.add_metric(["admitted"], float(sched.admitted))
         decisions.add_metric(["refused"], float(sched.refused))
         decisions.add_metric(["refused_over_share"], float(sched.refused_over_share))
+        decisions.add_metric(["refused_tpot"], float(sched.refused_tpot))
         yield decisions
         queue = GaugeMetricFamily("narwhal_router_engine_prefill_queue_seconds",
                                   "Predicted seconds of prefill queued on the engine",

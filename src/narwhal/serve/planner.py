@@ -8,7 +8,9 @@ it, so a shift in the mix moves engines as soon as the window shows it:
 - prefill demand: seconds of prefill work offered per second, priced on the profiled curves,
   counting requests admission refused (they are demand the prefill pool did not serve, and
   leaving them out would shrink the pool exactly when it is too small);
-- decode demand: the mean number of decode streams and their resident tokens over the window.
+- decode demand: the mean number of decode streams and their resident tokens over the window,
+  plus the streams admission refused on TPOT would have added (by Little's law, the rate of
+  their stream-seconds at the budget), for the same reason.
 
 A prefill pool of `n` engines is loaded `rate / (n * prefill_utilization)`: keeping each
 engine's busy share below the target keeps queueing, and so TTFT, bounded. A decode pool of `n`
@@ -84,14 +86,17 @@ def plan_prefill(demand: Demand, shape: PoolShape, curve: DecodeCurve, tpot_s: f
 
 
 class DemandWindow:
-    """Samples of (time, cumulative offered prefill seconds, streams, resident tokens)."""
+    """Samples of (time, cumulative offered prefill seconds, streams, resident tokens,
+    cumulative refused stream-seconds, cumulative refused resident-token-seconds)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._samples: deque[tuple[float, float, int, int]] = deque()
+        self._samples: deque[tuple[float, float, int, int, float, float]] = deque()
 
-    def add(self, now: float, offered_prefill_s: float, streams: int, resident_tokens: int) -> None:
-        self._samples.append((now, offered_prefill_s, streams, resident_tokens))
+    def add(self, now: float, offered_prefill_s: float, streams: int, resident_tokens: int,
+            refused_stream_s: float = 0.0, refused_token_s: float = 0.0) -> None:
+        self._samples.append((now, offered_prefill_s, streams, resident_tokens, refused_stream_s,
+                              refused_token_s))
         while self._samples and now - self._samples[0][0] > self.window_s:
             self._samples.popleft()
 
@@ -99,10 +104,11 @@ class DemandWindow:
         """None until the window holds two samples at least half a window apart."""
         if len(self._samples) < 2:
             return None
-        (t0, offered0, _, _), (t1, offered1, _, _) = self._samples[0], self._samples[-1]
-        if t1 - t0 < self.window_s / 2:
+        first, last = self._samples[0], self._samples[-1]
+        span = last[0] - first[0]
+        if span < self.window_s / 2:
             return None
         n = len(self._samples)
-        return Demand((offered1 - offered0) / (t1 - t0),
-                      sum(s[2] for s in self._samples) / n,
-                      sum(s[3] for s in self._samples) / n)
+        return Demand((last[1] - first[1]) / span,
+                      sum(s[2] for s in self._samples) / n + (last[4] - first[4]) / span,
+                      sum(s[3] for s in self._samples) / n + (last[5] - first[5]) / span)

@@ -4,12 +4,20 @@ The scheduler's questions, answered from an engine's bound profile row (generati
 sure it is the live generation's row) and the work the router already sent it:
 - prefill: predicted TTFT of an `n`-token prompt = seconds of prefill already queued on the
   engine + the prefill curve at `n`. Load is SLO-relative: queued seconds / TTFT budget.
-- decode: one step costs the decode curve at (resident tokens, running requests); the request
-  would see that step time as its TPOT. Load is SLO-relative: step time / TPOT budget. The
-  impact of adding a request is the step-time increase it causes for everyone on the engine.
-- admission: if the best prefill placement misses the TTFT budget, the request is refused
-  with a `Retry-After` priced as the time until that engine's queue would let it meet the
-  budget (rounded up to whole seconds, at least 1).
+  An engine batches every prefill waiting for its next step (vLLM's continuous batching, up to
+  its token budget), so they all answer when that step ends: a newcomer delays each prefill
+  already waiting behind the running step by its own cost. The placement is therefore priced
+  by the worst TTFT in the batch it joins: the oldest waiting prefill's wait so far + the
+  queue + the newcomer's curve (`batch_ttft_s`).
+- decode: one step costs the decode curve at (resident tokens, running requests), plus, per
+  decode leg arriving in that step, the cost of computing its last prompt token (a decode leg
+  with pulled KV computes one token as a first prefill chunk: the prefill curve's constant).
+  Arrivals per step are, in steady state, the sum of 1/max_tokens over the running streams.
+  The request would see that step time as its TPOT. Load is SLO-relative: step time / TPOT
+  budget. The impact of adding a request is the step-time increase it causes for everyone.
+- admission: if the best prefill placement misses the TTFT budget, or the best decode
+  placement the TPOT budget, the request is refused; the TTFT refusal's `Retry-After` is the
+  time until that engine's queue would let it meet the budget (whole seconds, at least 1).
 
 Nothing here allocates per engine on the request path beyond one tuple per candidate.
 """
@@ -33,20 +41,28 @@ class PrefillSeat(Generic[K]):
     key: K
     curve: PrefillCurve
     queued_s: float
+    waited_s: float = 0.0  # how long the oldest prefill the newcomer would batch with has waited
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeSeat(Generic[K]):
-    """A decode candidate: its curve and what it decodes now."""
+    """A decode candidate: its curve, what it decodes now and what arrivals cost it."""
 
     key: K
     curve: DecodeCurve
     resident_tokens: int
     running: int
+    arrivals: float = 0.0  # decode legs arriving per step (sum of 1/max_tokens)
+    arrival_s: float = 0.0  # what one arrival adds to its step (its prefill curve's constant)
 
 
 def predicted_ttft_s(seat: PrefillSeat[K], prompt_tokens: int) -> float:
     return seat.queued_s + seat.curve.seconds(prompt_tokens)
+
+
+def batch_ttft_s(seat: PrefillSeat[K], prompt_tokens: int) -> float:
+    """The worst TTFT in the batch the prompt would join: the oldest waiting prefill's."""
+    return seat.waited_s + predicted_ttft_s(seat, prompt_tokens)
 
 
 def prefill_load(queued_s: float, ttft_budget_s: float) -> float:
@@ -54,8 +70,15 @@ def prefill_load(queued_s: float, ttft_budget_s: float) -> float:
     return queued_s / ttft_budget_s
 
 
-def predicted_tpot_s(seat: DecodeSeat[K], add_tokens: int = 0, add_requests: int = 0) -> float:
-    return seat.curve.step_s(seat.resident_tokens + add_tokens, seat.running + add_requests)
+def predicted_tpot_s(seat: DecodeSeat[K], add_tokens: int = 0, add_requests: int = 0,
+                     add_arrivals: float = 0.0) -> float:
+    return (seat.curve.step_s(seat.resident_tokens + add_tokens, seat.running + add_requests)
+            + seat.arrival_s * (seat.arrivals + add_arrivals))
+
+
+def arrivals_per_step(max_tokens: int | None) -> float:
+    """A stream of `max_tokens` steps adds one arrival every that many steps (0: unknown)."""
+    return 1.0 / max_tokens if max_tokens else 0.0
 
 
 def decode_load(seat: DecodeSeat[K], tpot_budget_s: float) -> float:
@@ -63,9 +86,9 @@ def decode_load(seat: DecodeSeat[K], tpot_budget_s: float) -> float:
     return predicted_tpot_s(seat) / tpot_budget_s
 
 
-def decode_impact_s(seat: DecodeSeat[K], tokens: int) -> float:
+def decode_impact_s(seat: DecodeSeat[K], tokens: int, arrivals: float = 0.0) -> float:
     """How much one more request of `tokens` resident tokens slows every step on the engine."""
-    return predicted_tpot_s(seat, tokens, 1) - predicted_tpot_s(seat)
+    return predicted_tpot_s(seat, tokens, 1, arrivals) - predicted_tpot_s(seat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +102,11 @@ class Priced(Generic[K]):
 
 def best_prefill(seats: Sequence[PrefillSeat[K]], prompt_tokens: int,
                  ttft_budget_s: float) -> Priced[K] | None:
-    """The seat with the lowest predicted TTFT (first one on ties)."""
+    """The seat with the lowest worst-in-batch TTFT (`batch_ttft_s`; first one on ties)."""
     best: PrefillSeat[K] | None = None
     best_s = math.inf
     for seat in seats:
-        t = predicted_ttft_s(seat, prompt_tokens)
+        t = batch_ttft_s(seat, prompt_tokens)
         if t < best_s:
             best, best_s = seat, t
     if best is None:
@@ -91,20 +114,21 @@ def best_prefill(seats: Sequence[PrefillSeat[K]], prompt_tokens: int,
     return Priced(best.key, best_s, best_s <= ttft_budget_s)
 
 
-def best_decode(seats: Sequence[DecodeSeat[K]], tokens: int,
-                tpot_budget_s: float) -> Priced[K] | None:
-    """Among seats that keep the budget after adding the request, the one it slows least;
-    if none can, the one with the lowest resulting step time."""
+def best_decode(seats: Sequence[DecodeSeat[K]], tokens: int, tpot_budget_s: float,
+                arrivals: float = 0.0) -> Priced[K] | None:
+    """Among seats that keep the budget after adding the request (`tokens` resident, adding
+    `arrivals` per step), the one it slows least; if none can, the lowest resulting step."""
     best: DecodeSeat[K] | None = None
     best_rank = (True, math.inf)
     for seat in seats:
-        after = predicted_tpot_s(seat, tokens, 1)
-        rank = (after > tpot_budget_s, decode_impact_s(seat, tokens) if after <= tpot_budget_s else after)
+        after = predicted_tpot_s(seat, tokens, 1, arrivals)
+        rank = (after > tpot_budget_s,
+                decode_impact_s(seat, tokens, arrivals) if after <= tpot_budget_s else after)
         if rank < best_rank:
             best, best_rank = seat, rank
     if best is None:
         return None
-    after = predicted_tpot_s(best, tokens, 1)
+    after = predicted_tpot_s(best, tokens, 1, arrivals)
     return Priced(best.key, after, after <= tpot_budget_s)
 
 

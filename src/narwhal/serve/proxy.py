@@ -39,12 +39,16 @@ from narwhal.serve.legs import (
     request_bytes,
 )
 from narwhal.serve.metrics import RouterMetrics
+from narwhal.serve.pricing import arrivals_per_step
 from narwhal.serve.reassemble import StreamError, reassemble
 from narwhal.serve.responses import error_body, stream_head
 from narwhal.serve.scheduler import (
     decode_ended,
+    decode_reserved,
     decode_started,
     decode_tokens,
+    decode_unreserved,
+    handoff_seen,
     prefill_ended,
     prefill_started,
 )
@@ -118,10 +122,40 @@ class Proxy:
                     self._error(call, 500, f"router error: {type(exc).__name__}",
                                 "router_error", "router_error")
 
+    def _book_decode(self, call: Call, engine: Engine, split: bool, live: bool) -> None:
+        """Book the request's decode work on `engine`: reserved from placement on, so
+        requests placed while this one prefills see its stream, then running once its leg
+        starts; a retry elsewhere moves it, the request's end frees it."""
+        booked = call.decode_booked
+        if booked is engine and call.decode_live == live:
+            return
+        self._unbook_decode(call)
+        call.decode_charge = decode_tokens(call)
+        # A leg with pulled KV computes its last prompt token in a shared step; a plain
+        # request's whole prefill is booked on the queue instead.
+        call.decode_arrivals = arrivals_per_step(call.max_tokens) if split else 0.0
+        if live:
+            decode_started(engine, call.decode_charge, call.decode_arrivals)
+        else:
+            decode_reserved(engine, call.decode_charge, call.decode_arrivals)
+        call.decode_booked = engine
+        call.decode_live = live
+
+    def _unbook_decode(self, call: Call) -> None:
+        booked = call.decode_booked
+        if booked is None:
+            return
+        if call.decode_live:
+            decode_ended(booked, call.decode_charge, call.decode_arrivals)
+        else:
+            decode_unreserved(booked, call.decode_charge, call.decode_arrivals)
+        call.decode_booked = None
+
     def _finish(self, call: Call) -> None:
         if call.finished:
             return
         call.finished = True
+        self._unbook_decode(call)
         if self.cutting and call.outcome != "ok":
             call.outcome = "cut_at_shutdown"
         self.inflight -= 1
@@ -215,6 +249,7 @@ class Proxy:
             self._refuse(call, placement)
             return
         call.placement = placement
+        self._book_decode(call, placement.decode, not placement.single, False)
         context = context_of(placement)
         if not self._fits(call, context):
             return
@@ -230,6 +265,11 @@ class Proxy:
                        f"predicted time to first token {refusal.predicted_ttft_s:.2f} s exceeds "
                        f"the {refusal.ttft_budget_s:g} s kept for tenants within their share")
             code, outcome = "over_fair_share", "refused_over_share"
+        elif refusal.over_tpot:
+            message = (f"over capacity: predicted time per output token "
+                       f"{refusal.predicted_tpot_s * 1000:.1f} ms on the least loaded decode "
+                       f"engine exceeds the {refusal.tpot_budget_s * 1000:g} ms budget")
+            code, outcome = "over_capacity", "refused_tpot"
         else:
             message = (f"over capacity: predicted time to first token "
                        f"{refusal.predicted_ttft_s:.2f} s exceeds the {refusal.ttft_budget_s:g} s "
@@ -335,7 +375,7 @@ class Proxy:
         call.prefill_engine = engine.id
         engine.outstanding += 1
         now = time.monotonic()
-        prefill_started(engine, call.price_tokens, now)
+        call.prefill_charge = prefill_started(engine, call.price_tokens, now)
         leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
                         now + self.limits.prefill_timeout_s)
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
@@ -345,7 +385,7 @@ class Proxy:
     def _prefill_done(self, call: Call, engine: Engine, leg: Collector, fresh: bool) -> None:
         self.deadlines.discard(leg)
         engine.outstanding -= 1
-        prefill_ended(engine, time.monotonic())
+        prefill_ended(engine, time.monotonic(), call.prefill_charge)
         if leg.stale_keepalive and not fresh:
             self._prefill(call, engine, fresh=True)  # the engine had closed the idle connection
             return
@@ -436,10 +476,9 @@ class Proxy:
         else:
             relay = R.BufferRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s)
         engine.outstanding += 1
-        call.decode_charge = decode_tokens(call)
-        decode_started(engine, call.decode_charge)
+        self._book_decode(call, engine, kv is not None, True)
         if kv is None:  # a plain request: this engine prefills too
-            prefill_started(engine, call.price_tokens, time.monotonic())
+            call.prefill_charge = prefill_started(engine, call.price_tokens, time.monotonic())
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
                             call.decode_body(kv))
@@ -449,9 +488,8 @@ class Proxy:
     def _decode_done(self, call: Call, engine: Engine, relay: R.DecodeRelay, fresh: bool) -> None:
         self.deadlines.discard(relay)
         engine.outstanding -= 1
-        decode_ended(engine, call.decode_charge)
         if call.kv is None:
-            prefill_ended(engine, time.monotonic())
+            prefill_ended(engine, time.monotonic(), call.prefill_charge)
         call.relay = None
         result = relay.result
         if result == R.FAILED_BEFORE and relay.reused and not fresh and not call.gone:
@@ -476,6 +514,7 @@ class Proxy:
             call.ttft_s = round(relay.t_first - call.t0, 6)
             if call.t_prefill_done:
                 call.handoff_s = round(relay.t_first - call.t_prefill_done, 6)
+                handoff_seen(engine, call.handoff_s)
         if call.stream:
             call.events = max(0, relay.events - (1 if result == R.OK else 0))
             if call.events > 1 and relay.t_last > relay.t_first:

@@ -115,7 +115,8 @@ class RoleController:
 
     def __init__(self, engines: Sequence[Engine], ttft_s: float, tpot_s: float,
                  policy: RoleFlips, clock: Callable[[], float] = time.monotonic,
-                 offered_prefill_s: Callable[[], float] | None = None) -> None:
+                 offered_prefill_s: Callable[[], float] | None = None,
+                 refused_decode: Callable[[], tuple[float, float]] | None = None) -> None:
         self.engines = tuple(engines)
         self.members = tuple(e for e in engines if e.spec.role == "both")
         self.policy = policy
@@ -129,6 +130,8 @@ class RoleController:
         # Planner mode: cumulative prefill seconds offered to the fleet (the scheduler counts
         # them, refused requests included) sampled over a sliding window.
         self._offered = offered_prefill_s or (lambda: 0.0)
+        # ... and the decode work it refused on TPOT: (stream-seconds, resident-token-seconds).
+        self._refused_decode = refused_decode or (lambda: (0.0, 0.0))
         self.window = DemandWindow(policy.window_s)
         self.target_prefill: int | None = None
         first = initial_prefill(len(self.members), policy)
@@ -178,7 +181,8 @@ class RoleController:
         """Planner mode: sample the window; the number of `both` engines that should prefill."""
         streams = sum(e.running for e in self.engines)
         resident = sum(e.resident_tokens for e in self.engines)
-        self.window.add(now, self._offered(), streams, resident)
+        refused_stream_s, refused_token_s = self._refused_decode()
+        self.window.add(now, self._offered(), streams, resident, refused_stream_s, refused_token_s)
         demand = self.window.demand()
         curve = next((e.profile.decode for e in self.members if e.profile is not None), None)
         if demand is None or curve is None:
@@ -211,7 +215,7 @@ class RoleController:
         """Finish drains, then decide and apply at most one flip."""
         now = self._clock()
         for engine in self.members:
-            if engine.draining and engine.running <= 0:
+            if engine.draining and engine.running <= 0 and engine.reserved <= 0:
                 engine.draining = False
                 engine.serves_prefill = True
         self.prefill_load, self.decode_load, spare_prefill, spare_decode = self.loads(now)
@@ -235,7 +239,7 @@ class RoleController:
         engine = next(e for e in self.members if e.id == flip.engine_id)
         if flip.to_role == PREFILL:
             engine.serves_decode = False
-            engine.draining = engine.running > 0
+            engine.draining = engine.running > 0 or engine.reserved > 0
             engine.serves_prefill = not engine.draining
         else:
             engine.serves_prefill = False

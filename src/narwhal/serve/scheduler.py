@@ -5,16 +5,36 @@ process's row) and by the work this router already sent it, which the data path 
 - prefill: a queue drain model. Every prefill dispatched to an engine (a prefill leg, or a
   plain request that prefills and decodes on one engine) pushes the engine's `busy_until` out
   by the prefill curve at that prompt length; when its last prefill in flight ends the queue is
-  empty and `busy_until` snaps back to now. Predicted TTFT of a new request on an engine is
-  `max(0, busy_until - now) + prefill_curve(n)`, the rule of `pricing.predicted_ttft_s`.
-- decode: each decode leg adds one running request and its resident tokens (prompt + half its
-  `max_tokens`, the mean over its life) until it ends. The decode engine is the one whose step
-  time the request slows least while the step stays within the TPOT budget
-  (`pricing.best_decode`'s rule); ties prefer the engine chosen for prefill (one plain
-  request, no KV handoff), then the one with fewer running.
-- admission: when even the best prefill engine's predicted TTFT exceeds `slo.ttft_s`, the
-  request is refused (429) with `Retry-After` = whole seconds until that queue has drained
-  enough (`pricing.retry_after_s`). Retries of a failed leg are never refused.
+  empty and `busy_until` snaps back to now. An engine runs every waiting prefill in its next
+  step, so those all answer at that step's end, and an answer is the one sign the router gets
+  that a step ended: at each answer every prefill still in flight is taken to run in the step
+  starting then, and `busy_until` is re-anchored to now + their booked seconds, so the
+  model's drift from the engine (on the 2-core bench it ran slower than the curves) does not
+  pile up. Prefills booked after that wait behind it; the engine keeps when the oldest of
+  them came (`waiting_since`). A new request on an engine is priced by the worst TTFT in the
+  batch it joins, `oldest wait + max(0, busy_until - now) + prefill_curve(n)`
+  (`pricing.batch_ttft_s`): admitting it must not push a request admitted earlier past the
+  budget.
+- first token: after the prefill, the decode engine's first token takes the KV handoff: the
+  pull, then about one and a half of its steps (the step running when the leg arrives, then
+  the one that computes it). The engine's measured handoff (a moving average of what the
+  journal records as `handoff_s`) is used when it is longer than the step model's; that
+  allowance is added to the prefill prediction before it is held against the budget. (On
+  the 2-core bench a handoff measured about 40 ms against 20 ms of modelled steps.)
+- decode: each decode leg adds one running request, its resident tokens (prompt + half its
+  `max_tokens`, the mean over its life) and its arrivals per step (1/max_tokens: each decode
+  leg computes its last prompt token, at the prefill curve's constant, in a step every stream
+  shares) until it ends. The decode engine is the one whose step time the request slows least
+  while the step stays within the TPOT budget (`pricing.best_decode`'s rule); ties prefer the
+  engine chosen for prefill (one plain request, no KV handoff), then the one with fewer
+  running.
+- admission: when even the best prefill engine's prediction exceeds `slo.ttft_s`, the request
+  is refused (429) with `Retry-After` = whole seconds until that queue has drained enough
+  (`pricing.retry_after_s`); when even the best decode engine would step slower than
+  `slo.tpot_s` with it, it is refused (429, `Retry-After: 1`, about a stream's life): admitted,
+  it would miss its own budget and slow every stream already there past theirs. Refused
+  decode work still counts as demand for the pool planner (`refused_decode_*`). Retries of a
+  failed leg are never refused.
 - fair shares: each tenant's share of the requests in flight is its weight over the weights
   of the tenants with requests in flight. Near capacity (predicted TTFT above
   `FAIR_BUDGET` x the budget) a tenant at or over its share is refused (429 `over_fair_share`),
@@ -23,8 +43,7 @@ process's row) and by the work this router already sent it, which the data path 
 
 The loops below mirror pricing.py over live `Engine` objects instead of building seat
 objects, so a placement allocates nothing but its result; tests/unit/serve check that both
-agree. The TTFT prediction leaves out the KV handoff and first decode step (milliseconds next
-to a prefill queue); the budget check is therefore slightly optimistic by that much.
+agree.
 
 Prompt length: the exact count arrives only with the prefill reply (or /tokenize, which needs
 an engine first), so placement prices `Call.price_tokens`: the exact count when known, else
@@ -40,46 +59,122 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from narwhal.core.profiles import ProfileRow
 from narwhal.serve.engines import Engine, Placement, Refusal, RequestFacts
-from narwhal.serve.pricing import retry_after_s
+from narwhal.serve.pricing import arrivals_per_step, retry_after_s
 
 FAIR_BUDGET = 0.75  # fraction of the TTFT budget a tenant over its fair share may use
+FIRST_TOKEN_STEPS = 1.5  # decode steps from a leg's arrival to its first token, on average
+HANDOFF_WEIGHT = 0.1  # weight of the newest handoff in an engine's moving average
 
 
-def prefill_started(engine: Engine, tokens: int, now: float) -> None:
-    """Book a prefill of `tokens` on the engine's queue."""
+def prefill_started(engine: Engine, tokens: int, now: float) -> float:
+    """Book a prefill of `tokens` on the engine's queue: alone in a new step when the engine
+    has none in flight, else in the batch waiting behind the step running now. Returns the
+    seconds booked, which `prefill_ended` takes back."""
     profile = engine.profile
     cost = profile.prefill.seconds(tokens) if profile is not None else 0.0
-    engine.busy_until = (engine.busy_until if engine.busy_until > now else now) + cost
+    if engine.prefill_pending <= 0:
+        engine.busy_until = engine.batch_end = now + cost
+        engine.waiting_since = math.inf
+    else:
+        busy = engine.busy_until
+        engine.busy_until = (busy if busy > now else now) + cost
+        if engine.waiting_since > now:
+            engine.waiting_since = now
     engine.prefill_pending += 1
+    engine.prefill_queued_s += cost
+    return cost
 
 
-def prefill_ended(engine: Engine, now: float) -> None:
-    """A prefill finished (or failed); with none left in flight the queue is empty now."""
+def prefill_ended(engine: Engine, now: float, cost: float) -> None:
+    """A prefill booked at `cost` seconds answered (or failed). An answer marks the end of a
+    real engine step: every prefill still in flight runs in the step that starts now, so the
+    queue is re-anchored on the clock (the model's drift, either way, ends here); with none
+    left in flight the queue is empty."""
     engine.prefill_pending -= 1
+    engine.waiting_since = math.inf
     if engine.prefill_pending <= 0:
         engine.prefill_pending = 0
-        if engine.busy_until > now:
-            engine.busy_until = now
+        engine.prefill_queued_s = 0.0
+        engine.busy_until = engine.batch_end = now
+        return
+    queued = engine.prefill_queued_s - cost
+    queued = queued if queued > 0.0 else 0.0
+    engine.prefill_queued_s = queued
+    engine.busy_until = engine.batch_end = now + queued
 
 
-def decode_started(engine: Engine, resident_tokens: int) -> None:
+def waited_s(engine: Engine, now: float) -> float:
+    """How long the oldest prefill a newcomer would share its batch with has waited (0: the
+    newcomer would wait alone, or run at once). Until an answer shows the running step has
+    ended, the waiting ones still wait, however long the model thought that step would be."""
+    since = engine.waiting_since
+    return now - since if since < now else 0.0
+
+
+def decode_reserved(engine: Engine, resident_tokens: int, arrivals: float) -> None:
+    """A request placed with its decode on `engine`; its leg starts after the prefill."""
+    engine.reserved += 1
+    engine.reserved_tokens += resident_tokens
+    engine.reserved_arrivals += arrivals
+
+
+def decode_unreserved(engine: Engine, resident_tokens: int, arrivals: float) -> None:
+    engine.reserved -= 1
+    engine.reserved_tokens -= resident_tokens
+    rate = engine.reserved_arrivals - arrivals
+    engine.reserved_arrivals = rate if engine.reserved > 0 and rate > 1e-9 else 0.0
+
+
+def decode_started(engine: Engine, resident_tokens: int, arrivals: float = 0.0) -> None:
     engine.running += 1
     engine.resident_tokens += resident_tokens
+    engine.arrival_rate += arrivals
 
 
-def decode_ended(engine: Engine, resident_tokens: int) -> None:
+def decode_ended(engine: Engine, resident_tokens: int, arrivals: float = 0.0) -> None:
     engine.running -= 1
     engine.resident_tokens -= resident_tokens
+    rate = engine.arrival_rate - arrivals
+    engine.arrival_rate = rate if engine.running > 0 and rate > 1e-9 else 0.0
+
+
+def handoff_seen(engine: Engine, seconds: float) -> None:
+    """A split request's first token came `seconds` after its prefill reply."""
+    last = engine.handoff_s
+    engine.handoff_s = seconds if last == 0.0 else last + HANDOFF_WEIGHT * (seconds - last)
+
+
+def first_token_s(engine: Engine, step_s: float, split: bool) -> float:
+    """Seconds from the prefill's end to the first token on decode engine `engine`: the
+    measured handoff when there is one, never less than the step model's one and a half
+    steps; a plain request's first token comes with its prefill's step."""
+    if not split:
+        return step_s
+    modelled = FIRST_TOKEN_STEPS * step_s
+    return engine.handoff_s if engine.handoff_s > modelled else modelled
+
+
+def arrival_s(profile: ProfileRow) -> float:
+    """What one decode leg arriving with pulled KV adds to the step it arrives in: its last
+    prompt token computed as a first prefill chunk (the curve's constant and one token)."""
+    c = profile.prefill
+    return c.a_s + c.b_s_per_token
 
 
 def decode_step_s(engine: Engine) -> float:
-    """Predicted decode step time with the legs this router runs there (0 without a curve)."""
+    """Predicted decode step time with the legs this router runs and has placed there (0
+    without a curve); see `_best_decode` for how reserved legs count."""
     profile = engine.profile
     if profile is None:
         return 0.0
     c = profile.decode
-    return c.base_s + c.per_token_s * engine.resident_tokens + c.per_request_s * engine.running
+    running = max(engine.running, engine.reserved)
+    tokens = max(engine.resident_tokens, engine.reserved_tokens)
+    arrivals = max(engine.arrival_rate, engine.reserved_arrivals)
+    return (c.base_s + c.per_token_s * tokens + c.per_request_s * running
+            + arrival_s(profile) * arrivals)
 
 
 def decode_tokens(facts: RequestFacts) -> int:
@@ -103,10 +198,15 @@ class CurvePriced:
         self.admitted = 0
         self.refused = 0
         self.refused_over_share = 0
+        self.refused_tpot = 0
         self.last_refusal: Refusal | None = None
         # Prefill seconds offered to the fleet, admitted or refused, priced at the best
         # engine's curve: the planner's measure of prefill demand (roles.py, planner.py).
         self.offered_prefill_s = 0.0
+        # Decode work refused on TPOT, as stream-seconds and resident-token-seconds it would
+        # have run for at the budget: demand the decode pool did not serve (planner.py).
+        self.refused_decode_stream_s = 0.0
+        self.refused_decode_token_s = 0.0
         self.fair_ttft_s = ttft_s * FAIR_BUDGET
         self._weights = dict(weights or {})
         self._inflight: dict[str | None, int] = {}  # admitted, unfinished, by tenant (>0 only)
@@ -140,20 +240,22 @@ class CurvePriced:
                 continue
             c = profile.prefill
             queued = engine.busy_until - now
-            t = ((queued if queued > 0.0 else 0.0) + c.a_s + c.b_s_per_token * tokens
-                 + c.c_s_per_token2 * tokens * tokens)
+            t = ((queued if queued > 0.0 else 0.0) + waited_s(engine, now) + c.a_s
+                 + c.b_s_per_token * tokens + c.c_s_per_token2 * tokens * tokens)
             if t < best_s:
                 best, best_s = engine, t
         return best, best_s
 
-    def _best_decode(self, tokens: int, exclude: Sequence[Engine],
-                     prefer: Engine | None = None) -> Engine | None:
+    def _best_decode(self, tokens: int, arrivals: float, exclude: Sequence[Engine],
+                     prefer: Engine | None = None) -> tuple[Engine | None, float]:
+        """(the engine, its step time with the request added); see `pricing.best_decode`."""
         # One float key per engine, no tuples: within budget the key is the step-time increase
         # (the linear curve's closed form), over budget it is 1e9 + the resulting step time, so
         # any engine within budget beats every one over it (a step is at most 60 s).
         budget = self.tpot_s
         best: Engine | None = None
         best_key = math.inf
+        best_after = math.inf
         best_running = 0
         for engine in self._decode:
             profile = engine.profile
@@ -161,23 +263,44 @@ class CurvePriced:
                     or engine in exclude):
                 continue
             c = profile.decode
+            # The streams running when this one starts: those decoding now, less the ones
+            # that end meanwhile, plus the reserved ones that start meanwhile. In steady
+            # state as many end as start (the larger count stands); a burst of placements,
+            # more reserved than decoding, counts whole.
             running = engine.running
-            after = (c.base_s + c.per_token_s * (engine.resident_tokens + tokens)
-                     + c.per_request_s * (running + 1))
-            key = 1e9 + after if after > budget else c.per_token_s * tokens + c.per_request_s
+            reserved = engine.reserved
+            if reserved > running:
+                running = reserved
+            resident = engine.resident_tokens
+            if engine.reserved_tokens > resident:
+                resident = engine.reserved_tokens
+            rate = engine.arrival_rate
+            if engine.reserved_arrivals > rate:
+                rate = engine.reserved_arrivals
+            arrive = arrival_s(profile)
+            after = (c.base_s + c.per_token_s * (resident + tokens)
+                     + c.per_request_s * (running + 1) + arrive * (rate + arrivals))
+            key = 1e9 + after if after > budget else (
+                c.per_token_s * tokens + c.per_request_s + arrive * arrivals)
             if key < best_key or (key == best_key and best is not prefer and (
                     engine is prefer or running < best_running)):
-                best, best_key, best_running = engine, key, running
-        return best
+                best, best_key, best_after, best_running = engine, key, after, running
+        return best, best_after
 
     def place(self, facts: RequestFacts) -> Placement | Refusal | None:
         self._turn += 1
         now = self._clock()
-        prefill, predicted = self._best_prefill(facts.price_tokens, (), now)
-        if prefill is None:
+        tokens = facts.price_tokens
+        prefill, predicted = self._best_prefill(tokens, (), now)
+        if prefill is None or prefill.profile is None:
             return None
-        queued = prefill.busy_until - now
-        self.offered_prefill_s += predicted - (queued if queued > 0.0 else 0.0)
+        self.offered_prefill_s += prefill.profile.prefill.seconds(tokens)
+        resident = decode_tokens(facts)
+        arrivals = arrivals_per_step(facts.max_tokens)
+        decode, step = self._best_decode(resident, arrivals, (), prefer=prefill)
+        if decode is None:
+            return None
+        predicted += first_token_s(decode, step, decode is not prefill)
         tenant = facts.tenant
         if predicted > self.fair_ttft_s:
             if predicted > self.ttft_s:
@@ -191,9 +314,15 @@ class CurvePriced:
                                   self.fair_ttft_s, over_share=True)
                 self.last_refusal = refusal
                 return refusal
-        decode = self._best_decode(decode_tokens(facts), (), prefer=prefill)
-        if decode is None:
-            return None
+        if step > self.tpot_s:
+            self.refused_tpot += 1
+            lasts = (facts.max_tokens or 1) * self.tpot_s
+            self.refused_decode_stream_s += lasts
+            self.refused_decode_token_s += lasts * resident
+            refusal = Refusal(1, predicted, self.ttft_s, over_tpot=True, predicted_tpot_s=step,
+                              tpot_budget_s=self.tpot_s)
+            self.last_refusal = refusal
+            return refusal
         self.admitted += 1
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         self._total += 1
@@ -212,7 +341,8 @@ class CurvePriced:
         return self._best_prefill(facts.price_tokens, exclude, self._clock())[0]
 
     def another_decode(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None:
-        return self._best_decode(decode_tokens(facts), exclude)
+        return self._best_decode(decode_tokens(facts), arrivals_per_step(facts.max_tokens),
+                                 exclude)[0]
 
     def state(self) -> dict[str, Any]:
         """For /narwhal/state: the policy, its budgets, admission counts and engine loads."""
@@ -226,9 +356,12 @@ class CurvePriced:
             "admitted": self.admitted,
             "refused": self.refused,
             "refused_over_share": self.refused_over_share,
+            "refused_tpot": self.refused_tpot,
             "last_refusal": None if last is None else {
                 "predicted_ttft_s": round(last.predicted_ttft_s, 6),
-                "retry_after_s": last.retry_after_s, "over_share": last.over_share},
+                "predicted_tpot_s": round(last.predicted_tpot_s, 6) if last.over_tpot else None,
+                "retry_after_s": last.retry_after_s, "over_share": last.over_share,
+                "over_tpot": last.over_tpot},
             "inflight_by_tenant": {str(t): n for t, n in self._inflight.items()},
             "tenant_weights": self._weights,
             "prefill_queue_s": {e.id: round(max(0.0, e.busy_until - now), 6)

@@ -250,3 +250,82 @@ def test_near_capacity_the_tenant_over_its_fair_share_is_refused_first(
     metrics = call(router.port, "GET", "/metrics").body.decode()
     assert ('narwhal_router_admission_decisions_total{decision="refused_over_share"} '
             f'{len(refused)}.0') in metrics
+
+
+@pytest.fixture
+def decode_bound_fleet(tmp_path: Path) -> Iterator[tuple[Router, Path]]:
+    """A fast prefill engine and one decode engine whose step grows 10 ms a stream (20 ms
+    idle), TPOT budget 50 ms: with the 1 ms a step each arriving decode leg costs (its last
+    prompt token at the 1 ms prefill constant, once per 40 tokens a stream), the decode
+    engine keeps the budget for two streams; a third would step at 50.1 ms."""
+    model = write_tiny_llama(tmp_path / "tiny")
+    engines: list[RunningEngine] = []
+    router: Router | None = None
+    try:
+        rows = []
+        for name, a, base, per_request in (("p0", 0.001, 0.001, 0.0), ("d0", 0.001, 0.02, 0.01)):
+            engine = start_engine(
+                model, log_path=tmp_path / f"{name}.log",
+                extra_args=[*BASE_ARGS, "--emu-prefill-a", str(a), "--emu-prefill-b", "0",
+                            "--emu-prefill-c", "0", "--emu-decode-base", str(base),
+                            "--emu-decode-per-token", "0",
+                            "--emu-decode-per-request", str(per_request)],
+                env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
+            engines.append(engine)
+            row = profile_row(name, engine.port, a, base)
+            row["decode"]["per_request_s"] = per_request
+            rows.append(row)
+        write_profiles(tmp_path / "profiles.json", rows)
+        (tmp_path / "fleet.json").write_text(json.dumps({
+            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
+            "engines": [{"id": "p0", "url": engines[0].url, "role": "prefill"},
+                        {"id": "d0", "url": engines[1].url, "role": "decode"}],
+            "slo": {"ttft_s": 2.0, "tpot_s": 0.05}, "journal": {"path": "journal.jsonl"},
+            "profiles": {"path": "profiles.json"}, "operations": {"open": True}}))
+        router = Router(tmp_path / "fleet.json", free_port()).start()
+        yield router, tmp_path / "journal.jsonl"
+    finally:
+        if router is not None and router.proc is not None and router.proc.poll() is None:
+            router.stop()
+        for engine in engines:
+            engine.stop()
+
+
+def test_a_stream_no_decode_engine_can_carry_within_tpot_is_refused_and_says_so(
+        decode_bound_fleet: tuple[Router, Path]) -> None:
+    router, journal = decode_bound_fleet
+    body = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 40, "stream": True}
+    replies: list[Reply] = []
+    gate = threading.Barrier(5)
+
+    def client() -> None:
+        gate.wait(10)
+        replies.append(call(router.port, "POST", "/v1/completions", body))
+
+    threads = [threading.Thread(target=client) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r.status for r in replies) == [200, 200, 429, 429, 429]
+    for r in replies:
+        if r.status == 429:
+            assert r.headers["retry-after"] == "1"
+            error = r.json()["error"]
+            assert error["code"] == "over_capacity"
+            assert "time per output token" in error["message"] and "50 ms" in error["message"]
+    rows = journal_rows(journal, 5)
+    assert Counter(r["outcome"] for r in rows) == {"ok": 2, "refused_tpot": 3}
+    for row in rows:
+        if row["outcome"] == "ok":  # admitted within the budget, and it held (2-core margin)
+            assert row["tpot_s"] <= 0.05 * 1.5, row
+        else:
+            assert row["status"] == 429 and row["decode_engine"] is None
+    state = scheduler_state(router)
+    assert state["refused_tpot"] == 3 and state["refused"] == 0
+    assert state["last_refusal"]["over_tpot"] and state["last_refusal"]["predicted_tpot_s"] > 0.05
+    metrics = call(router.port, "GET", "/metrics").body.decode()
+    assert 'narwhal_router_admission_decisions_total{decision="refused_tpot"} 3.0' in metrics
+    assert 'narwhal_router_requests_total{outcome="refused_tpot",route="completions"}' in metrics
+    # once the streams end there is room again
+    assert call(router.port, "POST", "/v1/completions", body).status == 200

@@ -11,6 +11,7 @@ from narwhal.core.fleet import RoleFlips
 from narwhal.core.profiles import DecodeCurve
 from narwhal.serve.planner import Demand, DemandWindow, PoolShape, plan_prefill
 from narwhal.serve.roles import DECODE, DRAINING, PREFILL, RoleController, decide
+from narwhal.serve.engines import Refusal
 from narwhal.serve.scheduler import CurvePriced, decode_ended, decode_started
 from tests.unit.serve.test_roles import m
 from tests.unit.serve.test_scheduler import Clock, Facts, engine
@@ -54,6 +55,38 @@ def test_the_window_reports_offered_rate_and_mean_streams_only_once_half_full() 
     assert d is not None and math.isclose(d.prefill_rate, 1.25) and d.streams == 4.0
     window.add(7.0, 20.0, 0, 0)  # everything older than 4 s leaves the window
     assert window.demand() is None
+
+
+def test_decode_work_refused_on_tpot_still_counts_as_decode_demand() -> None:
+    window = DemandWindow(4.0)
+    window.add(0.0, 0.0, 10, 1000, 0.0, 0.0)
+    window.add(2.0, 0.0, 10, 1000, 6.0, 900.0)  # 3 stream-seconds refused per second
+    d = window.demand()
+    assert d is not None and d.streams == 13.0 and d.resident_tokens == 1450.0
+
+
+def test_streams_refused_on_tpot_reach_the_planner() -> None:
+    clock = Clock()
+    engines = [engine(f"b{i}", "both", a=0.01, b=1e-4, base=0.01, per_token=0.0,
+                      per_request=0.004) for i in range(4)]
+    chooser = CurvePriced(engines, ttft_s=1.0, tpot_s=0.05, clock=clock)
+    policy = RoleFlips(mode="planner", window_s=2.0, interval_s=0.5, cooldown_s=1.0)
+    roles = RoleController(engines, 1.0, 0.05, policy, clock=clock,
+                           offered_prefill_s=lambda: chooser.offered_prefill_s,
+                           refused_decode=lambda: (chooser.refused_decode_stream_s,
+                                                   chooser.refused_decode_token_s))
+    for _ in range(6):
+        for _ in range(40):  # the two decode engines fill to the budget, the rest is refused
+            placed = chooser.place(Facts(price_tokens=10, max_tokens=50))
+            if not isinstance(placed, Refusal):
+                assert placed is not None
+                decode_started(placed.decode, 35, 0.0)
+        clock.now += 0.5
+        roles.tick()
+    admitted_streams = sum(e.running for e in engines)
+    assert chooser.refused_tpot > 0
+    demand = roles.state()["demand"]
+    assert demand["streams"] > admitted_streams + 10  # refused streams are demand too
 
 
 def test_a_lighter_pool_gives_up_an_engine_only_if_it_stays_light_without_it() -> None:

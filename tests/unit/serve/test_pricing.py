@@ -8,10 +8,13 @@ from narwhal.core.profiles import DecodeCurve, PrefillCurve
 from narwhal.serve.pricing import (
     DecodeSeat,
     PrefillSeat,
+    arrivals_per_step,
+    batch_ttft_s,
     best_decode,
     best_prefill,
     decode_impact_s,
     decode_load,
+    predicted_tpot_s,
     predicted_ttft_s,
     prefill_load,
     retry_after_s,
@@ -80,3 +83,26 @@ def test_when_no_decode_engine_keeps_the_budget_the_fastest_step_wins_and_says_s
 def test_retry_after_is_the_whole_seconds_until_the_budget_can_be_met(
         ttft: float, budget: float, after: int) -> None:
     assert retry_after_s(ttft, budget) == after
+
+
+def test_a_newcomer_is_priced_by_the_worst_ttft_in_the_batch_it_joins() -> None:
+    waited = PrefillSeat("p0", prefill(0.1, 0.0, 0.0), queued_s=0.2, waited_s=0.15)
+    fresh = PrefillSeat("p1", prefill(0.1, 0.0, 0.0), queued_s=0.3)
+    assert predicted_ttft_s(waited, 10) == pytest.approx(0.3)  # its own
+    assert batch_ttft_s(waited, 10) == pytest.approx(0.45)  # the oldest waiter's
+    chosen = best_prefill([waited, fresh], 10, ttft_budget_s=0.42)
+    # p1 answers the newcomer later (0.4 s) but delays nobody already waiting
+    assert chosen is not None and chosen.key == "p1" and chosen.meets_budget
+
+
+def test_decode_arrivals_cost_their_engine_a_prefill_constant_per_step() -> None:
+    seat = DecodeSeat("d0", decode(0.01, 0.0, 1e-3), resident_tokens=0, running=10,
+                      arrivals=0.5, arrival_s=0.004)
+    assert predicted_tpot_s(seat) == pytest.approx(0.01 + 0.01 + 0.002)
+    assert arrivals_per_step(20) == 0.05 and arrivals_per_step(None) == 0.0
+    assert decode_impact_s(seat, 0, arrivals_per_step(20)) == pytest.approx(1e-3 + 0.0002)
+    chosen = best_decode([seat], 0, tpot_budget_s=0.0232, arrivals=arrivals_per_step(20))
+    assert chosen is not None and chosen.predicted_s == pytest.approx(0.0232)
+    assert chosen.meets_budget
+    over = best_decode([seat], 0, tpot_budget_s=0.0232, arrivals=arrivals_per_step(10))
+    assert over is not None and not over.meets_budget  # 0.0234 with a shorter stream

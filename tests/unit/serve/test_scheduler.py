@@ -13,14 +13,23 @@ from narwhal.core.fleet import parse_fleet
 from narwhal.core.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow
 from narwhal.serve.call import Call
 from narwhal.serve.engines import Engine, Placement, Refusal
-from narwhal.serve.pricing import DecodeSeat, PrefillSeat, best_decode, best_prefill
+from narwhal.serve.pricing import (
+    DecodeSeat,
+    PrefillSeat,
+    arrivals_per_step,
+    best_decode,
+    best_prefill,
+)
 from narwhal.serve.scheduler import (
     CurvePriced,
+    arrival_s,
     decode_ended,
     decode_started,
     decode_tokens,
+    handoff_seen,
     prefill_ended,
     prefill_started,
+    waited_s,
 )
 from narwhal.serve.settings import EngineSpec, settle
 from narwhal.serve.upstream import EnginePool
@@ -82,18 +91,20 @@ def test_prefill_goes_to_the_lowest_predicted_ttft_counting_the_booked_queue() -
     assert placed(chooser.place(Facts(price_tokens=1000))).prefill is slow
 
 
-def test_the_queue_drains_with_time_and_empties_when_the_last_prefill_ends() -> None:
+def test_each_answer_re_anchors_the_queue_and_the_last_one_empties_it() -> None:
     clock = Clock()
     p0 = engine("p0", "prefill", a=0.5, b=0.0)
-    prefill_started(p0, 10, clock.now)
+    cost = prefill_started(p0, 10, clock.now)
+    assert cost == pytest.approx(0.5)
     prefill_started(p0, 10, clock.now)
     assert p0.busy_until == pytest.approx(101.0)
-    clock.now += 0.4
-    prefill_ended(p0, clock.now)
-    assert p0.busy_until == pytest.approx(101.0)  # one still in flight: the queue stands
-    prefill_ended(p0, clock.now)
-    assert p0.busy_until == clock.now and p0.prefill_pending == 0
-    prefill_ended(p0, clock.now)  # never below zero
+    clock.now += 0.4  # the first answers sooner than modelled: the other runs from now
+    prefill_ended(p0, clock.now, cost)
+    assert p0.busy_until == pytest.approx(100.9) and p0.prefill_queued_s == pytest.approx(0.5)
+    clock.now += 0.7  # ... and later than modelled: its answer empties the queue now
+    prefill_ended(p0, clock.now, cost)
+    assert p0.busy_until == clock.now and p0.prefill_pending == 0 and p0.prefill_queued_s == 0
+    prefill_ended(p0, clock.now, cost)  # never below zero
     assert p0.prefill_pending == 0
 
 
@@ -110,10 +121,13 @@ def test_a_flood_is_refused_with_a_retry_after_priced_from_the_queue() -> None:
     assert [isinstance(r, Placement) for r in outcomes] == [True] * 4 + [False] * 3
     refusal = outcomes[-1]
     assert isinstance(refusal, Refusal)
-    assert refusal.predicted_ttft_s == pytest.approx(2.0)  # 1.6 queued + 0.4
+    # 1.6 queued + 0.4, and 1.5 of d0's steps (0.01 + 100 x 1e-6 + 1e-3) to the first token
+    assert refusal.predicted_ttft_s == pytest.approx(2.0 + 1.5 * 0.0111)
     assert refusal.retry_after_s == 1
     assert (chooser.admitted, chooser.refused) == (4, 3)
-    clock.now += 0.5  # the queue drains: admitted again
+    clock.now += 0.4  # the first answers: the queue drains, admitted again
+    prefill_ended(p0, clock.now, 0.4)
+    clock.now += 0.1
     assert isinstance(chooser.place(Facts()), Placement)
     for _ in range(20):
         prefill_started(p0, 100, clock.now)
@@ -162,21 +176,26 @@ def test_the_chooser_agrees_with_the_pricing_functions() -> None:
                       per_request=1e-3 * i) for i in range(3)]
     chooser = CurvePriced([*engines, *decodes], ttft_s=2.0, tpot_s=0.05, clock=clock)
     for i, e in enumerate(engines):
-        for _ in range(i):
+        for k in range(i):  # staggered: p2's second prefill waits behind its first
+            clock.now = 100.0 + 0.001 * k
             prefill_started(e, 500, clock.now)
+    clock.now = 100.01
+    assert waited_s(engines[2], clock.now) == pytest.approx(0.009)
     for i, e in enumerate(decodes):
         for _ in range(3 - i):
-            decode_started(e, 3000)
+            decode_started(e, 3000, 0.02 * i)
     for tokens in (10, 300, 3000):
         facts = Facts(price_tokens=tokens, max_tokens=64)
         p = placed(chooser.place(facts))
-        seats = [PrefillSeat(e.id, e.profile.prefill, max(0.0, e.busy_until - clock.now))
+        seats = [PrefillSeat(e.id, e.profile.prefill, max(0.0, e.busy_until - clock.now),
+                             waited_s(e, clock.now))
                  for e in engines if e.profile]
         want = best_prefill(seats, tokens, 2.0)
         assert want is not None and p.prefill.id == want.key
-        dseats = [DecodeSeat(e.id, e.profile.decode, e.resident_tokens, e.running)
+        dseats = [DecodeSeat(e.id, e.profile.decode, e.resident_tokens, e.running,
+                             e.arrival_rate, arrival_s(e.profile))
                   for e in decodes if e.profile]
-        dwant = best_decode(dseats, decode_tokens(facts), 0.05)
+        dwant = best_decode(dseats, decode_tokens(facts), 0.05, arrivals_per_step(64))
         assert dwant is not None and p.decode.id == dwant.key
 
 
@@ -204,7 +223,9 @@ def test_the_prompt_estimate_is_bytes_over_four_until_the_engine_tells_the_count
 
 def test_near_capacity_the_tenant_over_its_share_is_refused_first() -> None:
     clock = Clock()
-    p0, d0 = engine("p0", "prefill", a=0.1, b=0.0), engine("d0", "decode")
+    # a decode engine whose step is free: the TTFT is the prefill queue's alone
+    p0 = engine("p0", "prefill", a=0.1, b=0.0)
+    d0 = engine("d0", "decode", base=0.0, per_token=0.0, per_request=0.0)
     chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.1, clock=clock,
                           weights={"big": 1.0, "small": 1.0})
 
@@ -268,3 +289,98 @@ def test_tenant_weights_reach_the_settings(tmp_path: Path) -> None:
                                    {"name": "b", "key_env": "NW_KEY_B"}]}, "fleet.json")
     settings = settle(doc, {"NW_KEY_A": "a" * 32, "NW_KEY_B": "b" * 32}, tmp_path / "f.json")
     assert settings.tenants.weights == {"a": 3.0, "b": 1.0}
+
+
+def test_a_newcomer_is_priced_by_the_oldest_prefill_it_would_batch_with() -> None:
+    # Every prefill costs 0.2 s; the engine runs all waiting prefills in its next step, so
+    # those answer together when that step ends.
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.2, b=0.0)
+    d0 = engine("d0", "decode", base=0.001, per_token=0.0, per_request=0.0)
+    chooser = CurvePriced([p0, d0], ttft_s=0.47, tpot_s=0.1, clock=clock)
+    start = clock.now
+
+    def ask(at: float) -> Placement | Refusal | None:
+        clock.now = start + at
+        result = chooser.place(Facts())
+        if isinstance(result, Placement):
+            prefill_started(result.prefill, 100, clock.now)
+        return result
+
+    assert isinstance(ask(0.0), Placement)  # A runs alone from 0 to 0.2
+    assert isinstance(ask(0.1), Placement)  # B waits for the next step: 0.2 to 0.4
+    # C alone would answer at 0.6 (TTFT 0.45, within 0.47), but it joins B's step, which then
+    # ends at 0.6 too: B, admitted on 0.3 s, would wait 0.5 s. C is refused for B's sake.
+    late = ask(0.15)
+    assert isinstance(late, Refusal) and not late.over_tpot
+    assert late.predicted_ttft_s == pytest.approx(0.05 + 0.25 + 0.2 + 1.5 * 0.001)
+    # At 0.25 A should have answered; until it does, B still waits (the engine runs slower
+    # than modelled): 0.15 waited + 0.15 queued + 0.2 = 0.5, refused.
+    assert isinstance(ask(0.25), Refusal)
+    prefill_ended(p0, start + 0.26, 0.2)  # A answers: B's step runs from now to 0.46
+    assert p0.busy_until == pytest.approx(start + 0.46)
+    assert isinstance(ask(0.27), Placement)  # waits alone behind it: 0.19 + 0.2 = 0.39
+    for _ in range(2):
+        prefill_ended(p0, start + 0.5, 0.2)
+    assert p0.prefill_pending == 0 and p0.busy_until == start + 0.5
+
+
+def test_the_first_decode_step_is_part_of_the_predicted_ttft() -> None:
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.9, b=0.0)
+    d0 = engine("d0", "decode", base=0.05, per_token=0.0, per_request=0.0)
+    chooser = CurvePriced([p0, d0], ttft_s=0.95, tpot_s=0.1, clock=clock)
+    # 0.9 s of prefill fits the budget alone, but the first token comes about one and a half
+    # decode steps after the handoff: 0.9 + 0.075 misses it.
+    refused = chooser.place(Facts())
+    assert isinstance(refused, Refusal)
+    assert refused.predicted_ttft_s == pytest.approx(0.975)
+
+
+def test_no_decode_engine_within_the_tpot_budget_means_a_tpot_refusal() -> None:
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.001, b=0.0)
+    # d0's own prefill constant prices each arriving decode leg: 0.01 s + 1e-4 for its token.
+    d0 = engine("d0", "decode", a=0.01, base=0.02, per_token=0.0, per_request=0.001)
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.025, clock=clock)
+    facts = Facts(max_tokens=10)  # a new stream every 10 steps per stream: 0.1 arrivals a step
+    admitted = []
+    while isinstance(placement := chooser.place(facts), Placement):
+        admitted.append(placement)
+        decode_started(placement.decode, decode_tokens(facts), 0.1)
+        assert len(admitted) < 10
+    # step after k streams: 0.02 + 0.001 k + 0.0101 * 0.1 k; without the arrivals 5 would fit
+    assert len(admitted) == 2
+    refusal = placement
+    assert isinstance(refusal, Refusal) and refusal.over_tpot and not refusal.over_share
+    assert refusal.predicted_tpot_s == pytest.approx(0.02 + 0.003 + 0.00303)
+    assert refusal.tpot_budget_s == 0.025 and refusal.retry_after_s == 1
+    assert (chooser.admitted, chooser.refused, chooser.refused_tpot) == (2, 0, 1)
+    # the refused stream still counts as decode demand: 10 tokens at the budget
+    assert chooser.refused_decode_stream_s == pytest.approx(0.25)
+    assert chooser.refused_decode_token_s == pytest.approx(0.25 * decode_tokens(facts))
+    state = chooser.state()
+    assert state["refused_tpot"] == 1 and state["last_refusal"]["over_tpot"]
+    assert state["decode_step_s"]["d0"] == pytest.approx(0.02 + 0.002 + 0.00202)
+    # a retry of a failed decode leg is never refused: the least-bad engine
+    assert chooser.another_decode(facts, []) is d0
+    decode_ended(d0, decode_tokens(facts), 0.1)
+    assert isinstance(chooser.place(facts), Placement)  # a stream ended: room again
+    decode_ended(d0, decode_tokens(facts), 0.1)
+    assert (d0.running, d0.resident_tokens, d0.arrival_rate) == (0, 0, 0.0)
+
+
+def test_a_measured_handoff_longer_than_the_step_model_counts_against_the_ttft_budget() -> None:
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.2, b=0.0)
+    d0 = engine("d0", "decode", base=0.01, per_token=0.0, per_request=0.0)
+    chooser = CurvePriced([p0, d0], ttft_s=0.25, tpot_s=0.1, clock=clock)
+    assert isinstance(chooser.place(Facts()), Placement)  # 0.2 + 1.5 x 0.011 s modelled
+    handoff_seen(d0, 0.06)
+    assert d0.handoff_s == 0.06  # the first measurement stands alone
+    refused = chooser.place(Facts())
+    assert isinstance(refused, Refusal) and refused.predicted_ttft_s == pytest.approx(0.26)
+    for _ in range(40):  # the handoff gets fast again: the average follows
+        handoff_seen(d0, 0.001)
+    assert d0.handoff_s < 0.002
+    assert isinstance(chooser.place(Facts()), Placement)  # the step model's allowance again
