@@ -9,9 +9,9 @@ import pytest
 
 from narwhal.core.fleet import RoleFlips
 from narwhal.core.profiles import DecodeCurve
+from narwhal.serve.engines import Refusal
 from narwhal.serve.planner import Demand, DemandWindow, PoolShape, plan_prefill
 from narwhal.serve.roles import DECODE, DRAINING, PREFILL, RoleController, decide
-from narwhal.serve.engines import Refusal
 from narwhal.serve.scheduler import CurvePriced, decode_ended, decode_started
 from tests.unit.serve.test_roles import m
 from tests.unit.serve.test_scheduler import Clock, Facts, engine
