@@ -278,10 +278,13 @@ class CurvePriced:
             if engine.reserved_arrivals > rate:
                 rate = engine.reserved_arrivals
             arrive = arrival_s(profile)
+            # On the prefill engine itself the request is plain: no KV arrives, its prefill
+            # is on the queue instead.
+            mine = 0.0 if engine is prefer else arrivals
             after = (c.base_s + c.per_token_s * (resident + tokens)
-                     + c.per_request_s * (running + 1) + arrive * (rate + arrivals))
+                     + c.per_request_s * (running + 1) + arrive * (rate + mine))
             key = 1e9 + after if after > budget else (
-                c.per_token_s * tokens + c.per_request_s + arrive * arrivals)
+                c.per_token_s * tokens + c.per_request_s + arrive * mine)
             if key < best_key or (key == best_key and best is not prefer and (
                     engine is prefer or running < best_running)):
                 best, best_key, best_after, best_running = engine, key, after, running

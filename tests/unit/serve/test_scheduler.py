@@ -24,8 +24,10 @@ from narwhal.serve.scheduler import (
     CurvePriced,
     arrival_s,
     decode_ended,
+    decode_reserved,
     decode_started,
     decode_tokens,
+    decode_unreserved,
     handoff_seen,
     prefill_ended,
     prefill_started,
@@ -384,3 +386,38 @@ def test_a_measured_handoff_longer_than_the_step_model_counts_against_the_ttft_b
         handoff_seen(d0, 0.001)
     assert d0.handoff_s < 0.002
     assert isinstance(chooser.place(Facts()), Placement)  # the step model's allowance again
+
+
+def test_a_burst_of_placements_sees_the_decode_work_it_reserved() -> None:
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.001, b=0.0)
+    d0 = engine("d0", "decode", a=0.0, b=0.0, base=0.02, per_token=0.0, per_request=0.01)
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.05, clock=clock)
+    facts = Facts(max_tokens=40)
+    # five at once, none decoding yet: each placement reserves its stream on d0
+    results = []
+    for _ in range(5):
+        result = chooser.place(facts)
+        results.append(result)
+        if isinstance(result, Placement):
+            decode_reserved(result.decode, decode_tokens(facts), 0.025)
+    assert [isinstance(r, Placement) for r in results] == [True] * 3 + [False] * 2
+    assert d0.reserved == 3 and d0.running == 0
+    # in steady state the reserved streams replace the ones that end: the larger count stands
+    for _ in range(3):
+        decode_unreserved(d0, decode_tokens(facts), 0.025)
+        decode_started(d0, decode_tokens(facts), 0.025)
+    decode_reserved(d0, decode_tokens(facts), 0.025)
+    assert isinstance(chooser.place(facts), Refusal)  # max(3 running, 1 reserved) + 1 = 0.06 s
+    decode_ended(d0, decode_tokens(facts), 0.025)
+    assert isinstance(chooser.place(facts), Placement)  # 2 running, 1 reserved: 0.05 s
+    assert (d0.reserved, d0.reserved_tokens) == (1, decode_tokens(facts))
+
+
+def test_a_plain_request_on_a_both_engine_is_not_charged_a_kv_arrival() -> None:
+    clock = Clock()
+    # a slow prefill constant: a pulled-KV arrival would cost 1.2 s of every stream's step
+    b0 = engine("b0", "both", a=1.2, b=0.0, base=0.005, per_token=0.0, per_request=0.0)
+    chooser = CurvePriced([b0], ttft_s=3.9, tpot_s=0.1, clock=clock)
+    placement = placed(chooser.place(Facts(max_tokens=3)))
+    assert placement.single and chooser.refused_tpot == 0
