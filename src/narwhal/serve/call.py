@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from narwhal.serve.decisions import Decision
 from narwhal.serve.engines import Engine, Placement
 from narwhal.serve.front import ClientConnection
 from narwhal.serve.jsonio import dumps, loads
@@ -157,11 +158,11 @@ def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
 class Call:
     """Everything the router knows about one accepted request, through to its journal row."""
 
-    __slots__ = ("_base", "body", "chat", "conn", "decode_arrivals", "decode_attempts",
-                 "decode_booked", "decode_charge", "decode_engine", "decode_live",
-                 "decode_tries", "estimate",
+    __slots__ = ("_base", "body", "chat", "conn", "decision", "decode_arrivals",
+                 "decode_attempts", "decode_booked", "decode_charge", "decode_engine",
+                 "decode_live", "decode_tries", "estimate",
                  "estimator", "events", "finished", "gone", "handoff_s", "http11", "keep_alive",
-                 "kv", "leg_id", "max_tokens", "mode", "outcome", "path", "placement",
+                 "kv", "leg_id", "max_tokens", "mode", "path", "placement",
                  "prefill_charge", "prefill_engine", "prefill_s", "prefill_tries",
                  "prompt_tokens", "reason", "received", "relay", "request_id", "route", "status",
                  "stream", "t0", "t_prefill_done", "t_prefill_start", "tenant", "tpot_s", "ttft_s")
@@ -204,7 +205,7 @@ class Call:
         self.tpot_s: float | None = None
         self.events = 0
         self.status = 0
-        self.outcome = ""
+        self.decision: Decision | None = None  # the decision table's row that settled it
         self.reason = ""
         base = {k: v for k, v in body.items() if k not in _LEG_KEYS}
         self._base = dumps(base)
@@ -294,6 +295,8 @@ class Call:
 
     # -- journal ------------------------------------------------------------------------------
     def row(self) -> dict[str, Any]:
+        decision = self.decision
+        assert decision is not None and decision.outcome is not None
         return {
             "request_id": self.request_id.decode("ascii"),
             "engine_request_id": self.leg_id.decode("ascii"),
@@ -314,6 +317,7 @@ class Call:
             "tpot_s": self.tpot_s,
             "total_s": round(time.monotonic() - self.t0, 6),
             "status": self.status,
-            "outcome": self.outcome,
+            "outcome": decision.outcome,
+            "rule": decision.name,
             "reason": self.reason or None,
         }

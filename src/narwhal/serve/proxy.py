@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from narwhal.serve import decisions as D
 from narwhal.serve import relay as R
 from narwhal.serve.call import Call
 from narwhal.serve.deadlines import Deadlines
@@ -30,7 +31,6 @@ from narwhal.serve.jsonio import dumps, loads
 from narwhal.serve.legs import (
     FAILED,
     OK,
-    TIMEOUT,
     Collector,
     LegFailed,
     LegTimedOut,
@@ -57,8 +57,11 @@ from narwhal.serve.token_estimate import BytesPerToken
 from narwhal.serve.upstream import EngineUnreachable
 
 _log = logging.getLogger("narwhal.serve.proxy")
-_MAX_TRIES = 3
-_RETRYABLE = (R.FAILED_BEFORE, R.TIMEOUT_BEFORE)
+# A decode relay's result as the decision table names leg ends (an engine status is split by
+# its class where it is read).
+_DECODE_END = {R.FAILED_BEFORE: D.FAILED_BEFORE, R.TIMEOUT_BEFORE: D.TIMEOUT_BEFORE,
+               R.FAILED_MID: D.FAILED_MID, R.TIMEOUT_MID: D.TIMEOUT_MID,
+               R.CLIENT_GONE: D.CLIENT_GONE, R.CUT: D.CUT}
 
 
 class Proxy:
@@ -116,11 +119,10 @@ class Proxy:
         except Exception as exc:  # a bug: answer, journal it, keep serving
             _log.exception("request %s: unexpected error (this is a bug)", call.request_id)
             if not call.finished:
-                if call.outcome:
+                if call.decision is not None:
                     self._finish(call)
                 else:
-                    self._error(call, 500, f"router error: {type(exc).__name__}",
-                                "router_error", "router_error")
+                    self._settle(call, D.ROUTER_ERROR, detail=type(exc).__name__)
 
     def _book_decode(self, call: Call, engine: Engine, split: bool, live: bool) -> None:
         """Book the request's decode work on `engine`: reserved from placement on, so
@@ -156,15 +158,19 @@ class Proxy:
             return
         call.finished = True
         self._unbook_decode(call)
-        if self.cutting and call.outcome != "ok":
-            call.outcome = "cut_at_shutdown"
+        decision = call.decision
+        assert decision is not None
+        if self.cutting:
+            call.decision = decision = D.at_shutdown(decision)
+        outcome = decision.outcome
+        assert outcome is not None
         self.inflight -= 1
         self.served += 1
         self._calls.discard(call)
         if call.placement is not None:
             self.chooser.finished(call)
         m = self.metrics
-        m.request(call.route, call.outcome)
+        m.request(call.route, outcome)
         if call.ttft_s is not None:
             m.ttft.observe(call.ttft_s)
         if call.tpot_s is not None:
@@ -205,45 +211,55 @@ class Proxy:
             status = 502
         conn.respond(status, payload, b"", keep_alive)
 
-    # -- replies ----------------------------------------------------------------------------
-    def _error(self, call: Call, status: int, message: str, code: str, outcome: str,
-               extra: bytes = b"") -> None:
-        call.status, call.outcome, call.reason = status, outcome, message
+    # -- settling: the decision table's rows carried out --------------------------------------
+    def _settle(self, call: Call, d: D.Decision, engine: Engine | None = None, *,
+                reason: str = "", engine_status: int = 0, body: bytes = b"", detail: str = "",
+                status: int = 0, extra: bytes = b"", reusable: bool = True) -> None:
+        """End `call` as row `d` says: its status (the engine's own where the row passes it
+        on), outcome and reason; one journal row; the client answered as the row's `reply`
+        says; the KV a producer still holds taken where the row says so (from `engine`, the
+        decode engine)."""
+        call.decision = d
+        call.status = status or d.status or engine_status
+        if d.message:
+            call.reason = d.message.format(
+                engine=engine.id if engine is not None else "", reason=reason,
+                status=engine_status, detail=detail, timeout=self.limits.prefill_timeout_s)
+        if d.release_kv and call.kv is not None and engine is not None:
+            self._release(call, engine, call.kv)
         self._finish(call)
-        call.conn.respond(status, error_body(status, message, code=code), call.request_id,
-                          call.keep_alive, extra=extra)
+        reply = d.reply
+        conn = call.conn
+        if reply == D.ERROR:
+            conn.respond(call.status, error_body(call.status, call.reason, code=d.code),
+                         call.request_id, call.keep_alive, extra=extra)
+        elif reply == D.BODY:
+            conn.respond(call.status, body, call.request_id, call.keep_alive)
+        elif reply == D.END_STREAM:
+            conn.finish(call.keep_alive and reusable)
+        elif reply == D.CLOSE:
+            conn.finish(False)
 
-    def _engine_error(self, call: Call, leg: str, engine: Engine, status: int,
-                      payload: bytes) -> None:
-        """Pass an engine's 4xx through as it was (vLLM already shapes it); wrap a 5xx."""
-        if 400 <= status < 500:
-            call.status, call.outcome = status, "engine_rejected"
-            call.reason = f"{leg} engine {engine.id} answered {status}"
-            try:
-                ok = isinstance(loads(payload).get("error"), dict)
-            except (ValueError, AttributeError):
-                ok = False
-            body = payload if ok else error_body(status, payload[:500].decode("utf-8", "replace"),
-                                                  code="engine_rejected")
-            self._finish(call)
-            call.conn.respond(status, body, call.request_id, call.keep_alive)
-            return
-        text = payload[:300].decode("utf-8", "replace")
-        self._error(call, 502, f"{leg} engine {engine.id} answered {status}: {text}",
-                    "engine_error", "engine_error")
+    def _learn(self, engine: Engine, d: D.Decision, reason: str) -> None:
+        """What the row says the engine's health learns from how its leg ended."""
+        health = d.health
+        if health == D.HEALTH_OK:
+            self.health.ok(engine)
+        elif health == D.HEALTH_FAILED:
+            self.health.failed(engine, reason)
+        elif health == D.HEALTH_SUSPECT:
+            self.health.suspect(engine)
 
-    def _gone(self, call: Call, reason: str) -> None:
-        call.status, call.reason = 499, reason
-        call.outcome = "cut_at_shutdown" if self.cutting else "client_gone"
-        self._finish(call)
-        call.conn.finish(False)
+    def _may_retry(self, call: Call, tries: list[Engine]) -> int:
+        """The RETRY_OK fact: tries left, the client still there, the router not stopping."""
+        return D.RETRY_OK if (len(tries) < D.MAX_TRIES and not call.gone
+                              and not self.cutting) else 0
 
     # -- placement --------------------------------------------------------------------------
     def _place(self, call: Call) -> None:
         placement = self.chooser.place(call)
         if placement is None:
-            self._error(call, 503, "no healthy engine can serve this request now", "no_engine",
-                        "no_engine", extra=b"retry-after: 1\r\n")
+            self._settle(call, D.NO_ENGINE, extra=b"retry-after: 1\r\n")
             return
         if isinstance(placement, Refusal):
             self._refuse(call, placement)
@@ -264,19 +280,19 @@ class Proxy:
             message = (f"near capacity and tenant {call.tenant!r} is over its fair share: "
                        f"predicted time to first token {refusal.predicted_ttft_s:.2f} s exceeds "
                        f"the {refusal.ttft_budget_s:g} s kept for tenants within their share")
-            code, outcome = "over_fair_share", "refused_over_share"
+            d = D.REFUSED_OVER_SHARE
         elif refusal.over_tpot:
             message = (f"over capacity: predicted time per output token "
                        f"{refusal.predicted_tpot_s * 1000:.1f} ms on the least loaded decode "
                        f"engine exceeds the {refusal.tpot_budget_s * 1000:g} ms budget")
-            code, outcome = "over_capacity", "refused_tpot"
+            d = D.REFUSED_TPOT
         else:
             message = (f"over capacity: predicted time to first token "
                        f"{refusal.predicted_ttft_s:.2f} s exceeds the {refusal.ttft_budget_s:g} s "
                        "budget")
-            code, outcome = "over_capacity", "refused_capacity"
-        self._error(call, 429, f"{message}; retry after {refusal.retry_after_s} s", code, outcome,
-                    extra=b"retry-after: %d\r\n" % refusal.retry_after_s)
+            d = D.REFUSED_CAPACITY
+        self._settle(call, d, detail=f"{message}; retry after {refusal.retry_after_s} s",
+                     extra=b"retry-after: %d\r\n" % refusal.retry_after_s)
 
     def _route(self, call: Call) -> None:
         placement = call.placement
@@ -291,10 +307,11 @@ class Proxy:
             call.t_prefill_start = time.monotonic()
             self._prefill(call, placement.prefill)
 
-    def _fits(self, call: Call, context: int) -> bool:
+    def _fits(self, call: Call, context: int, decode: Engine | None = None) -> bool:
         """Refuse (400) a request whose prompt and max_tokens cannot fit the engines' context
         before any leg runs: a prefill leg that ran for a request the decode engine then
-        refuses would leave its KV reserved on the producer until the lease expires."""
+        refuses would leave its KV reserved on the producer until the lease expires. After
+        the prefill leg, `decode` is asked to take the KV it left."""
         wanted = call.max_tokens
         if not context or wanted is None:
             return True
@@ -307,10 +324,10 @@ class Proxy:
         counted = str(prompt) if prompt is not None else "at least 1"
         total = f"{prompt + wanted}" if prompt is not None else f"at least {1 + wanted}"
         where = "messages" if call.chat else "prompt"
-        self._error(call, 400, f"This model's maximum context length is {context} tokens. "
-                    f"However, you requested {total} tokens ({counted} in the {where}, {wanted} "
-                    f"in the completion). Please reduce the length of the {where} or max_tokens.",
-                    "context_length_exceeded", "context_length_exceeded")
+        self._settle(call, D.CONTEXT_TOO_LONG, decode, detail=(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{total} tokens ({counted} in the {where}, {wanted} in the completion). Please "
+            f"reduce the length of the {where} or max_tokens."))
         return False
 
     def _release(self, call: Call, engine: Engine, kv: bytes) -> None:
@@ -358,13 +375,14 @@ class Proxy:
     def _explained(self, call: Call, engine: Engine, payload: bytes) -> None:
         assert call.placement is not None
         if self._fits(call, context_of(call.placement)):
-            self._engine_error(call, "prefill", engine, 400, payload)
+            self._settle(call, D.decide(D.PREFILL, D.REJECTED, 0), engine, engine_status=400,
+                         body=_engine_body(400, payload))
 
     async def _tokenize(self, call: Call, engine: Engine) -> None:
         """Exact prompt length from the engine's /tokenize (fleet: serving.prompt_length)."""
         await self._count(call, engine)
         if call.gone:
-            self._gone(call, "client connection closed before the prefill leg")
+            self._settle(call, D.GONE_BEFORE_PREFILL)
         else:
             self._guard(call, self._route)
 
@@ -386,47 +404,49 @@ class Proxy:
         self.deadlines.discard(leg)
         engine.outstanding -= 1
         prefill_ended(engine, time.monotonic(), call.prefill_charge)
-        if leg.stale_keepalive and not fresh:
+        status = leg.status
+        facts = self._may_retry(call, call.prefill_tries)
+        if leg.result == OK:
+            end = D.ANSWERED if status == 200 else D.REJECTED if status < 500 else D.ENGINE_5XX
+            if status == 400 and call.max_tokens is not None and call.prompt_tokens is None \
+                    and call.placement is not None and context_of(call.placement):
+                facts |= D.OVERFLOW_POSSIBLE
+        else:
+            end = D.FAILED_BEFORE if leg.result == FAILED else D.TIMEOUT_BEFORE
+            if leg.stale_keepalive and not fresh and not call.gone:
+                facts |= D.STALE
+        d = D.decide(D.PREFILL, end, facts)
+        self._learn(engine, d, leg.reason)
+        if d.again:
             self._prefill(call, engine, fresh=True)  # the engine had closed the idle connection
             return
-        if leg.result == FAILED:
-            self.health.failed(engine, leg.reason)
-            nxt = None if (call.gone or self.cutting) else \
-                self.chooser.another_prefill(call, call.prefill_tries)
-            if nxt is not None and len(call.prefill_tries) < _MAX_TRIES:
+        if d.retry:
+            nxt = self.chooser.another_prefill(call, call.prefill_tries)
+            if nxt is not None:
                 self.metrics.retry("prefill")
                 self._prefill(call, nxt)
                 return
-            self._error(call, 502, f"prefill engine {engine.id} failed: {leg.reason}",
-                        "engine_unreachable", "prefill_failed")
-            return
-        if leg.result == TIMEOUT:
-            self.health.suspect(engine)
-            self._error(call, 504, f"prefill engine {engine.id} did not answer within "
-                        f"{self.limits.prefill_timeout_s:g} s", "engine_timeout", "prefill_timeout")
-            return
-        self.health.ok(engine)
-        call.t_prefill_done = time.monotonic()
-        call.prefill_s = round(call.t_prefill_done - call.t_prefill_start, 6)
         payload = b"".join(leg.body)
-        if leg.status != 200:
-            if leg.status == 400 and call.max_tokens is not None and call.prompt_tokens is None \
-                    and call.placement is not None and context_of(call.placement):
-                self._spawn(self._explain(call, engine, payload))
-                return
-            self._engine_error(call, "prefill", engine, leg.status, payload)
+        if leg.result == OK:
+            call.t_prefill_done = time.monotonic()
+            call.prefill_s = round(call.t_prefill_done - call.t_prefill_start, 6)
+        if d.explain:
+            self._spawn(self._explain(call, engine, payload))
+            return
+        if d.outcome is not None:
+            self._settle(call, d, engine, reason=leg.reason or _text(payload),
+                         engine_status=status, body=_engine_body(status, payload))
             return
         kv = self._handoff(call, engine, payload)
         if kv is None:
             return
+        call.kv = kv
         assert call.placement is not None
         decode = call.placement.decode
-        if not self._fits(call, decode.context_len):
-            self._release(call, decode, kv)
+        if not self._fits(call, decode.context_len, decode):
             return
         if call.gone:
-            self._gone(call, "client connection closed before the decode leg")
-            self._release(call, decode, kv)
+            self._settle(call, D.GONE_BEFORE_DECODE, decode)
             return
         self._decode(call, decode, kv)
 
@@ -438,13 +458,10 @@ class Proxy:
             if kv is None:
                 kv = (doc.get("choices") or [{}])[0].get("kv_transfer_params")
         except (ValueError, AttributeError, IndexError, TypeError):
-            self._error(call, 502, f"prefill engine {engine.id} answered with a body that is not "
-                        "a completion", "engine_error", "prefill_bad_body")
+            self._settle(call, D.PREFILL_BAD_BODY, engine)
             return None
         if not isinstance(kv, dict) or not kv:
-            self._error(call, 502, f"prefill engine {engine.id} returned no kv_transfer_params; "
-                        "start it with a KV connector (kv_role kv_producer or kv_both)",
-                        "no_handoff", "no_handoff")
+            self._settle(call, D.NO_HANDOFF, engine)
             return None
         if call.prompt_tokens is None:
             usage = doc.get("usage")
@@ -492,96 +509,80 @@ class Proxy:
             prefill_ended(engine, time.monotonic(), call.prefill_charge)
         call.relay = None
         result = relay.result
-        if result == R.FAILED_BEFORE and relay.reused and not fresh and not call.gone:
+        facts = self._may_retry(call, call.decode_tries)
+        if call.stream:
+            facts |= D.STREAMING
+        if relay.started:
+            facts |= D.STARTED
+        if result == R.OK:
+            end = D.ANSWERED
+        elif result == R.ENGINE_STATUS:
+            end = D.REJECTED if relay.status < 500 else D.ENGINE_5XX
+        else:
+            end = _DECODE_END[result]
+            if result == R.FAILED_BEFORE and relay.reused and not fresh and not call.gone:
+                facts |= D.STALE
+        d = D.decide(D.DECODE, end, facts)
+        self._learn(engine, d, relay.reason)
+        if d.again:
             self._decode(call, engine, call.kv, fresh=True)  # engine had closed the idle conn
             return
-        if result in _RETRYABLE or (result == R.ENGINE_STATUS and relay.status >= 500):
-            if result == R.TIMEOUT_BEFORE:
-                self.health.suspect(engine)
-            elif result == R.FAILED_BEFORE:
-                self.health.failed(engine, relay.reason)
-            nxt = None if (call.gone or self.cutting) else \
-                self.chooser.another_decode(call, call.decode_tries)
-            if nxt is not None and len(call.decode_tries) < _MAX_TRIES:
+        if d.retry:
+            nxt = self.chooser.another_decode(call, call.decode_tries)
+            if nxt is not None:
                 self.metrics.retry("decode")
                 self._decode(call, nxt, call.kv)
                 return
-        self._settle_decode(call, engine, relay)
+        self._timings(call, engine, relay, result == R.OK)
+        if d.outcome is None:  # a buffered reply: reassembled from the stream
+            self._reply_reassembled(call, relay)
+            return
+        payload = b"".join(relay.body) if end == D.REJECTED or end == D.ENGINE_5XX else b""
+        self._settle(call, d, engine, reason=relay.reason or _text(payload),
+                     engine_status=relay.status, body=_engine_body(relay.status, payload),
+                     reusable=relay.reusable())
 
-    def _settle_decode(self, call: Call, engine: Engine, relay: R.DecodeRelay) -> None:
-        result = relay.result
+    def _timings(self, call: Call, engine: Engine, relay: R.DecodeRelay, ok: bool) -> None:
+        """TTFT, the handoff and TPOT, from the leg that settled the request."""
         if relay.started:
             call.ttft_s = round(relay.t_first - call.t0, 6)
             if call.t_prefill_done:
                 call.handoff_s = round(relay.t_first - call.t_prefill_done, 6)
                 handoff_seen(engine, call.handoff_s)
         if call.stream:
-            call.events = max(0, relay.events - (1 if result == R.OK else 0))
+            call.events = max(0, relay.events - (1 if ok else 0))
             if call.events > 1 and relay.t_last > relay.t_first:
                 call.tpot_s = round((relay.t_last - relay.t_first) / (call.events - 1), 6)
-        if result == R.OK:
-            self.health.ok(engine)
-            if call.stream:
-                call.status, call.outcome = 200, "ok"
-                self._finish(call)
-                call.conn.finish(call.keep_alive and relay.reusable())
-            else:
-                self._reply_reassembled(call, relay)
-        elif result == R.ENGINE_STATUS:
-            if call.kv is not None and relay.status < 500:
-                self._release(call, engine, call.kv)  # refused: it never read the KV
-            self._engine_error(call, "decode", engine, relay.status, b"".join(relay.body))
-        elif result == R.CLIENT_GONE:
-            self._gone(call, relay.reason)
-        elif result == R.CUT:
-            self._settle_cut(call, relay)
-        elif result in (R.FAILED_MID, R.TIMEOUT_MID):
-            self._settle_broken(call, engine, relay)
-        else:
-            timeout = result == R.TIMEOUT_BEFORE
-            self._error(call, 504 if timeout else 502,
-                        f"decode engine {engine.id} {'timed out' if timeout else 'failed'}: "
-                        f"{relay.reason}", "engine_timeout" if timeout else "engine_unreachable",
-                        "decode_timeout" if timeout else "decode_failed")
-
-    def _settle_cut(self, call: Call, relay: R.DecodeRelay) -> None:
-        if call.stream and relay.started:
-            call.status, call.outcome, call.reason = 200, "cut_at_shutdown", relay.reason
-            self._finish(call)
-            call.conn.finish(False)  # shutting down: this connection closes after its stream
-        else:
-            self._error(call, 503, relay.reason, "router_shutdown", "cut_at_shutdown")
-
-    def _settle_broken(self, call: Call, engine: Engine, relay: R.DecodeRelay) -> None:
-        failed = relay.result == R.FAILED_MID
-        call.outcome = "decode_failed_midstream" if failed else "decode_timeout"
-        call.reason = f"decode engine {engine.id}: {relay.reason}"
-        if failed:
-            self.health.failed(engine, relay.reason)
-        else:
-            self.health.suspect(engine)
-        if call.stream:
-            call.status = 200
-            self._finish(call)
-            call.conn.finish(call.keep_alive and relay.reusable())
-        else:
-            self._error(call, 502, f"decode engine {engine.id} failed mid-leg: {relay.reason}",
-                        "engine_failed", call.outcome)
 
     def _reply_reassembled(self, call: Call, relay: R.DecodeRelay) -> None:
         try:
             body = reassemble(b"".join(relay.body), call.chat)
         except StreamError as exc:
-            self._error(call, exc.status, str(exc), "engine_error", "engine_error")
+            self._settle(call, D.STREAM_UNREADABLE, status=exc.status, detail=str(exc))
             return
         usage = body.get("usage")
         if call.prompt_tokens is None and isinstance(usage, dict):
             pt = usage.get("prompt_tokens")
             if type(pt) is int:
                 call.learned(pt)
-        call.status, call.outcome = 200, "ok"
-        self._finish(call)
-        call.conn.respond(200, dumps(body), call.request_id, call.keep_alive)
+        self._settle(call, D.REPLIED, body=dumps(body))
+
+
+def _text(payload: bytes) -> str:
+    """The start of an engine's answer, for a message."""
+    return payload[:300].decode("utf-8", "replace")
+
+
+def _engine_body(status: int, payload: bytes) -> bytes:
+    """An engine's 4xx as it wrote it when it is OpenAI-shaped (vLLM's are), else wrapped."""
+    if not 400 <= status < 500:
+        return b""
+    try:
+        ok = isinstance(loads(payload).get("error"), dict)
+    except (ValueError, AttributeError):
+        ok = False
+    return payload if ok else error_body(status, payload[:500].decode("utf-8", "replace"),
+                                         code="engine_rejected")
 
 
 def context_of(placement: Placement) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.component.serve.harness import MiniEngine, Router, fleet_doc, free_port
+from tests.component.serve.harness import MiniEngine, Router, fleet_doc, free_port, journal_rows
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,6 +65,7 @@ class Spawner:
                 r.stop()
         for e in self.engines:
             e.stop()
+        journal_rows(self.journal)  # every request the routers settled, held to the table
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from narwhal.serve.decisions import every_decision
+
 REPO = Path(__file__).resolve().parents[3]
 SERVE = Path(sys.executable).parent / "narwhal-serve"
 MODEL = "mini-model"
@@ -197,13 +199,28 @@ def call(port: int, method: str, path: str, body: Any = None, headers: Mapping[s
 
 
 def journal_rows(path: Path, expect: int | None = None, timeout: float = 5.0) -> list[dict[str, Any]]:
-    """Rows of the journal, waiting (bounded) for the writer to reach `expect` rows."""
+    """Rows of the journal, waiting (bounded) for the writer to reach `expect` rows; each row
+    held to the decision table (follows_the_table)."""
     deadline = time.monotonic() + timeout
     while True:
         rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         if expect is None or len(rows) >= expect or time.monotonic() > deadline:
+            follows_the_table(rows)
             return rows
         time.sleep(0.05)
+
+
+def follows_the_table(rows: list[dict[str, Any]]) -> None:
+    """Each journal row names the decision table's rule that settled it, and says what that
+    rule says (outcome, and status: a rule with status 0 passes on the engine's): a request
+    the router settled on a path the table does not name fails the test that made it."""
+    rules = every_decision()
+    for row in rows:
+        rule = rules.get(row.get("rule") or "")
+        assert rule is not None, f"settled by no rule of serve/decisions.py: {row}"
+        assert row["outcome"] == rule.outcome, (rule.name, row)
+        assert row["status"] == rule.status if rule.status else 400 <= row["status"] < 600, \
+            (rule.name, row)
 
 
 async def _one_stream(reader: Any, writer: Any, body: bytes, rid: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from narwhal.lab.engine.testing import RunningEngine, free_port, start_engine, write_tiny_llama
-from tests.component.serve.harness import Reply, Router, call
+from tests.component.serve.harness import Reply, Router, call, follows_the_table
 from tests.component.serve.test_generation_binding import live_generation, wait_for, write_profiles
 from tests.component.serve.test_with_emulator import ENGINE_ARGS
 
@@ -82,7 +82,9 @@ def journal_rows(path: Path, at_least: int) -> list[dict[str, Any]]:
         text = path.read_text() if path.exists() else ""
         return [json.loads(line) for line in text.splitlines() if line]
     wait_for(f"{at_least} journal rows", lambda: len(rows()) >= at_least)
-    return rows()
+    found = rows()
+    follows_the_table(found)
+    return found
 
 
 def scheduler_state(router: Router) -> dict[str, Any]:
@@ -256,8 +258,9 @@ def test_near_capacity_the_tenant_over_its_fair_share_is_refused_first(
 def decode_bound_fleet(tmp_path: Path) -> Iterator[tuple[Router, Path]]:
     """A fast prefill engine and one decode engine whose step grows 10 ms a stream (20 ms
     idle), TPOT budget 50 ms: with the 1 ms a step each arriving decode leg costs (its last
-    prompt token at the 1 ms prefill constant, once per 40 tokens a stream), the decode
-    engine keeps the budget for two streams; a third would step at 50.1 ms."""
+    prompt token at the 1 ms prefill constant, once per 120 tokens a stream), the decode
+    engine keeps the budget for two streams; a third would step at 50.03 ms. The streams are
+    long (about 5 s) so that all five requests meet them running even on a loaded machine."""
     model = write_tiny_llama(tmp_path / "tiny")
     engines: list[RunningEngine] = []
     router: Router | None = None
@@ -294,7 +297,7 @@ def decode_bound_fleet(tmp_path: Path) -> Iterator[tuple[Router, Path]]:
 def test_a_stream_no_decode_engine_can_carry_within_tpot_is_refused_and_says_so(
         decode_bound_fleet: tuple[Router, Path]) -> None:
     router, journal = decode_bound_fleet
-    body = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 40, "stream": True}
+    body = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 120, "stream": True}
     replies: list[Reply] = []
     gate = threading.Barrier(5)
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from narwhal.serve.call import BadRequest, Call, check_body
+from narwhal.serve.decisions import REPLIED
 from tests.unit.serve.clients import unconnected_client
 
 KV = {"do_remote_prefill": True, "remote_block_ids": [[1, 2], [3]], "remote_engine_id": "é-1",
@@ -88,6 +89,8 @@ def test_check_body_names_the_field(body: dict[str, Any], param: str, status: in
 
 def test_a_journal_row_holds_no_request_content() -> None:
     call = _call({"prompt": "private words", "max_tokens": 3})
+    call.decision = REPLIED
     row = call.row()
     assert "private" not in json.dumps(row)
     assert row["request_id"] == "rid-1" and row["max_tokens"] == 3
+    assert (row["outcome"], row["rule"]) == ("ok", "replied")

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from narwhal.core.outcomes import FAILED_ON_ENGINE
+
 SCRAPE_INTERVAL_S = 5
 ATTAINMENT_TARGET = 0.9  # share of requests within the TTFT SLO below which an alert fires
-FAILED_OUTCOMES = "prefill_failed|decode_failed|decode_failed_midstream|engine_failed|no_engine"
+FAILED_OUTCOMES = "|".join(sorted(FAILED_ON_ENGINE))
 DATASOURCE_UID = "narwhal-prometheus"
 DASHBOARD_UID = "narwhal-fleet"
 
