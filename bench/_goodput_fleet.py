@@ -8,6 +8,9 @@ written from the coefficients the emulators really use, not guessed or profiled:
 - narwhal-inference 0.7.0's profiles (its v1 rows): ttft_c + ttft_b*n + ttft_a*n^2 and
   tpot_intercept + tpot_slope*resident, bound to its generation digest of the same engine.
 - vllm-router 0.1.17 has no cost model: round_robin over the prefill and decode lists.
+- `narwhal-profiled`: Narwhal's store measured instead, by narwhal-profile against the idle
+  emulators (the product's own path, Gate F), so the row shows what the router does with the
+  curves an operator would really have.
 
 All three get the same split: the first half of the engines prefill, the rest decode.
 """
@@ -15,6 +18,7 @@ All three get the same split: the first half of the engines prefill, the rest de
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,10 +134,13 @@ PLANNER = {"mode": "planner", "interval_s": 0.5, "window_s": 3.0, "cooldown_s": 
 
 
 def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
-                  work: Path, name: str = "narwhal", flips: dict[str, object] | None = None) -> Owned:
+                  work: Path, name: str = "narwhal", flips: dict[str, object] | None = None,
+                  profiled: bool = False) -> Owned:
     folder = work / name
     folder.mkdir(exist_ok=True)
-    (folder / "profiles.json").write_text(json.dumps(narwhal_profiles(fleet, timing), indent=1))
+    if not profiled:
+        (folder / "profiles.json").write_text(json.dumps(narwhal_profiles(fleet, timing),
+                                                         indent=1))
     doc: dict[str, object] = {
         "schema": "narwhal.fleet", "schema_version": 1, "model": fleet.model,
         "engines": [{"id": f"e{i}", "url": fleet.url(i), "role": "both" if flips else role}
@@ -143,6 +150,11 @@ def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
     if flips:
         doc["role_flips"] = flips
     (folder / "fleet.json").write_text(json.dumps(doc, indent=1))
+    if profiled:
+        profile = Path(sys.executable).parent / "narwhal-profile"
+        subprocess.run([str(profile), "--fleet", str(folder / "fleet.json"), "--json"],
+                       check=True, timeout=600, stdout=(folder / "profile.json").open("w"),
+                       stderr=(work / f"{name}-profile.log").open("w"))
     port = free_port()
     serve = Path(sys.executable).parent / "narwhal-serve"
     r = start(name, [str(serve), "--fleet", str(folder / "fleet.json"), "--port", str(port)],
@@ -225,6 +237,8 @@ def start_router(name: str, fleet: Fleet, timing: Timing, slo: dict[str, float],
                  work: Path) -> Owned:
     if name == "narwhal":
         return start_narwhal(fleet, timing, slo, cpu, work)
+    if name == "narwhal-profiled":
+        return start_narwhal(fleet, timing, slo, cpu, work, name, profiled=True)
     if name == "narwhal-flips":
         return start_narwhal(fleet, timing, slo, cpu, work, name, flips=ROLE_FLIPS)
     if name == "narwhal-planner":

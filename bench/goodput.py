@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/goodput.py [--trace shifting|light] [--seconds 90] [--seed 0]
         [--ttft 0.3] [--tpot 0.025] [--max-requests 4000]
-        [--routers narwhal,narwhal-planner,narwhal-flips,narwhal-inference,
+        [--routers narwhal,narwhal-profiled,narwhal-planner,narwhal-flips,narwhal-inference,
                    narwhal-inference-controller,vllm-router]
 
 Four kv_both emulators with the same realistic timing model (prefill tens of ms for 1k tokens,
@@ -57,8 +57,8 @@ from _goodput_fleet import Fleet, Timing, start_fleet, start_router, tokenize_co
 from _procs import Owned, stop_on_sigterm
 
 HERE = Path(__file__).resolve().parent
-ROUTERS = ("narwhal", "narwhal-planner", "narwhal-flips", "narwhal-inference",
-           "narwhal-inference-controller", "vllm-router")
+ROUTERS = ("narwhal", "narwhal-profiled", "narwhal-planner", "narwhal-flips",
+           "narwhal-inference", "narwhal-inference-controller", "vllm-router")
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             p99 = "-" if s["ttft_p99_s"] is None else f"{s['ttft_p99_s']:.3f}"
             cells.append(f"{s['goodput_rps']:>11.2f}  {100 * (s['attainment'] or 0):5.1f}%  {p99:>8}")
         lines.append(f"{name:<18}" + "".join(f"{c:>30}" for c in cells))
-    for ours in ("narwhal", "narwhal-planner", "narwhal-flips"):
+    for ours in ("narwhal", "narwhal-profiled", "narwhal-planner", "narwhal-flips"):
         if ours not in results:
             continue
         for base in ("narwhal-inference", "narwhal-inference-controller", "vllm-router"):
@@ -239,7 +239,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             for c in cols:
                 b, n = results[base][c]["goodput_rps"], results[ours][c]["goodput_rps"]
                 cells.append(f"{n / b:.2f}x" if b else ("inf" if n else "-"))
-            label = {"narwhal-flips": "nwf / ", "narwhal-planner": "nwp / "}.get(ours, "nw / ") \
+            label = {"narwhal-flips": "nwf / ", "narwhal-planner": "nwp / ",
+                     "narwhal-profiled": "nw-prof / "}.get(ours, "nw / ") \
                 + {"narwhal-inference-controller": "nwi+ctl"}.get(base, base[:12])
             lines.append(f"{label:<18}" + "".join(f"{c:>30}" for c in cells))
     return "\n".join(lines)
