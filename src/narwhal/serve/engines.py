@@ -27,7 +27,7 @@ class Engine:
                  "last_ok", "live_generation", "outstanding", "pool", "prefill_pending",
                  "prefill_queued_s", "profile", "reserved", "reserved_arrivals",
                  "reserved_tokens", "resident_tokens", "running", "serves_decode",
-                 "serves_prefill", "spec", "step_scale", "ttft_scale",
+                 "serves_prefill", "spec",
                  "waiting_since")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
@@ -74,13 +74,6 @@ class Engine:
         # Seconds from a prefill leg's reply to the first token this engine streams for it
         # (moving average; 0 until measured): the KV pull and first step, part of the TTFT.
         self.handoff_s = 0.0
-        # What this engine really does against what the router predicted at placement, as
-        # moving averages of measured / predicted (1: as predicted): the TTFT of requests it
-        # prefilled, and the time per output token of streams it decoded. Profiles are
-        # measured on an idle engine; under load the engine runs slower (or faster) than its
-        # curves, and admission holds the corrected prediction against the budgets.
-        self.ttft_scale = 1.0
-        self.step_scale = 1.0
         # The legs the choosers may place here now. Fixed by the role for `prefill`/`decode`
         # engines; for `both` engines under role flips (roles.py) exactly one is set, or none
         # while the engine drains its decode streams before it takes prefills.
@@ -126,8 +119,6 @@ class Engine:
             "decode_resident_tokens": self.resident_tokens,
             "decode_arrivals_per_step": round(self.arrival_rate, 4),
             "handoff_s": round(self.handoff_s, 6) or None,
-            "ttft_scale": round(self.ttft_scale, 4),
-            "step_scale": round(self.step_scale, 4),
         }
 
 
@@ -178,10 +169,6 @@ class Placement:
 
     prefill: Engine
     decode: Engine
-    # What the chooser predicted, corrected by the engines' scales (0: it predicts nothing):
-    # the request's TTFT, and the decode step with it added, i.e. its time per output token.
-    ttft_s: float = 0.0
-    step_s: float = 0.0
 
     @property
     def single(self) -> bool:

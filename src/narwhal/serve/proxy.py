@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from narwhal.core.outcomes import Outcome
 from narwhal.serve import decisions as D
 from narwhal.serve import relay as R
 from narwhal.serve.call import Call
@@ -52,7 +51,6 @@ from narwhal.serve.scheduler import (
     handoff_seen,
     prefill_ended,
     prefill_started,
-    served_seen,
 )
 from narwhal.serve.settings import Limits
 from narwhal.serve.token_estimate import BytesPerToken
@@ -169,12 +167,8 @@ class Proxy:
         self.inflight -= 1
         self.served += 1
         self._calls.discard(call)
-        placement = call.placement
-        if placement is not None:
+        if call.placement is not None:
             self.chooser.finished(call)
-            if outcome is Outcome.OK and len(call.decode_tries) == 1 \
-                    and len(call.prefill_tries) <= 1:  # served where it was placed
-                served_seen(placement, call.ttft_s, call.tpot_s)
         m = self.metrics
         m.request(call.route, outcome)
         if call.ttft_s is not None:

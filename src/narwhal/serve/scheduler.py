@@ -66,9 +66,6 @@ from narwhal.serve.pricing import arrivals_per_step, retry_after_s
 FAIR_BUDGET = 0.75  # fraction of the TTFT budget a tenant over its fair share may use
 FIRST_TOKEN_STEPS = 1.5  # decode steps from a leg's arrival to its first token, on average
 HANDOFF_WEIGHT = 0.1  # weight of the newest handoff in an engine's moving average
-SCALE_WEIGHT = 0.05  # weight of the newest measured/predicted ratio in an engine's scale
-SCALE_RANGE = (0.5, 2.0)  # an engine's scale stays within these
-RATIO_RANGE = (0.25, 4.0)  # a ratio outside these is a stall or a mistake, not the curve's error
 
 
 def prefill_started(engine: Engine, tokens: int, now: float) -> float:
@@ -149,29 +146,6 @@ def handoff_seen(engine: Engine, seconds: float) -> None:
     engine.handoff_s = seconds if last == 0.0 else last + HANDOFF_WEIGHT * (seconds - last)
 
 
-def _scaled(scale: float, measured: float, predicted: float) -> float:
-    """The scale moved towards measured / predicted, one bounded step."""
-    if predicted <= 0.0 or measured <= 0.0:
-        return scale
-    ratio = measured / predicted
-    if not RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1]:
-        return scale
-    scale += SCALE_WEIGHT * (ratio - scale)
-    low, high = SCALE_RANGE
-    return low if scale < low else high if scale > high else scale
-
-
-def served_seen(placement: Placement, ttft_s: float | None, tpot_s: float | None) -> None:
-    """A request served on its placement's own engines: teach the prefill engine how its
-    TTFT compared with the prediction, and the decode engine how its step did."""
-    if ttft_s is not None and placement.ttft_s > 0.0:
-        prefill = placement.prefill
-        prefill.ttft_scale = _scaled(prefill.ttft_scale, ttft_s, placement.ttft_s)
-    if tpot_s is not None and placement.step_s > 0.0:
-        decode = placement.decode
-        decode.step_scale = _scaled(decode.step_scale, tpot_s, placement.step_s)
-
-
 def first_token_s(engine: Engine, step_s: float, split: bool) -> float:
     """Seconds from the prefill's end to the first token on decode engine `engine`: the
     measured handoff when there is one, never less than the step model's one and a half
@@ -200,7 +174,7 @@ def decode_step_s(engine: Engine) -> float:
     tokens = max(engine.resident_tokens, engine.reserved_tokens)
     arrivals = max(engine.arrival_rate, engine.reserved_arrivals)
     return (c.base_s + c.per_token_s * tokens + c.per_request_s * running
-            + arrival_s(profile) * arrivals) * engine.step_scale
+            + arrival_s(profile) * arrivals)
 
 
 def decode_tokens(facts: RequestFacts) -> int:
@@ -307,11 +281,10 @@ class CurvePriced:
             # On the prefill engine itself the request is plain: no KV arrives, its prefill
             # is on the queue instead.
             mine = 0.0 if engine is prefer else arrivals
-            scale = engine.step_scale
             after = (c.base_s + c.per_token_s * (resident + tokens)
-                     + c.per_request_s * (running + 1) + arrive * (rate + mine)) * scale
+                     + c.per_request_s * (running + 1) + arrive * (rate + mine))
             key = 1e9 + after if after > budget else (
-                c.per_token_s * tokens + c.per_request_s + arrive * mine) * scale
+                c.per_token_s * tokens + c.per_request_s + arrive * mine)
             if key < best_key or (key == best_key and best is not prefer and (
                     engine is prefer or running < best_running)):
                 best, best_key, best_after, best_running = engine, key, after, running
@@ -330,8 +303,7 @@ class CurvePriced:
         decode, step = self._best_decode(resident, arrivals, (), prefer=prefill)
         if decode is None:
             return None
-        predicted = (predicted + first_token_s(decode, step, decode is not prefill)) \
-            * prefill.ttft_scale
+        predicted += first_token_s(decode, step, decode is not prefill)
         tenant = facts.tenant
         if predicted > self.fair_ttft_s:
             if predicted > self.ttft_s:
@@ -357,7 +329,7 @@ class CurvePriced:
         self.admitted += 1
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         self._total += 1
-        return Placement(prefill, decode, predicted, step)
+        return Placement(prefill, decode)
 
     def finished(self, facts: RequestFacts) -> None:
         tenant = facts.tenant

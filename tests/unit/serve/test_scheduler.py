@@ -31,7 +31,6 @@ from narwhal.serve.scheduler import (
     handoff_seen,
     prefill_ended,
     prefill_started,
-    served_seen,
     waited_s,
 )
 from narwhal.serve.settings import EngineSpec, settle
@@ -422,50 +421,3 @@ def test_a_plain_request_on_a_both_engine_is_not_charged_a_kv_arrival() -> None:
     chooser = CurvePriced([b0], ttft_s=3.9, tpot_s=0.1, clock=clock)
     placement = placed(chooser.place(Facts(max_tokens=3)))
     assert placement.single and chooser.refused_tpot == 0
-
-
-def test_streams_slower_than_predicted_teach_the_decode_engine_and_admission_refuses_sooner(
-        ) -> None:
-    clock = Clock()
-    p0 = engine("p0", "prefill", a=0.001, b=0.0)
-    d0 = engine("d0", "decode", a=0.0, b=0.0, base=0.02, per_token=0.0, per_request=0.01)
-    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.045, clock=clock)
-    facts = Facts(max_tokens=40)
-    first = placed(chooser.place(facts))
-    assert first.step_s == pytest.approx(0.03)
-    decode_started(d0, decode_tokens(facts), 0.0)
-    assert isinstance(chooser.place(facts), Placement)  # 0.04 s predicted with a second
-    for _ in range(200):  # every stream ran 30% slower than its prediction
-        served_seen(first, None, first.step_s * 1.3)
-    assert d0.step_scale == pytest.approx(1.3, rel=1e-3)
-    refusal = chooser.place(facts)  # 0.04 s x 1.3 is past the 45 ms budget
-    assert isinstance(refusal, Refusal) and refusal.over_tpot
-    assert refusal.predicted_tpot_s == pytest.approx(0.052, rel=1e-3)
-
-
-def test_requests_slower_to_first_token_than_predicted_teach_the_prefill_engine() -> None:
-    clock = Clock()
-    p0 = engine("p0", "prefill", a=0.2, b=0.0)
-    d0 = engine("d0", "decode", a=0.0, b=0.0, base=0.001, per_token=0.0, per_request=0.0)
-    chooser = CurvePriced([p0, d0], ttft_s=0.5, tpot_s=0.1, clock=clock)
-    first = placed(chooser.place(Facts()))
-    prefill_started(p0, 100, clock.now)
-    assert isinstance(chooser.place(Facts()), Placement)  # about 0.4 s: within 0.5
-    for _ in range(200):
-        served_seen(first, first.ttft_s * 1.5, None)
-    assert p0.ttft_scale == pytest.approx(1.5, rel=1e-3) and d0.step_scale == 1.0
-    assert isinstance(chooser.place(Facts()), Refusal)  # 0.4 s x 1.5 = 0.6 s
-
-
-def test_an_engine_s_scale_is_bounded_and_a_stall_does_not_move_it() -> None:
-    p0 = engine("p0", "prefill")
-    d0 = engine("d0", "decode")
-    placement = Placement(p0, d0, ttft_s=0.1, step_s=0.01)
-    served_seen(placement, 10.0, 1.0)  # 100x the prediction: a stall, not the curve's error
-    assert (p0.ttft_scale, d0.step_scale) == (1.0, 1.0)
-    for _ in range(1000):
-        served_seen(placement, 0.39, 0.039)
-        served_seen(placement, 0.39, 0.039)
-    assert p0.ttft_scale == pytest.approx(2.0) and d0.step_scale == pytest.approx(2.0)
-    served_seen(Placement(p0, d0), 0.1, 0.01)  # a chooser that predicts nothing teaches nothing
-    assert p0.ttft_scale == pytest.approx(2.0)
