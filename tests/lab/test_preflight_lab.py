@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from tests.browser import render
-from tests.lab.fleet_up import through
+from tests.lab.fleet_up import GATE_ARGS, through
 from tests.lab.installing import Installer, rows
 from tests.lab.operator import NARWHAL
 
@@ -515,6 +515,52 @@ def test_a_link_moved_on_one_host_resamples_only_its_edges_then_runs_full_prefli
     assert _tool_rows(preflight, "narwhal-check")
     code, doc = op.json_command("status")
     assert doc["links_moved"] == [] and {g["state"] for g in doc["gates"]} == {"passed"}, doc
+
+
+def test_a_shaped_link_blocks_deploy_at_the_fabric_until_cleared_then_only_it_is_measured(
+        attested: Installer, faults: Faults) -> None:
+    """The shaped-link drill: a policer on node-1->node-2 moves nothing in the link record, so
+    the operator measures that edge on purpose (`narwhal fabric --resample`), which blocks
+    Gate D naming it; deploy then stops at the fabric, blocked, the edge named, and runs no
+    gate after it; with the shaping cleared, deploy measures that edge alone (the other five
+    reused by fingerprint) and passes, no engine captured, started or attested again."""
+    op = attested.op
+    faults.shape("eng1", "eng2", "10mbit")
+    code, doc = op.json_command("fabric", *GATE_ARGS["fabric"], "--resample", "node-1->node-2")
+    assert code != 0 and doc["verdict"] == "blocked", doc
+    assert [p["field"] for p in doc["problems"]] == ["node-1->node-2"], doc["problems"]
+    code, doc = op.json_command("status")
+    states = {g["gate"]: g for g in doc["gates"]}
+    assert states["fabric"]["state"] == "blocked", states["fabric"]
+    assert states["engines"]["state"] == "passed"  # the gates after D wait on it
+
+    before = _attempts(op)
+    code, doc = op.json_command("deploy")
+    assert code == 1 and doc["stopped_at"] == "fabric", doc
+    assert "node-1->node-2" in json.dumps(doc)
+    after = _attempts(op)
+    gates = ("discover", "install", "engines", "fabric", "attest", "preflight", "serve")
+    assert {g: len(after.get(g, [])) - len(before.get(g, [])) for g in gates} == {
+        "discover": 0, "install": 0, "engines": 0, "fabric": 1, "attest": 0, "preflight": 0,
+        "serve": 0}
+    still = op.last_attempt("fabric")
+    assert {e["edge"] for e in json.loads((still / "edges.json").read_text())["edges"]
+            if not e["reused"]} == {"node-1->node-2"}  # only the failed edge, again
+
+    faults.clear()
+    code, doc = op.json_command("deploy")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    steps = {s["gate"]: s for s in doc["steps"]}
+    assert {g: steps[g]["action"] for g in ("discover", "install", "engines", "fabric")} == {
+        "discover": "kept", "install": "kept", "engines": "kept", "fabric": "ran"}
+    edges = json.loads((op.last_attempt("fabric") / "edges.json").read_text())["edges"]
+    assert {e["edge"] for e in edges if not e["reused"]} == {"node-1->node-2"}, edges
+    assert {e["edge"]: e["verdict"] for e in edges} == dict.fromkeys(PAIRS_BY_HOST, "pass")
+    assert _attempts(op)["engines"] == before["engines"]
+    summary = json.loads((op.last_attempt("attest") / "engine-attestation.json").read_text())
+    assert {v["sidecar"] for v in summary["engines"].values()} == {"kept"}
+    code, doc = op.json_command("status")
+    assert {g["state"] for g in doc["gates"]} == {"passed"}, doc
 
 
 def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(

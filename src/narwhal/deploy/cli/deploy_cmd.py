@@ -39,7 +39,7 @@ from narwhal.core.gates import GATES, Gate
 from narwhal.core.gates import gate as gate_named
 from narwhal.deploy.cli import ledger_cmd
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.gates.handoff import passed_attempt
+from narwhal.deploy.gates.handoff import last_passed_attempt
 from narwhal.deploy.gates.live_check import Live
 from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.restarts import EngineChange
@@ -133,8 +133,10 @@ def gate_argv(gate: Gate, args: argparse.Namespace, partial: bool,
 
 
 def fabric_parameters(ctx: Context) -> dict[str, Any] | None:
-    """The test parameters Gate D's last passed attempt measured with (its plan), or None."""
-    attempt = passed_attempt(ctx.ledger, "fabric")
+    """The test parameters Gate D's newest passed attempt measured with (its plan), or None.
+    Newest passed, not the gate's state: after a blocked attempt (a shaped link) the edges
+    that passed are reused only under the parameters they were measured with."""
+    attempt = last_passed_attempt(ctx.ledger, "fabric")
     if attempt is None:
         return None
     try:
