@@ -152,9 +152,10 @@ def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
     (folder / "fleet.json").write_text(json.dumps(doc, indent=1))
     if profiled:
         profile = Path(sys.executable).parent / "narwhal-profile"
-        subprocess.run([str(profile), "--fleet", str(folder / "fleet.json"), "--json"],
-                       check=True, timeout=600, stdout=(folder / "profile.json").open("w"),
-                       stderr=(work / f"{name}-profile.log").open("w"))
+        with (folder / "profile.json").open("w") as out, \
+                (work / f"{name}-profile.log").open("w") as log:
+            subprocess.run([str(profile), "--fleet", str(folder / "fleet.json"), "--json"],
+                           check=True, timeout=600, stdout=out, stderr=log)
     port = free_port()
     serve = Path(sys.executable).parent / "narwhal-serve"
     r = start(name, [str(serve), "--fleet", str(folder / "fleet.json"), "--port", str(port)],

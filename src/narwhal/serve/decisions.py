@@ -37,6 +37,11 @@ TIMEOUT_MID: Final = "timeout_mid"
 CLIENT_GONE: Final = "client_gone"
 CUT: Final = "cut"  # shutdown's drain bound ran out
 
+def answered(status: int) -> str:
+    """How a leg the engine answered ended, by its status."""
+    return ANSWERED if status == 200 else REJECTED if status < 500 else ENGINE_5XX
+
+
 # What each leg's sink can report: a prefill leg is never seen by the client, nor cut.
 ENDS: Final = {PREFILL: (ANSWERED, REJECTED, ENGINE_5XX, FAILED_BEFORE, TIMEOUT_BEFORE),
                DECODE: (ANSWERED, REJECTED, ENGINE_5XX, FAILED_BEFORE, TIMEOUT_BEFORE,

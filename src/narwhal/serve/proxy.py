@@ -407,7 +407,7 @@ class Proxy:
         status = leg.status
         facts = self._may_retry(call, call.prefill_tries)
         if leg.result == OK:
-            end = D.ANSWERED if status == 200 else D.REJECTED if status < 500 else D.ENGINE_5XX
+            end = D.answered(status)
             if status == 400 and call.max_tokens is not None and call.prompt_tokens is None \
                     and call.placement is not None and context_of(call.placement):
                 facts |= D.OVERFLOW_POSSIBLE
@@ -514,10 +514,8 @@ class Proxy:
             facts |= D.STREAMING
         if relay.started:
             facts |= D.STARTED
-        if result == R.OK:
-            end = D.ANSWERED
-        elif result == R.ENGINE_STATUS:
-            end = D.REJECTED if relay.status < 500 else D.ENGINE_5XX
+        if result == R.OK or result == R.ENGINE_STATUS:
+            end = D.answered(relay.status)
         else:
             end = _DECODE_END[result]
             if result == R.FAILED_BEFORE and relay.reused and not fresh and not call.gone:
@@ -537,10 +535,12 @@ class Proxy:
         if d.outcome is None:  # a buffered reply: reassembled from the stream
             self._reply_reassembled(call, relay)
             return
-        payload = b"".join(relay.body) if end == D.REJECTED or end == D.ENGINE_5XX else b""
-        self._settle(call, d, engine, reason=relay.reason or _text(payload),
-                     engine_status=relay.status, body=_engine_body(relay.status, payload),
-                     reusable=relay.reusable())
+        if end == D.REJECTED or end == D.ENGINE_5XX:  # the engine's own answer is the reply
+            payload = b"".join(relay.body)
+            self._settle(call, d, engine, reason=_text(payload), engine_status=relay.status,
+                         body=_engine_body(relay.status, payload))
+        else:
+            self._settle(call, d, engine, reason=relay.reason, reusable=relay.reusable())
 
     def _timings(self, call: Call, engine: Engine, relay: R.DecodeRelay, ok: bool) -> None:
         """TTFT, the handoff and TPOT, from the leg that settled the request."""

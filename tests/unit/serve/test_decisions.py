@@ -139,3 +139,8 @@ def test_the_alerting_outcomes_are_outcomes_a_rule_can_record() -> None:
 
 def test_an_outcome_is_the_string_the_journal_writes_and_one_dict_key_with_it() -> None:
     assert {Outcome.OK: 1}["ok"] == 1 and f"{Outcome.DECODE_FAILED}" == "decode_failed"
+
+
+def test_an_answered_leg_ends_by_its_status_class() -> None:
+    assert [D.answered(s) for s in (200, 400, 404, 429, 500, 503)] == [
+        D.ANSWERED, D.REJECTED, D.REJECTED, D.REJECTED, D.ENGINE_5XX, D.ENGINE_5XX]
