@@ -71,3 +71,27 @@ def test_unreadable_json_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         spec.load(path)
     assert err.value.problems[0].field == "line 2"
+
+
+def test_a_model_is_a_config_or_a_real_checkpoint_folder_never_both(tmp_path: Path) -> None:
+    doc = _doc()
+    doc["model"]["source"] = str(tmp_path)  # both, and the folder has no config.json
+    with pytest.raises(InputError) as err:
+        spec.validate(doc, "lab.json")
+    fields = {p.field for p in err.value.problems}
+    assert fields == {"model", "model.source"}
+    del doc["model"]["config"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    loaded = spec.validate(doc, "lab.json")
+    assert loaded.model.checkpoint_config() == {"model_type": "llama"}
+
+
+def test_a_real_vllm_image_needs_a_site_packages_that_holds_vllm(tmp_path: Path) -> None:
+    doc = _doc()
+    doc["image"]["vllm_site"] = str(tmp_path)
+    with pytest.raises(InputError) as err:
+        spec.validate(doc, "lab.json")
+    assert [p.field for p in err.value.problems] == ["image.vllm_site"]
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    assert spec.validate(doc, "lab.json").image.vllm_site == str(tmp_path)

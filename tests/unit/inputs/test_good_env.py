@@ -69,3 +69,22 @@ def test_quoted_values_keep_spaces_and_no_expansion() -> None:
     inputs = parse_inputs(text, Path(".env"))
     password = inputs.engines[1].ssh_password
     assert password is not None and password.reveal() == "pa ss $HOME"
+
+
+def test_kv_buffer_device_reaches_each_engines_kv_transfer_config() -> None:
+    """A CPU engine needs NIXL to stage KV in host memory; a node may differ from the fleet."""
+    from narwhal.deploy.gates.discover_checks import EnginePlan
+    from narwhal.deploy.gates.generated import launch_record
+
+    inputs = parse_inputs(valid_env(NARWHAL_KV_BUFFER_DEVICE="cpu",
+                                    NARWHAL_NODE_2_KV_BUFFER_DEVICE="cuda"), Path(".env"))
+    assert [e.kv_buffer_device for e in inputs.engines] == ["cpu", "cuda"]
+    unset = parse_inputs(valid_env(), Path(".env"))
+    configs = []
+    for engine in (*inputs.engines, unset.engines[0]):
+        plan = EnginePlan(engine, "node")
+        plan.fabric_address, plan.accelerator = "10.0.0.5", "none"
+        plan.image, plan.model = {"id": "sha256:" + "a" * 64}, {"model_tree_sha256": "b" * 64}
+        configs.append(launch_record(inputs, plan)["kv_transfer_config"])
+    assert [c.get("kv_buffer_device") for c in configs] == ["cpu", "cuda", None]
+    assert all(c["kv_role"] == "kv_both" for c in configs)

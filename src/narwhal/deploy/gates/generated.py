@@ -43,6 +43,9 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
     if e.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
     args += list(e.engine_args or ())
+    kv_config = dict(KV_BOTH)
+    if e.kv_buffer_device is not None:
+        kv_config["kv_buffer_device"] = e.kv_buffer_device
     doc = stamp(lr.SCHEMA, lr.VERSION, {
         "engine": e.role, "host": plan.host, "runtime": "docker",
         "image": {"ref": e.engine_image, "id": plan.image.get("id"),
@@ -57,7 +60,7 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
         "ports": {"engine": e.engine_port, "attest": e.attest_port,
                   "nixl_side_channel": e.nixl_side_channel_port,
                   "ucx_tcp": list(e.ucx_tcp_port_range)},
-        "kv_transfer_config": KV_BOTH, "environment": env,
+        "kv_transfer_config": kv_config, "environment": env,
         "secret_environment": sorted(secret_names), "vllm_args": args,
     })
     lr.LaunchRecord.model_validate_json(json.dumps(doc))  # the contract every role reads

@@ -51,6 +51,8 @@ FIXES: dict[str, str] = {
     "transfer_net_devices": "name the transfer network devices, comma separated",
     "transfer_devices": 'write a JSON array of device names, e.g. ["mlx5_0"]',
     "gpu_tls": "use cuda, cuda_copy or rocm",
+    "kv_buffer_device": "use cuda (KV sent from GPU memory) or cpu (staged in host memory; a "
+                        "CPU engine needs it)",
     "model_config_sha256": "give the 64-hex sha256 of the model's config.json",
     "gpu_memory_utilization": "use a number greater than 0 and at most 1",
     "ip": "give one of the fabric interface's own addresses, e.g. 10.0.0.5",

@@ -44,7 +44,7 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
         "model": per_engine("model_name", "model_dir", "model_config_sha256"),
         "launch-policy": per_engine("gpu_ids", "tensor_parallel_size", "model_dtype",
                                     "block_size", "engine_args", "engine_env", "run_dir",
-                                    "gpu_memory_utilization"),
+                                    "gpu_memory_utilization", "kv_buffer_device"),
         "fabric": per_engine("fabric_interface", "ip"),
         "transport": per_engine("transfer_transport", "transfer_net_devices",
                                 "transfer_devices", "gpu_tls", "ucx_tcp_port_range"),

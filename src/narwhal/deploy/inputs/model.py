@@ -43,6 +43,7 @@ class EngineInputs(_Frozen):
     transfer_net_devices: str | None = None
     transfer_devices: tuple[str, ...] = ()
     gpu_tls: str | None = None
+    kv_buffer_device: str | None = None  # where NIXL stages KV (vLLM's default when None)
     model_config_sha256: str | None = None
     gpu_memory_utilization: float | None = None
 

@@ -38,7 +38,8 @@ NARWHAL_NIXL_SIDE_CHANNEL_PORT=5600
 NARWHAL_UCX_TCP_PORT_RANGE=30000-30100
 
 # Launch policy (optional): TENSOR_PARALLEL_SIZE, MODEL_DTYPE (bfloat16|float16), BLOCK_SIZE,
-# ENGINE_ARGS (JSON array), ENGINE_ENV (JSON object), TRANSFER_TRANSPORT (ucx_tcp|ucx_rdma).
+# ENGINE_ARGS (JSON array), ENGINE_ENV (JSON object), TRANSFER_TRANSPORT (ucx_tcp|ucx_rdma),
+# KV_BUFFER_DEVICE (cuda|cpu: where NIXL stages KV; cpu for CPU engines).
 # JSON elements hold no shell characters (; | & $ ` < >); credentials go in the secrets below.
 
 # Checkpoint staging (optional): a Hugging Face repo id and a branch, tag or 40-hex commit.

@@ -32,6 +32,7 @@ ENGINE_FIELDS: dict[str, str] = {
     "TRANSFER_NET_DEVICES": "transfer_net_devices",
     "TRANSFER_DEVICES": "transfer_devices",
     "GPU_TLS": "gpu_tls",
+    "KV_BUFFER_DEVICE": "kv_buffer_device",
     "MODEL_CONFIG_SHA256": "model_config_sha256",
     "GPU_MEMORY_UTILIZATION": "gpu_memory_utilization",
 }
@@ -104,6 +105,7 @@ class EngineFieldValues(BaseModel):
     transfer_net_devices: f.SafeText | None = None
     transfer_devices: f.DeviceList = ()
     gpu_tls: Literal["cuda", "cuda_copy", "rocm"] | None = None
+    kv_buffer_device: Literal["cuda", "cpu"] | None = None
     model_config_sha256: f.Sha256Hex | None = None
     gpu_memory_utilization: f.Fraction | None = None
     ip: f.IpText | None = None
