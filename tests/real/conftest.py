@@ -36,6 +36,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.real)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(REAL_TEST_TIMEOUT_S))
+    # The rehearsal first: its two engines and its profiles then have the machine without
+    # the session pair's engines (started by the first test that asks for them) beside them.
+    rehearsal = [i for i in items if i.path == HERE / "test_deploy_real.py"]
+    if rehearsal:
+        first = next(n for n, i in enumerate(items) if HERE in i.path.parents)
+        rest = [i for i in items if i not in rehearsal]
+        rest[first:first] = rehearsal
+        items[:] = rest
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
