@@ -307,10 +307,11 @@ def _model(plan: LabPlan, h: HostPlan) -> None:
         return
     mdir = h.dir / spec.model.dir.lstrip("/")
     if spec.model.source is not None:
-        # A real checkpoint: every file, as a snapshot the host cannot change under this one.
+        # A real checkpoint: every file copied (not linked), so a fault that edits a file on
+        # the host cannot reach the source folder.
         shutil.rmtree(mdir, ignore_errors=True)
         mdir.parent.mkdir(parents=True, exist_ok=True)
-        _tree_copy(Path(spec.model.source), mdir)
+        shutil.copytree(spec.model.source, mdir)
         return
     config = spec.model.checkpoint_config()
     _write(mdir / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
