@@ -139,6 +139,29 @@ def test_deploy_keeps_every_gate_that_is_passed_and_fresh(attested: Installer) -
     assert {r["state"] for r in doc["status"]} == {"passed"}
 
 
+def test_a_moved_workload_names_what_it_means_for_the_saved_profiles(attested: Installer) -> None:
+    """Staleness from a measured input: a new workload prompt length is held to the longest
+    prompt each saved profile measured (its range): covered, nothing is profiled again;
+    beyond it, the rows to measure again are named with their range."""
+    op = attested.op
+    store = json.loads((op.last_attempt("preflight") / "profiles.json").read_text())
+    longest = {r["engine_id"]: r["prefill"]["max_prompt_tokens"] for r in store["profiles"]}
+    inside = min(longest.values())
+    code, doc = op.json_command("status", "--offline", env=op.variant(
+        "workload-inside", NARWHAL_WORKLOAD_PROMPT_TOKENS=str(inside)))
+    assert code == 0, doc
+    rows = {r["gate"]: r for r in doc["gates"]}
+    assert rows["preflight"]["state"] == "stale"
+    assert "workload" in rows["preflight"]["reason"]
+    assert "none is profiled again" in rows["preflight"]["reason"], rows["preflight"]
+    beyond = max(longest.values()) + 1
+    code, doc = op.json_command("status", "--offline", env=op.variant(
+        "workload-beyond", NARWHAL_WORKLOAD_PROMPT_TOKENS=str(beyond)))
+    reason = {r["gate"]: r for r in doc["gates"]}["preflight"]["reason"]
+    assert all(f"{e} (measured up to {n} of {beyond} tokens)" in reason
+               for e, n in longest.items()), reason
+
+
 def test_an_edited_slo_makes_deploy_rerun_preflight_and_serve_only(attested: Installer) -> None:
     """The runbook's row "SLO or first-token deadline": the slo and calibration gates against
     the saved profiles, then the router on the edited fleet; nothing before Gate F."""

@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
                    help="samples per prompt length; the fit uses their median (default 3)")
     p.add_argument("--prefill-lengths", type=_increasing, metavar="N,N,...",
                    help="prompt lengths in tokens (default: 8 from 32 up to the engine's limit, at most 4096)")
+    p.add_argument("--cover", type=_positive, metavar="N",
+                   help="the longest prompt measured is at least N tokens (a workload's "
+                        "prompt length: the curves then cover it, not extrapolate to it)")
     p.add_argument("--decode-concurrency", type=_increasing, metavar="C,C,...",
                    default=sweep_plan.DEFAULT_CONCURRENCY, help="concurrent streams (default 1,2,4,8)")
     p.add_argument("--decode-contexts", type=_increasing, metavar="N,N,...",
@@ -125,7 +128,7 @@ def settle(args: argparse.Namespace) -> Job:
     only = tuple(dict.fromkeys(args.only))
     target = check_target(store, samples, model=fleet.model, only=only, overwrite=args.overwrite)
     settings = SweepSettings(args.repeats, args.prefill_lengths, args.decode_concurrency,
-                             args.decode_contexts, args.decode_tokens)
+                             args.decode_contexts, args.decode_tokens, args.cover)
     engines = tuple((e.id, e.url) for e in fleet.engines if not only or e.id in only)
     return Job(fleet, engines, settings, target, args.timeout, args.per_host)
 

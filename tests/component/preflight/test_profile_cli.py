@@ -198,6 +198,8 @@ def test_unknown_only_engine_is_bad_input_listing_the_fleet_ids(rig: Rig, tmp_pa
     (["--timeout", "0"], "--timeout"),
     (["--per-host", "0"], "--per-host"),
     (["--per-host", "two"], "--per-host"),
+    (["--cover", "0"], "--cover"),
+    (["--cover", "1e9999"], "--cover"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(rig: Rig, tmp_path: Path, flags: list[str], named: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -219,6 +221,11 @@ def test_flags_the_engines_cannot_take_exit_2_naming_flag_and_engine(
                  "--prefill-lengths", "64,128,256,4096"])
     err = capsys.readouterr().err
     assert code == 2 and "--prefill-lengths" in err and "e0" in err and "e1" in err
+    assert not (tmp_path / "p.json").exists()
+    # A workload prompt the engines cannot take (Gate F passes it as --cover): refused, named.
+    code = main(["--fleet", str(rig.fleet), "--out", str(tmp_path / "p.json"), "--cover", "3000"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--cover" in err and "e0" in err and "NARWHAL_WORKLOAD_PROMPT_TOKENS" in err
     assert not (tmp_path / "p.json").exists()
 
 

@@ -68,3 +68,15 @@ def test_the_fabric_runs_again_with_the_parameters_its_last_pass_measured_with()
         "--seconds", "4"]  # the operator's word wins
     parsed = build_parser().parse_args(gate_argv(gate("D"), _args(), False, [], kept))
     assert (parsed.seconds, parsed.omit, parsed.parallel, parsed.port) == (1, 0, 1, 5201)
+
+
+def test_a_row_that_did_not_measure_the_workloads_prompt_length_is_profiled_again() -> None:
+    """The runbook's "profiled workload range": a row whose longest measured prompt is short
+    of the workload's would extrapolate to it."""
+    from narwhal.deploy.gates.preflight import uncovered
+
+    store = {"profiles": [{"engine_id": "engine-1", "prefill": {"max_prompt_tokens": 4095}},
+                          {"engine_id": "engine-2", "prefill": {"max_prompt_tokens": 2048}}]}
+    assert uncovered(store, 1024) == {}
+    assert uncovered(store, 2049) == {"engine-2": 2048}
+    assert uncovered(store, 5000) == {"engine-1": 4095, "engine-2": 2048}

@@ -96,6 +96,21 @@ def test_default_prompt_lengths_follow_the_engine_limit() -> None:
     assert geometric(32, 4096, 8) == (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
+def test_a_workload_prompt_to_cover_stretches_the_default_sweep_or_is_refused_named() -> None:
+    """Gate F passes the workload's prompt length: the curves must measure it, not
+    extrapolate to it; a prompt the engine cannot take is refused naming the engine."""
+    limits = EngineLimits(131072, 10_000_000)
+    plan, problems = plan_for("e0", SweepSettings(cover=10_000), limits)
+    assert not problems and plan is not None and plan.prefill_lengths[-1] == 10_000
+    plan, _ = plan_for("e0", SweepSettings(cover=1000), limits)
+    assert plan is not None and plan.prefill_lengths[-1] == 4096  # within the default already
+    plan, problems = plan_for("e3", SweepSettings(cover=600), EngineLimits(512, None))
+    assert plan is None and [p.field for p in problems] == ["--cover"]
+    assert "e3" in problems[0].problem and "NARWHAL_WORKLOAD_PROMPT_TOKENS" in problems[0].fix
+    plan, problems = plan_for("e0", SweepSettings(prefill_lengths=(64, 256), cover=300), limits)
+    assert plan is None and [p.field for p in problems] == ["--prefill-lengths"]
+
+
 def test_explicit_lengths_beyond_the_engine_are_refused_naming_flag_and_engine() -> None:
     settings = SweepSettings(prefill_lengths=(64, 4096), decode_contexts=(64, 4000))
     plan, problems = plan_for("e7", settings, EngineLimits(max_model_len=2048, kv_capacity_tokens=None))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from narwhal.core.cli_common import EXIT_OK
 from narwhal.core.errors import GateBlocked, HostError, LedgerError
 from narwhal.core.gates import GATE_NAMES, gate
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.gates import engines, live_check, restarts
+from narwhal.deploy.gates import engines, live_check, preflight, restarts
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import installed_tool
@@ -88,9 +89,18 @@ def read_live(ctx: Context) -> Live:
 
 
 def recorded_rows(ctx: Context) -> list[GateStatus]:
-    """Every gate's state from the record and the inputs' fingerprints now."""
+    """Every gate's state from the record and the inputs' fingerprints now. A moved workload
+    makes Gate F stale; what that means for its saved profiles (covered, or which rows to
+    measure again over the new prompt length) is read from them and said with it."""
     ledger = ctx.ledger
-    return compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints()))
+    rows = compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints()))
+    out = []
+    for row in rows:
+        if row.gate == "preflight" and row.state == "stale" and "workload" in row.reason:
+            note = preflight.range_note(ledger, ctx.inputs.workload.prompt_tokens)
+            row = replace(row, reason=f"{row.reason} ({note})") if note else row
+        out.append(row)
+    return out
 
 
 def with_live(ctx: Context, rows: list[GateStatus], live: Live) -> list[GateStatus]:

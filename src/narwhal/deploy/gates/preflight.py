@@ -56,11 +56,12 @@ class PreflightPlan:
     install: dict[str, Any]
     fleet: dict[str, Any]  # as the router host gets it
     files: dict[str, bytes]  # captures/<name> -> bytes (Gate A's launch records, C's captures)
+    cover: int = 1  # the workload's prompt tokens: every profile row must have measured them
 
     def document(self) -> dict[str, Any]:
         return {"router_host": self.router, "engines": [e["id"] for e in self.fleet["engines"]],
                 "slo": self.fleet["slo"], "profiles": self.fleet["profiles"],
-                "captures": sorted(self.files)}
+                "profile_cover_tokens": self.cover, "captures": sorted(self.files)}
 
 
 def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
@@ -74,7 +75,7 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
         for gate, name in (("discover", f"launch-{e['id']}.json"),
                            ("engines", f"cache-layout-{e['id']}.json")):
             files[name] = passed_artifact(ledger, "preflight", Reads(gate, name)).read_bytes()
-    return PreflightPlan(router_host, install, fleet, files)
+    return PreflightPlan(router_host, install, fleet, files, inputs.workload.prompt_tokens)
 
 
 def _result(host: Host, done_text: str, stderr: bytes, command: str) -> result_line.ResultLine:
@@ -134,24 +135,56 @@ class RouterFolder:
         return got, json.loads(data)
 
 
-def to_profile(folder: RouterFolder, engines: list[str], progress: Progress,
+def uncovered(store: dict[str, Any], cover: int) -> dict[str, int]:
+    """Engine -> the longest prompt its row measured, for rows short of `cover` tokens: their
+    curves would extrapolate to the workload's prompts (the runbook's "profiled workload
+    range"), so the row is measured again with the sweep reaching them."""
+    out = {}
+    for row in store.get("profiles", []):
+        longest = int(row.get("prefill", {}).get("max_prompt_tokens", 0))
+        if longest < cover:
+            out[str(row.get("engine_id"))] = longest
+    return out
+
+
+def range_note(ledger: Ledger, cover: int) -> str:
+    """What a moved workload means for the saved profiles, read from Gate F's last passed
+    store: covered (the next run profiles nothing), or which rows to measure again."""
+    try:
+        store = passed_artifact(ledger, "status", Reads("preflight", STORE)).json()
+    except (GateBlocked, LedgerError, OSError, ValueError):
+        return ""
+    short = uncovered(store, cover)
+    if not short:
+        return f"every profile measured {cover}-token prompts: none is profiled again"
+    return "profile again over the workload's range: " + ", ".join(
+        f"{e} (measured up to {n} of {cover} tokens)" for e, n in short.items())
+
+
+def to_profile(folder: RouterFolder, engines: list[str], progress: Progress, cover: int,
                tag: str = "generations") -> list[str]:
-    """The engines whose row does not pass the profile gate: not bound to their live
-    generation, or curves that fit poorly (all, without a store)."""
+    """The engines whose row does not pass the profile gate (not bound to their live
+    generation, curves that fit poorly) or did not measure the workload's prompt length
+    (all, without a store)."""
     if not folder.has_store():
         return engines
     progress("profiles", "matching each row to its live engine generation")
     _, evidence = folder.check_run(tag, "--only", "profile")
     bound = {v["subject"] for v in evidence.get("verdicts", [])
              if v.get("gate") == "profile" and v.get("status") == "pass"}
-    return [e for e in engines if e not in bound]
+    short = uncovered(json.loads(_read(folder.host, f"{folder.path}/{STORE}")), cover)
+    for engine, longest in short.items():
+        if engine in bound and engine in engines:
+            progress("profiles", f"{engine}: measured prompts up to {longest} tokens, the "
+                     f"workload's are {cover}: profiling it again over that range")
+    return [e for e in engines if e not in bound or e in short]
 
 
-def _profile(folder: RouterFolder, engines: list[str]) -> None:
+def _profile(folder: RouterFolder, engines: list[str], cover: int) -> None:
     """narwhal-profile for `engines` (the store's other rows kept); blocked when it fails."""
     args = [a for e in engines for a in ("--only", e)]
-    done = folder.host.run([folder.profile, "--fleet", folder.fleet, *args, "--overwrite"],
-                           timeout=TOOL_TIMEOUT_S)
+    done = folder.host.run([folder.profile, "--fleet", folder.fleet, *args, "--overwrite",
+                            "--cover", str(cover)], timeout=TOOL_TIMEOUT_S)
     got = _result(folder.host, done.text, done.stderr, PROFILE)
     if not got.ok:
         problems = [Problem(f"profile {e['engine_id']}", str(e["error"]),
@@ -161,22 +194,22 @@ def _profile(folder: RouterFolder, engines: list[str]) -> None:
             Problem("profile", got.error, "read the attempt's commands.jsonl")])
 
 
-def profile(folder: RouterFolder, engines: list[str], progress: Progress) -> tuple[
-        list[str], list[str]]:
+def profile(folder: RouterFolder, engines: list[str], progress: Progress, cover: int
+            ) -> tuple[list[str], list[str]]:
     """Profile what does not bind; (profiled, profiled again). A row measured while the
     machine was busy can fit poorly; the fix the profile gate names is to profile it again on
     an idle engine, so each such engine is profiled once more, alone, before the full check
     judges it (a second poor fit blocks the gate there, named)."""
-    profiled = to_profile(folder, engines, progress)
+    profiled = to_profile(folder, engines, progress, cover)
     if not profiled:
         progress("profiles", "every row is bound to its live engine: nothing to profile")
         return [], []
     progress("profiles", f"profiling {', '.join(profiled)} (the others keep their rows)")
-    _profile(folder, profiled)
-    again = to_profile(folder, profiled, progress, tag="fit")
+    _profile(folder, profiled, cover)
+    again = to_profile(folder, profiled, progress, cover, tag="fit")
     for engine in again:
         progress("profiles", f"{engine}: its curves fit poorly; profiling it again, alone")
-        _profile(folder, [engine])
+        _profile(folder, [engine], cover)
     return profiled, again
 
 
@@ -213,7 +246,7 @@ def execute(host: Host, attempt: Attempt, p: PreflightPlan,
     folder.place(p)
     attempt.add_artifact("fleet.json", canonical_json(p.fleet).encode() + b"\n")
     engines = [e["id"] for e in p.fleet["engines"]]
-    profiled, again = profile(folder, engines, progress)
+    profiled, again = profile(folder, engines, progress, p.cover)
     for name in (STORE, SAMPLES):
         attempt.add_artifact(name, _read(host, f"{folder.path}/{name}"))
     progress("check", "narwhal-check: every gate, every ordered pair, the contract, the SLO")

@@ -33,6 +33,7 @@ class SweepSettings:
     decode_concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     decode_contexts: tuple[int, ...] | None = None
     decode_tokens: int = DEFAULT_DECODE_TOKENS
+    cover: int | None = None  # the default sweep's longest prompt is at least this (a workload's)
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,20 @@ def plan_for(engine_id: str, settings: SweepSettings, limits: EngineLimits
     if capacity is not None:
         prompt_cap = min(prompt_cap, int(capacity * KV_HEADROOM))
     lengths = settings.prefill_lengths
+    cover = settings.cover
+    if cover is not None and cover > prompt_cap:
+        problems.append(Problem("--cover", f"a {cover}-token prompt is more than engine "
+                                f"{engine_id} takes ({prompt_cap}: max model length "
+                                f"{limits.max_model_len}, KV capacity {capacity})",
+                                "lower the workload's prompt length "
+                                "(NARWHAL_WORKLOAD_PROMPT_TOKENS) or serve a longer context"))
     if lengths is None:
-        top = min(prompt_cap, LONGEST_DEFAULT_PROMPT)
+        top = min(prompt_cap, max(LONGEST_DEFAULT_PROMPT, cover or 0))
         lengths = geometric(min(SHORTEST_PROMPT, top), top, DEFAULT_PREFILL_POINTS)
+    elif cover is not None and lengths[-1] < cover <= prompt_cap:
+        problems.append(Problem("--prefill-lengths", f"the longest, {lengths[-1]} tokens, is "
+                                f"short of the {cover} tokens to cover", "add a length of at "
+                                f"least {cover} tokens"))
     elif lengths[-1] > prompt_cap:
         problems.append(Problem("--prefill-lengths", f"{lengths[-1]} tokens is more than engine "
                                 f"{engine_id} takes ({prompt_cap}: max model length "
