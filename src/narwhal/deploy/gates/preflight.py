@@ -26,7 +26,7 @@ from typing import Any
 
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json
-from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
+from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import install_dir, installed_tool
