@@ -108,7 +108,7 @@ def test_the_fingerprint_moves_with_every_fact_a_sample_depends_on() -> None:
                                                        True)},
                    {"route": Route("mgmt0", "10.0.0.1", None)}, {"tool_version": "iperf 3.16"},
                    {"host_keys": {"node-1": "SHA256:a", "node-2": "SHA256:c"}},
-                   {"budget_digest": "sha256:y"}, {"test_parameters": {"seconds": 2}}):
+                   {"test_parameters": {"seconds": 2}}):
         assert _link(**change).fingerprint != base, change
     assert _link().fingerprint == base
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from narwhal.core.documents import digest, stamp
+from narwhal.core.documents import stamp
 from narwhal.core.kv import budget as kvb
 from narwhal.core.kv.geometry import Geometry
 from narwhal.core.kv.transfer import request_transfer
@@ -89,8 +89,3 @@ def budget_document(geometries: Mapping[str, Geometry], engine_hosts: Mapping[st
                            "consumers": list(e.consumers)} for e in edges}})
     return doc, edges
 
-
-def edge_budget_digest(e: EdgeBudget, w: Workload) -> str:
-    """What a sample of this edge was held to; part of the edge's fingerprint."""
-    return digest({"required_gbps": e.required_gbps, "group": e.group,
-                   "workload": w.model_dump()})

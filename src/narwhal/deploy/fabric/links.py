@@ -77,7 +77,6 @@ class LinkRecord:
     tool_version: str
     test_parameters: dict[str, Any]
     host_keys: dict[str, str]
-    budget_digest: str
 
     def document(self) -> dict[str, Any]:
         def iface(i: Interface) -> dict[str, Any]:
@@ -93,8 +92,7 @@ class LinkRecord:
                 "destination_interface": iface(self.destination_interface),
                 "route": route(self.route), "reverse_route": route(self.reverse_route),
                 "transport": self.transport, "tool_version": self.tool_version,
-                "test_parameters": self.test_parameters, "host_keys": self.host_keys,
-                "budget_digest": self.budget_digest}
+                "test_parameters": self.test_parameters, "host_keys": self.host_keys}
 
     @property
     def fingerprint(self) -> str:

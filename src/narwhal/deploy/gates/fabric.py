@@ -26,7 +26,7 @@ from narwhal.core.errors import ContractError, GateBlocked, HostError, InputErro
 from narwhal.core.kv.capture.contract import predicted
 from narwhal.deploy.fabric import diagnose as dx
 from narwhal.deploy.fabric import iperf, matrix
-from narwhal.deploy.fabric.budget import EdgeBudget, budget_document, edge_budget_digest
+from narwhal.deploy.fabric.budget import EdgeBudget, budget_document
 from narwhal.deploy.fabric.links import Interface, LinkRecord, Route, parse_interface, parse_route
 from narwhal.deploy.fabric.tools import Rdma, Tool
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, Remote, targets_for
@@ -181,8 +181,7 @@ def link_records(p: FabricPlan, facts: dict[str, HostLinks], keys: dict[str, str
             transport={"source": transport[e.source], "destination": transport[e.destination]},
             tool_version=s.tool_versions[p.tool(e).name],
             test_parameters=p.tool(e).parameters(),
-            host_keys={e.source: keys[e.source], e.destination: keys[e.destination]},
-            budget_digest=edge_budget_digest(e, p.workload))
+            host_keys={e.source: keys[e.source], e.destination: keys[e.destination]})
     return out
 
 
@@ -393,9 +392,13 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
         link = links[e.edge]
         last = prior.get(e.edge)
         if (last is not None and last.verdict == "pass" and last.fingerprint == link.fingerprint
+                and last.measured_gbps is not None and last.measured_gbps >= e.required_gbps
                 and e.edge not in p.options.resample):
+            # The same link, measured and passed: its throughput is held to the budget of now
+            # (a moved workload re-judges the sample; one it no longer meets is measured).
             fabric.last_proof = None  # time passes; the next sample proves idleness afresh
-            progress(e.edge, f"reused from attempt {last.measured_in} (same fingerprint)")
+            progress(e.edge, f"reused from attempt {last.measured_in} (same link; "
+                     f"{last.measured_gbps:.3f} Gbit/s meets the {e.required_gbps:.3f} required)")
             rows.append(matrix.EdgeRow(e.edge, e.source, e.destination, e.required_gbps,
                                        last.measured_gbps, "pass", link.fingerprint,
                                        last.measured_in, True, last.sample, None))
