@@ -161,6 +161,22 @@ def test_a_moved_workload_names_what_it_means_for_the_saved_profiles(attested: I
     assert all(f"{e} (measured up to {n} of {beyond} tokens)" in reason
                for e, n in longest.items()), reason
 
+    # Deploy the covered one: D re-judges its samples against the new budget and measures
+    # nothing, F profiles nothing, G follows F; then the workload of before, the same again.
+    for env in (op.variant("workload-inside", NARWHAL_WORKLOAD_PROMPT_TOKENS=str(inside)),
+                op.env):
+        before = _attempts(op)
+        code, doc = op.json_command("deploy", env=env)
+        assert code == 0 and doc["verdict"] == "passed", doc
+        ran = [s["gate"] for s in doc["steps"] if s["action"] == "ran"]
+        assert ran == ["fabric", "preflight", "serve"], doc["steps"]
+        after = _attempts(op)
+        assert {g for g in after if len(after[g]) > len(before[g])} == set(ran)
+        clients = [r for r in rows(op.last_attempt("fabric"))
+                   if r["argv"][:2] == ["iperf3", "--client"]]
+        assert clients == []  # every edge's sample reused, re-judged
+        assert _tool_rows(op.last_attempt("preflight"), "narwhal-profile") == []
+
 
 def test_an_edited_slo_makes_deploy_rerun_preflight_and_serve_only(attested: Installer) -> None:
     """The runbook's row "SLO or first-token deadline": the slo and calibration gates against
