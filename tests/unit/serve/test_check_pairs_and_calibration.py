@@ -14,7 +14,9 @@ from narwhal.core.calibration import load_calibration, parse_calibration
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import EngineEntry, parse_fleet
 from narwhal.serve.calibrated_deadline import check_fleet_deadline, deadline_problem
-from narwhal.serve.preflight.calibrate import p95
+from narwhal.serve.preflight.calibrate import lengths_for, p95
+from narwhal.serve.preflight.kv_gate import DECODE_TOKENS
+from narwhal.serve.preflight.options import CalibrateOptions
 from narwhal.serve.preflight.pairs import all_pairs, ring_pairs
 from narwhal.serve.preflight.report import evidence_path
 
@@ -133,3 +135,18 @@ def test_evidence_names_never_reuse_an_existing_file(tmp_path: Path) -> None:
     assert first.name == "preflight-20261130T150000Z.json"
     first.write_text("{}")
     assert evidence_path(fleet, now).name == "preflight-20261130T150000Z-2.json"
+
+
+def test_calibration_prompts_leave_room_for_the_consumers_tokens_in_the_context() -> None:
+    """A profile may reach the context's last token (max model length 512: prompts to 511);
+    a handoff of that prompt plus the consumer's own tokens would be refused with a 400."""
+    from types import SimpleNamespace
+
+    def rows(*longest: int) -> Any:
+        return SimpleNamespace(store=SimpleNamespace(profiles=[
+            SimpleNamespace(prefill=SimpleNamespace(max_prompt_tokens=n)) for n in longest]))
+
+    lengths = lengths_for(rows(511, 4095), CalibrateOptions())
+    assert len(lengths) == 3 and lengths[-1] + DECODE_TOKENS <= 512 - 4
+    big = lengths_for(rows(4095, 4095), CalibrateOptions())
+    assert big[-1] <= 1024 and big[-1] >= 1000  # capped by --calibrate-max-tokens, barely less

@@ -21,6 +21,9 @@ from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.profiler.prompts import renewed, sized_prompt
 
 MIN_TOKENS = 16
+# A sized prompt lands within a few tokens of its target and a renewed nonce moves it by one;
+# with the consumer's own tokens it must still fit the engine's context.
+PROMPT_SLACK = 8
 
 
 class CalibrationFailed(Exception):
@@ -34,8 +37,12 @@ def p95(samples: list[float]) -> float:
 
 
 def lengths_for(state: CheckState, opts: CalibrateOptions) -> list[int]:
+    """Prompt lengths up to the longest every engine was profiled at, less the consumer's
+    tokens and the prompt's slack: a profile may reach the context's last token (max model
+    length - 1), and a handoff there would be refused with a 400."""
     assert state.store is not None
     longest = min([r.prefill.max_prompt_tokens for r in state.store.profiles] + [opts.max_tokens])
+    longest -= DECODE_TOKENS + PROMPT_SLACK
     return sorted({max(MIN_TOKENS, longest * k // opts.lengths) for k in range(1, opts.lengths + 1)})
 
 
