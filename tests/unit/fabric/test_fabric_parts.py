@@ -96,8 +96,7 @@ def _link(**changes: Any) -> LinkRecord:
         destination_interface=Interface("fab0", "10.0.0.2", ("10.0.0.2",), 9000, True),
         route=Route("fab0", "10.0.0.1", None), reverse_route=Route("fab0", "10.0.0.2", None),
         transport={"source": "ucx_tcp"}, tool_version="iperf 3.12",
-        test_parameters={"seconds": 1}, host_keys={"node-1": "SHA256:a", "node-2": "SHA256:b"},
-        budget_digest="sha256:x")
+        test_parameters={"seconds": 1}, host_keys={"node-1": "SHA256:a", "node-2": "SHA256:b"})
     fields.update(changes)
     return LinkRecord(**fields)
 
