@@ -162,14 +162,15 @@ def test_a_moved_workload_names_what_it_means_for_the_saved_profiles(attested: I
                for e, n in longest.items()), reason
 
     # Deploy the covered one: D re-judges its samples against the new budget and measures
-    # nothing, F profiles nothing, G follows F; then the workload of before, the same again.
+    # nothing, E attests again over D's new record (the upstream rule), F profiles nothing, G
+    # follows F; then the workload of before, the same again.
     for env in (op.variant("workload-inside", NARWHAL_WORKLOAD_PROMPT_TOKENS=str(inside)),
                 op.env):
         before = _attempts(op)
         code, doc = op.json_command("deploy", env=env)
         assert code == 0 and doc["verdict"] == "passed", doc
         ran = [s["gate"] for s in doc["steps"] if s["action"] == "ran"]
-        assert ran == ["fabric", "preflight", "serve"], doc["steps"]
+        assert ran == ["fabric", "attest", "preflight", "serve"], doc["steps"]
         after = _attempts(op)
         assert {g for g in after if len(after[g]) > len(before[g])} == set(ran)
         clients = [r for r in rows(op.last_attempt("fabric"))
