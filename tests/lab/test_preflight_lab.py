@@ -150,10 +150,10 @@ def test_a_moved_workload_names_what_it_means_for_the_saved_profiles(attested: I
     code, doc = op.json_command("status", "--offline", env=op.variant(
         "workload-inside", NARWHAL_WORKLOAD_PROMPT_TOKENS=str(inside)))
     assert code == 0, doc
-    rows = {r["gate"]: r for r in doc["gates"]}
-    assert rows["preflight"]["state"] == "stale"
-    assert "workload" in rows["preflight"]["reason"]
-    assert "none is profiled again" in rows["preflight"]["reason"], rows["preflight"]
+    gates = {r["gate"]: r for r in doc["gates"]}
+    assert gates["preflight"]["state"] == "stale"
+    assert "workload" in gates["preflight"]["reason"]
+    assert "none is profiled again" in gates["preflight"]["reason"], gates["preflight"]
     beyond = max(longest.values()) + 1
     code, doc = op.json_command("status", "--offline", env=op.variant(
         "workload-beyond", NARWHAL_WORKLOAD_PROMPT_TOKENS=str(beyond)))
