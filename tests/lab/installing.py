@@ -86,16 +86,24 @@ class Installer:
         return list(doc["gates"].get("install", {}).get("attempts", []))
 
 
-@pytest.fixture(scope="session")
-def installer(lab: LabPlan, tmp_path_factory: pytest.TempPathFactory) -> Installer:
-    work = tmp_path_factory.mktemp("install")
+def approved_checkout(work: Path) -> tuple[Path, str, Path]:
+    """(checkout, revision, wheelhouse): a clean clone of this repository's HEAD (the
+    approved revision is what was committed) and its runtime.lock's wheels, built here in the
+    root namespace, where a package index answers, once per lock."""
     checkout = work / "checkout"
     subprocess.run(["git", "clone", "-q", str(REPO), str(checkout)], check=True)
     revision = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], check=True,
                               capture_output=True, text=True).stdout.strip()
     lock_path = checkout / "runtime.lock"
     wheels = REPO / ".cache" / f"wheelhouse-{hashlib.sha256(lock_path.read_bytes()).hexdigest()[:16]}"
-    wheelhouse.build(wheels, lock_path, load_lock(lock_path))  # root namespace: an index answers
+    wheelhouse.build(wheels, lock_path, load_lock(lock_path))
+    return checkout, revision, wheels
+
+
+@pytest.fixture(scope="session")
+def installer(lab: LabPlan, tmp_path_factory: pytest.TempPathFactory) -> Installer:
+    work = tmp_path_factory.mktemp("install")
+    checkout, revision, wheels = approved_checkout(work)
     token = "hf_" + secrets.token_hex(16)
     env = work / ".env"
     envfile.write(lab, env)

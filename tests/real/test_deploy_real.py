@@ -12,7 +12,6 @@ of the trial crosses the lab's fabric (UCX over TCP on `fab0`), never loopback.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,17 +29,15 @@ from narwhal.core.kv.capture.sidechannel import metadata_mismatches
 from narwhal.core.kv.geometry import plan_geometry
 from narwhal.core.kv.metadata import AgentMetadata
 from narwhal.core.kv.vllm_args import launch_plan_from_args
-from narwhal.deploy.package import wheelhouse
-from narwhal.deploy.package.lock import load_lock
 from narwhal.lab import envfile, lifecycle, spec
 from narwhal.lab.network import FABRIC_IF
 from narwhal.lab.plan import LabPlan
 from tests.fidelity.requests import SERVED_NAME
+from tests.lab.installing import approved_checkout
 from tests.real.engines import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN
 
 pytestmark = pytest.mark.timeout(1500)
 
-REPO = Path(__file__).resolve().parents[2]
 NARWHAL = str(Path(sys.executable).parent / "narwhal")
 LAB = "nwr"
 GATES = ("discover", "install", "engines", "fabric", "attest", "preflight", "serve")
@@ -117,13 +114,7 @@ def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
 def bring_up(real_python: Path, tiny_model: Path, work: Path) -> Rehearsal:
     """The rehearsal lab up, its `.env` written and its host keys trusted (nothing deployed)."""
     site = next((real_python.parent.parent / "lib").glob("python3.*/site-packages"))
-    checkout = work / "checkout"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(checkout)], check=True)
-    revision = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], check=True,
-                              capture_output=True, text=True).stdout.strip()
-    lock_path = checkout / "runtime.lock"
-    wheels = REPO / ".cache" / f"wheelhouse-{hashlib.sha256(lock_path.read_bytes()).hexdigest()[:16]}"
-    wheelhouse.build(wheels, lock_path, load_lock(lock_path))  # root namespace: an index answers
+    checkout, revision, wheels = approved_checkout(work)
     lab_spec = spec.validate(_spec(site, tiny_model), "rehearsal spec")
     lifecycle.down(LAB)
     plan = lifecycle.up(lab_spec)
