@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.lab.installing import installer  # noqa: F401 - a session fixture for every module
+from tests.lab.operator import lab_unavailable
 
 from narwhal.lab import lifecycle, spec
 from narwhal.lab.faults import Faults
 from narwhal.lab.plan import LabPlan
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "lab tests need root (network namespaces, mounts)"
-    if shutil.which("ip") is None or subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                     check=False).returncode != 0:
-        return "`ip netns` is unavailable on this machine"
-    return None
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = _skip_reason()
+    reason = lab_unavailable()
     for item in items:
         if "needs_lab" in item.fixturenames or item.get_closest_marker("lab"):
             item.add_marker(pytest.mark.lab)

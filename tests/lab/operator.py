@@ -4,6 +4,8 @@ commands run in the workstation namespace exactly as an operator types them."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,6 +15,16 @@ from typing import Any
 from narwhal.lab.plan import LabPlan
 
 NARWHAL = str(Path(sys.executable).parent / "narwhal")
+
+
+def lab_unavailable() -> str | None:
+    """Why a lab cannot be built on this machine (None: it can): root and `ip netns`."""
+    if os.geteuid() != 0:
+        return "lab tests need root (network namespaces, mounts)"
+    if shutil.which("ip") is None or subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                     check=False).returncode != 0:
+        return "`ip netns` is unavailable on this machine"
+    return None
 
 
 @dataclass

@@ -13,8 +13,6 @@ of the trial crosses the lab's fabric (UCX over TCP on `fab0`), never loopback.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,31 +23,20 @@ from typing import Any
 import pytest
 
 from narwhal.core.documents import stamp
-from narwhal.core.kv.capture.sidechannel import metadata_mismatches
-from narwhal.core.kv.geometry import plan_geometry
-from narwhal.core.kv.metadata import AgentMetadata
-from narwhal.core.kv.vllm_args import launch_plan_from_args
 from narwhal.lab import envfile, lifecycle, spec
 from narwhal.lab.network import FABRIC_IF
 from narwhal.lab.plan import LabPlan
 from tests.fidelity.requests import SERVED_NAME
 from tests.lab.installing import approved_checkout
+from tests.lab.operator import lab_unavailable
 from tests.real.engines import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN
+from tests.real.prediction import assert_capture_is_predicted
 
 pytestmark = pytest.mark.timeout(1500)
 
 NARWHAL = str(Path(sys.executable).parent / "narwhal")
 LAB = "nwr"
 GATES = ("discover", "install", "engines", "fabric", "attest", "preflight", "serve")
-
-
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "the rehearsal builds a lab (network namespaces, mounts) and needs root"
-    if shutil.which("ip") is None or subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                     check=False).returncode != 0:
-        return "`ip netns` is unavailable on this machine"
-    return None
 
 
 def _spec(site: Path, model: Path) -> dict[str, Any]:
@@ -150,7 +137,7 @@ def deploy(r: Rehearsal) -> None:
 @pytest.fixture(scope="module")
 def rehearsal(real_python: Path, tiny_model: Path,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
-    reason = _skip_reason()
+    reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
     try:
@@ -178,13 +165,7 @@ def test_each_captured_cache_equals_the_prediction_for_its_launch_record(
             f"launch-{engine}.json")).read_text())
         assert layout["version"].startswith("0.32")
         assert layout["started"]["runtime"] == "docker"
-        geometry = plan_geometry(layout["checkpoint_config"], launch_plan_from_args(
-            [record["model_dir"], *record["vllm_args"]], name=engine,
-            vllm_version=layout["version"]))
-        [rank] = layout["ranks"]
-        assert rank["compatibility_hash"] == geometry.compatibility_hash
-        assert metadata_mismatches(geometry.stages[0].metadata,
-                                   AgentMetadata.model_validate(rank["metadata"])) == []
+        assert_capture_is_predicted(layout, record, engine)
 
 
 def _verdicts(evidence: dict[str, Any], gate: str) -> dict[str, str]:

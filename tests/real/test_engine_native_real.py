@@ -14,15 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from narwhal.core.kv.capture.sidechannel import metadata_mismatches
-from narwhal.core.kv.geometry import plan_geometry
-from narwhal.core.kv.metadata import AgentMetadata
 from narwhal.core.kv.pair import check_pair
-from narwhal.core.kv.vllm_args import launch_plan_from_args
 from tests.component.preflight.check_fleet import run_check
 from tests.fidelity.requests import SERVED_NAME
 from tests.native_engine import engine, launch_record, start
 from tests.real.engines import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, free_port
+from tests.real.prediction import assert_capture_is_predicted
 
 
 def _record(path: Path, name: str, core: int, python: Path, model: Path) -> dict[str, Any]:
@@ -54,13 +51,7 @@ def test_native_engines_start_from_launch_records_and_match_the_prediction(
             runs.append(run_dir)
             layout = start(tmp_path / f"{name}.json", run_dir, capture_timeout=300)
             assert layout["started"]["runtime"] == "native"
-            geometry = plan_geometry(layout["checkpoint_config"], launch_plan_from_args(
-                [record["model_dir"], *record["vllm_args"]], name=name,
-                vllm_version=layout["version"]))
-            [rank] = layout["ranks"]
-            assert rank["compatibility_hash"] == geometry.compatibility_hash
-            assert metadata_mismatches(geometry.stages[0].metadata,
-                                       AgentMetadata.model_validate(rank["metadata"])) == []
+            geometry = assert_capture_is_predicted(layout, record, name)
             assert layout["completion"]["text"] and SERVED_NAME in layout["models"]
             geometries.append(geometry)
             shutil.copy(tmp_path / f"{name}.json", captures / f"launch-{name}.json")
