@@ -2,7 +2,8 @@
 
 The "Repeat work when its measured input changes" table of the runbook is computed from
 `GATE_INPUTS`: an input that moved makes every gate that declares it stale, and every later
-gate that consumed that gate's evidence.
+gate that consumed that gate's evidence, unless `VERDICT_ONLY` says the input only judges
+the gate's own measurements again (what later gates read from it cannot move).
 """
 
 from __future__ import annotations
@@ -41,9 +42,19 @@ GATE_INPUTS: dict[str, tuple[str, ...]] = {
     "engines": ("engine-image", "model", "launch-policy", "ports"),
     "fabric": ("fabric", "hosts", "transport", "workload"),
     "attest": ("ports",),
-    "preflight": ("slo", "workload"),
-    "serve": ("router", "slo", "workload"),
+    # The workload reaches Gate F only through its profiled range: a prompt length inside what
+    # every saved profile measured keeps the profiles and the full preflight (the runbook's
+    # first repeat-work row); one beyond is a measured input, judged against the saved
+    # profiles by `narwhal status` (deploy/gates/preflight.uncovered), not a digest here.
+    "preflight": ("slo",),
+    "serve": ("router", "slo"),
 }
+
+# Inputs that, for the gate declaring them, only re-judge what it measured: its later readers
+# are not stale because of them. Gate D's budget comes from the workload; a moved workload holds
+# each saved sample to the new budget (and measures again only an edge that no longer meets
+# it), while the link records Gates E and F read describe links, which a workload cannot move.
+VERDICT_ONLY: dict[str, tuple[str, ...]] = {"fabric": ("workload",)}
 
 
 def gate(name_or_letter: str) -> Gate:

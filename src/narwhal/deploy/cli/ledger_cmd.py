@@ -16,7 +16,7 @@ from narwhal.core.cli_common import EXIT_OK
 from narwhal.core.errors import GateBlocked, HostError, LedgerError
 from narwhal.core.gates import GATE_NAMES, gate
 from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.gates import engines, live_check, preflight, restarts
+from narwhal.deploy.gates import engines, fabric, live_check, preflight, restarts
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import installed_tool
@@ -89,16 +89,25 @@ def read_live(ctx: Context) -> Live:
 
 
 def recorded_rows(ctx: Context) -> list[GateStatus]:
-    """Every gate's state from the record and the inputs' fingerprints now. A moved workload
-    makes Gate F stale; what that means for its saved profiles (covered, or which rows to
-    measure again over the new prompt length) is read from them and said with it."""
+    """Every gate's state from the record, the inputs' fingerprints now, and one measured
+    input: the workload's prompt length held to the range Gate F's saved profiles measured
+    (beyond it, Gate F is stale naming the rows to profile again). A moved workload makes Gate
+    D stale alone (its samples are judged against the new budget; the note says which edges,
+    if any, are measured again); inside the profiled range, nothing after it is repeated."""
     ledger = ctx.ledger
-    rows = compute(ledger.load(), current_fingerprints(SPECS, ledger, ctx.fingerprints()))
+    doc = ledger.load()
+    cover = ctx.inputs.workload.prompt_tokens
+    gap = preflight.range_gap(ledger, cover) \
+        if doc.get("gates", {}).get("preflight", {}).get("state") == "passed" else ""
+    rows = compute(doc, current_fingerprints(SPECS, ledger, ctx.fingerprints()),
+                   measured={"preflight": gap} if gap else None)
     out = []
     for row in rows:
-        if row.gate == "preflight" and row.state == "stale" and "workload" in row.reason:
-            note = preflight.range_note(ledger, ctx.inputs.workload.prompt_tokens)
-            row = replace(row, reason=f"{row.reason} ({note})") if note else row
+        if row.gate == "fabric" and row.state == "stale" and "workload" in row.reason:
+            note = fabric.rejudged(ctx.inputs, ledger)
+            if not gap and doc.get("gates", {}).get("preflight", {}).get("state") == "passed":
+                note += f"; every saved profile measured {cover}-token prompts: Gate F kept"
+            row = replace(row, reason=f"{row.reason} ({note.lstrip('; ')})")
         out.append(row)
     return out
 

@@ -37,9 +37,12 @@ from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
 
 CONTRACT = Reads("engines", "contract.json")
-EDGES = Reads("fabric", "edges.json")  # attestation follows fabric qualification
+# Attestation follows fabric qualification. It reads Gate D's link records, not its edge
+# verdicts: a workload that moved re-judges the samples against a new budget, which changes no
+# link and so no engine this gate vouches for.
+LINKS = Reads("fabric", "links.json")
 DRAFT = Reads("discover", "fleet-draft.json")
-SPEC = GateSpec("attest", Spread.PER_ENGINE, reads=(INSTALL_PLAN, CONTRACT, EDGES, DRAFT))
+SPEC = GateSpec("attest", Spread.PER_ENGINE, reads=(INSTALL_PLAN, CONTRACT, LINKS, DRAFT))
 COMMAND = "narwhal-attest"
 SCHEMA = "narwhal.engine-attestation"
 READY_S = 20.0
@@ -82,7 +85,7 @@ class AttestPlan:
 
 def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> AttestPlan:
     install = passed_artifact(ledger, "attest", INSTALL_PLAN).json()
-    passed_artifact(ledger, "attest", EDGES)  # blocked until Gate D passed
+    passed_artifact(ledger, "attest", LINKS)  # blocked until Gate D passed
     draft = passed_artifact(ledger, "attest", DRAFT).json()
     sidecars = []
     for t in targets_for(inputs, ledger, "attest"):

@@ -22,7 +22,14 @@ from typing import Any
 
 from narwhal.core.cache_layout import parse_cache_layout
 from narwhal.core.documents import canonical_json, sha256_bytes
-from narwhal.core.errors import ContractError, GateBlocked, HostError, InputError, Problem
+from narwhal.core.errors import (
+    ContractError,
+    GateBlocked,
+    HostError,
+    InputError,
+    LedgerError,
+    Problem,
+)
 from narwhal.core.kv.capture.contract import predicted
 from narwhal.deploy.fabric import diagnose as dx
 from narwhal.deploy.fabric import iperf, matrix
@@ -204,6 +211,27 @@ def previous_rows(ledger: Ledger) -> dict[str, matrix.EdgeRow]:
         for row in json.loads(data)["edges"]:
             out.setdefault(str(row["edge"]), matrix.row_from(row))
     return out
+
+
+def rejudged(inputs: Inputs, ledger: Ledger) -> str:
+    """What a moved workload means for the saved samples: each edge's last passed sample held
+    to the budget of now. Names the edges a deploy would measure again (with what they
+    measured and now need); empty when the budget cannot be computed from the record."""
+    try:
+        p = plan(inputs, ledger, FabricOptions())
+    except (GateBlocked, InputError, LedgerError, ContractError, OSError, ValueError):
+        return ""
+    prior = previous_rows(ledger)
+    short = []
+    for e in p.edges:
+        last = prior.get(e.edge)
+        got = last.measured_gbps if last is not None and last.verdict == "pass" else None
+        if got is None or got < e.required_gbps:
+            short.append(f"{e.edge} ({'no passed sample' if got is None else f'{got:.3f}'}"
+                         f" of {e.required_gbps:.3f} Gbit/s needed)")
+    if not short:
+        return "every saved sample meets the new budget: judged again, none measured"
+    return "measure again: " + ", ".join(short)
 
 
 # One edge --------------------------------------------------------------------------------

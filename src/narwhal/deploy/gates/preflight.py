@@ -40,9 +40,11 @@ from narwhal.deploy.ledger.attempt import Attempt
 FLEET = Reads("attest", "fleet.json")
 CONTRACT = Reads("engines", "contract.json")
 # The runbook's row "Fabric route, host assignment, or transport": links measured again are
-# followed by the live KV paths exercised, so Gate D's edge matrix is an input here too.
-EDGES = Reads("fabric", "edges.json")
-SPEC = GateSpec("preflight", Spread.SERIAL, reads=(INSTALL_PLAN, CONTRACT, FLEET, EDGES))
+# followed by the live KV paths exercised, so Gate D's link records are an input here too
+# (not its edge verdicts: a sample judged again against a moved workload's budget moves no
+# link, and the runbook keeps the full preflight for a workload inside the profiled range).
+LINKS = Reads("fabric", "links.json")
+SPEC = GateSpec("preflight", Spread.SERIAL, reads=(INSTALL_PLAN, CONTRACT, FLEET, LINKS))
 PROFILE, CHECK = "narwhal-profile", "narwhal-check"
 TOOL_TIMEOUT_S = 900.0
 STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"
@@ -147,18 +149,21 @@ def uncovered(store: dict[str, Any], cover: int) -> dict[str, int]:
     return out
 
 
-def range_note(ledger: Ledger, cover: int) -> str:
-    """What a moved workload means for the saved profiles, read from Gate F's last passed
-    store: covered (the next run profiles nothing), or which rows to measure again."""
+def range_gap(ledger: Ledger, cover: int) -> str:
+    """Why Gate F's passed record no longer holds for a workload of `cover`-token prompts, read
+    from its saved profiles: the rows whose measured range falls short, each with its range
+    (they are profiled again, the rest kept). Empty when every row covers it, or when there is
+    no passed store to judge."""
     try:
         store = passed_artifact(ledger, "status", Reads("preflight", STORE)).json()
     except (GateBlocked, LedgerError, OSError, ValueError):
         return ""
     short = uncovered(store, cover)
     if not short:
-        return f"every profile measured {cover}-token prompts: none is profiled again"
-    return "profile again over the workload's range: " + ", ".join(
-        f"{e} (measured up to {n} of {cover} tokens)" for e, n in short.items())
+        return ""
+    return (f"the workload's {cover}-token prompts are beyond the profiled range: profile "
+            "again over it " + ", ".join(f"{e} (measured up to {n} of {cover} tokens)"
+                                         for e, n in short.items()))
 
 
 def to_profile(folder: RouterFolder, engines: list[str], progress: Progress, cover: int,

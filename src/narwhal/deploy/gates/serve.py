@@ -8,13 +8,14 @@ scrape target. Execute, over the router host's session:
    (one controller, never a second); otherwise narwhal-serve starts detached, owned by the
    attempt, alive after the command exits, and must answer /ready; if it exits instead (another
    router holds the controller lease), the gate is blocked with its words, which name the holder;
-3. the monitoring, generated from the fleet: promtool checks the configuration and the alert
+3. through an SSH forward from the workstation (the private path): /ready and one completion
+   with its own x-request-id (first, so that its series are in Prometheus's first scrape);
+4. the monitoring, generated from the fleet: promtool checks the configuration and the alert
    rules and runs the rules' own tests; Prometheus (native) starts detached with a fresh TSDB,
-   replacing the one an earlier attempt started, and every target must be `up` == 1; the
-   Grafana provisioning is checked against the dashboard model offline, and every panel's query
-   must return series from the live Prometheus (Grafana itself is not started here: SKIP);
-4. through an SSH forward from the workstation (the private path): /ready, one completion with
-   its own x-request-id, and Prometheus's `up`.
+   replacing the one an earlier attempt started, and every target must be `up` == 1, which
+   Prometheus's `up` through the same forward must also show; the Grafana provisioning is
+   checked against the dashboard model offline, and every panel's query must return series
+   from the live Prometheus (Grafana itself is not started here: SKIP).
 """
 
 from __future__ import annotations
@@ -442,20 +443,24 @@ def forwarded(host: Host, remotes: list[tuple[str, int]]) -> Iterator[list[int]]
                 host.cancel_forward(local, remote_host, remote_port)
 
 
-def through_tunnel(host: Host, p: ServePlan, api_key: str | None) -> dict[str, Any]:
-    """The private path: /ready, one completion and Prometheus's `up` from the workstation."""
-    with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
-        base = f"http://127.0.0.1:{router_port}"
-        ready = http(f"{base}/ready")[0]
-        request_id = f"narwhal-serve-check-{os.urandom(6).hex()}"
-        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        status, body = http(f"{base}/v1/completions", {
-            "model": p.fleet["model"], "prompt": "the sea", "max_tokens": 4},
-            {"x-request-id": request_id, **auth})
-        up = http(f"http://127.0.0.1:{prometheus_port}/api/v1/query?query=up")
-        series = json.loads(up[1]).get("data", {}).get("result", []) if up[0] == 200 else []
-        return {"ready": ready, "completion": status, "request_id": request_id,
-                "completion_bytes": len(body), "prometheus_up_series": len(series)}
+def through_router(router_port: int, p: ServePlan, api_key: str | None) -> dict[str, Any]:
+    """The private path to the router, from the workstation's end of the SSH forward: /ready
+    and one completion with its own x-request-id."""
+    base = f"http://127.0.0.1:{router_port}"
+    ready = http(f"{base}/ready")[0]
+    request_id = f"narwhal-serve-check-{os.urandom(6).hex()}"
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    status, body = http(f"{base}/v1/completions", {
+        "model": p.fleet["model"], "prompt": "the sea", "max_tokens": 4},
+        {"x-request-id": request_id, **auth})
+    return {"ready": ready, "completion": status, "request_id": request_id,
+            "completion_bytes": len(body)}
+
+
+def prometheus_up_series(prometheus_port: int) -> int:
+    """How many `up` series Prometheus answers with through the forward (0: no answer)."""
+    up = http(f"http://127.0.0.1:{prometheus_port}/api/v1/query?query=up")
+    return len(json.loads(up[1]).get("data", {}).get("result", [])) if up[0] == 200 else 0
 
 
 def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: ServePlan,
@@ -469,21 +474,26 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
                                    "run `narwhal preflight` again")])
     p, router = start_routers(rh, attempt, ledger, p, progress)  # p: the primary first
     bound = bound_engines(rh, attempt, p, progress)
-    mon = start_monitoring(rh, attempt, ledger, p, progress)
-    progress("private path", "through the SSH forward: /ready, one completion, Prometheus")
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
-    tunnel = through_tunnel(host, p, api_key)
-    if tunnel["ready"] != 200 or tunnel["completion"] != 200:
-        raise GateBlocked("serve", "the router does not serve through the private path", [
-            Problem(f"tunnel -> {p.router_url}", f"/ready {tunnel['ready']}, completion "
-                    f"{tunnel['completion']}", "read router-state.json in the attempt")])
+    with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
+        # The completion goes first, before Prometheus starts: its series are then in the
+        # first scrape, and the dashboard's panels have data as soon as every target is up.
+        progress("private path", "through the SSH forward: /ready and one completion")
+        tunnel = through_router(router_port, p, api_key)
+        if tunnel["ready"] != 200 or tunnel["completion"] != 200:
+            raise GateBlocked("serve", "the router does not serve through the private path", [
+                Problem(f"tunnel -> {p.router_url}", f"/ready {tunnel['ready']}, completion "
+                        f"{tunnel['completion']}", "read router-state.json in the attempt")])
+        mon = start_monitoring(rh, attempt, ledger, p, progress)
+        progress("private path", "through the SSH forward: Prometheus")
+        tunnel["prometheus_up_series"] = prometheus_up_series(prometheus_port)
     series: dict[str, int] = {}
 
     def panels_have_data() -> bool:
         series.clear()
         series.update(panel_series(rh, p))
         return all(n > 0 for n in series.values())
-    # the completion's series appear with the next scrape: poll until every panel has data,
+    # the completion's series came with the first scrape; poll until every panel has data,
     # for at most two scrape intervals
     _wait("panels", panels_have_data, 2 * monitoring.SCRAPE_INTERVAL_S + 1)
     attempt.add_artifact("panel-series.json", canonical_json(series).encode() + b"\n")

@@ -6,11 +6,11 @@ recorded fingerprints instead of remembered.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from narwhal.core.gates import GATE_NAMES, GATES
+from narwhal.core.gates import GATE_NAMES, GATES, VERDICT_ONLY
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,11 @@ def moved_inputs(recorded: dict[str, str], current: dict[str, str]) -> list[str]
                   if k in recorded and recorded.get(k) != current.get(k))
 
 
-def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None) -> list[GateStatus]:
-    """Status rows for every gate. `current` maps gate -> its fingerprint now (None: unknown)."""
+def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None,
+            measured: Mapping[str, str] | None = None) -> list[GateStatus]:
+    """Status rows for every gate. `current` maps gate -> its fingerprint now (None: unknown).
+    `measured` maps gate -> why a measured input no longer holds for its passed record (a
+    workload beyond Gate F's profiled range, say): that gate is stale as for a moved input."""
     rows: list[GateStatus] = []
     upstream_stale = ""
     for gate in GATES:
@@ -44,15 +47,23 @@ def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None) -> l
         state = entry.get("state", "pending")
         reason = entry.get("cause", "")
         repeat: tuple[str, ...] = ()
+        propagates = True
         if state == "passed" and current is not None:
             moved = moved_inputs(entry.get("fingerprint", {}), current.get(gate.name, {}))
             if moved:
                 state, reason = "stale", "input moved: " + ", ".join(moved)
+                # only re-judging its own measurements: what later gates read stands
+                propagates = not set(moved) <= set(VERDICT_ONLY.get(gate.name, ()))
             elif upstream_stale:
                 state, reason = "stale", f"upstream gate {upstream_stale} is stale"
+            elif measured and gate.name in measured:
+                state, reason = "stale", measured[gate.name]
         if state == "stale":
-            upstream_stale = upstream_stale or gate.name
             later = GATE_NAMES[GATE_NAMES.index(gate.name):]
+            if propagates:
+                upstream_stale = upstream_stale or gate.name
+            else:
+                later = (gate.name,)
             repeat = tuple(g for g in later
                            if doc.get("gates", {}).get(g, {}).get("state") == "passed")
         attempts = entry.get("attempts", [])
