@@ -14,7 +14,7 @@ bootstrap:
 test: bootstrap
 	$(PY) -m ruff check src tests
 	$(PY) -m mypy
-	$(PYTEST) tests/unit tests/component tests/lab tests/real
+	./scripts/test-tiers.sh
 
 test-fast: setup
 	$(PYTEST) -q tests/unit
@@ -44,4 +44,4 @@ demo: bootstrap
 	$(PY) -m narwhal.lab.demo
 
 clean:
-	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache .demo .test-logs
