@@ -31,7 +31,9 @@ process's row) and by the work this router already sent it, which the data path 
 - admission: when even the best prefill engine's prediction exceeds `slo.ttft_s`, the request
   is refused (429) with `Retry-After` = whole seconds until that queue has drained enough
   (`pricing.retry_after_s`); when even the best decode engine would step slower than
-  `slo.tpot_s` with it, it is refused (429, `Retry-After: 1`, about a stream's life): admitted,
+  `slo.tpot_s` with it (its mean step plus `pricing.TPOT_SPREAD_Z` spreads of the request's
+  own TPOT over its `max_tokens` steps, `pricing.tpot_spread_s`), it is refused (429,
+  `Retry-After: 1`, about a stream's life): admitted,
   it would miss its own budget and slow every stream already there past theirs. Refused
   decode work still counts as demand for the pool planner (`refused_decode_*`). Retries of a
   failed leg are never refused.
@@ -61,7 +63,12 @@ from typing import Any
 
 from narwhal.core.profiles import ProfileRow
 from narwhal.serve.engines import Engine, Placement, Refusal, RequestFacts
-from narwhal.serve.pricing import arrivals_per_step, retry_after_s
+from narwhal.serve.pricing import (
+    TPOT_SPREAD_Z,
+    arrivals_per_step,
+    retry_after_s,
+    tpot_spread_s,
+)
 
 FAIR_BUDGET = 0.75  # fraction of the TTFT budget a tenant over its fair share may use
 FIRST_TOKEN_STEPS = 1.5  # decode steps from a leg's arrival to its first token, on average
@@ -247,8 +254,11 @@ class CurvePriced:
         return best, best_s
 
     def _best_decode(self, tokens: int, arrivals: float, exclude: Sequence[Engine],
-                     prefer: Engine | None = None) -> tuple[Engine | None, float]:
-        """(the engine, its step time with the request added); see `pricing.best_decode`."""
+                     prefer: Engine | None = None, steps: int | None = None
+                     ) -> tuple[Engine | None, float, float]:
+        """(the engine, its step time with the request added, that plus `TPOT_SPREAD_Z` of
+        the request's own TPOT spreads over its `steps`, which is what the budget holds);
+        see `pricing.best_decode`."""
         # One float key per engine, no tuples: within budget the key is the step-time increase
         # (the linear curve's closed form), over budget it is 1e9 + the resulting step time, so
         # any engine within budget beats every one over it (a step is at most 60 s).
@@ -256,6 +266,7 @@ class CurvePriced:
         best: Engine | None = None
         best_key = math.inf
         best_after = math.inf
+        best_judged = math.inf
         best_running = 0
         for engine in self._decode:
             profile = engine.profile
@@ -283,12 +294,14 @@ class CurvePriced:
             mine = 0.0 if engine is prefer else arrivals
             after = (c.base_s + c.per_token_s * (resident + tokens)
                      + c.per_request_s * (running + 1) + arrive * (rate + mine))
-            key = 1e9 + after if after > budget else (
+            judged = after + TPOT_SPREAD_Z * tpot_spread_s(arrive, rate + mine, steps)
+            key = 1e9 + after if judged > budget else (
                 c.per_token_s * tokens + c.per_request_s + arrive * mine)
             if key < best_key or (key == best_key and best is not prefer and (
                     engine is prefer or running < best_running)):
                 best, best_key, best_after, best_running = engine, key, after, running
-        return best, best_after
+                best_judged = judged
+        return best, best_after, best_judged
 
     def place(self, facts: RequestFacts) -> Placement | Refusal | None:
         self._turn += 1
@@ -300,7 +313,8 @@ class CurvePriced:
         self.offered_prefill_s += prefill.profile.prefill.seconds(tokens)
         resident = decode_tokens(facts)
         arrivals = arrivals_per_step(facts.max_tokens)
-        decode, step = self._best_decode(resident, arrivals, (), prefer=prefill)
+        decode, step, judged = self._best_decode(resident, arrivals, (), prefer=prefill,
+                                                 steps=facts.max_tokens)
         if decode is None:
             return None
         predicted += first_token_s(decode, step, decode is not prefill)
@@ -317,12 +331,12 @@ class CurvePriced:
                                   self.fair_ttft_s, over_share=True)
                 self.last_refusal = refusal
                 return refusal
-        if step > self.tpot_s:
+        if judged > self.tpot_s:
             self.refused_tpot += 1
             lasts = (facts.max_tokens or 1) * self.tpot_s
             self.refused_decode_stream_s += lasts
             self.refused_decode_token_s += lasts * resident
-            refusal = Refusal(1, predicted, self.ttft_s, over_tpot=True, predicted_tpot_s=step,
+            refusal = Refusal(1, predicted, self.ttft_s, over_tpot=True, predicted_tpot_s=judged,
                               tpot_budget_s=self.tpot_s)
             self.last_refusal = refusal
             return refusal

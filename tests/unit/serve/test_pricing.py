@@ -6,6 +6,7 @@ import pytest
 
 from narwhal.core.profiles import DecodeCurve, PrefillCurve
 from narwhal.serve.pricing import (
+    TPOT_SPREAD_Z,
     DecodeSeat,
     PrefillSeat,
     arrivals_per_step,
@@ -18,6 +19,7 @@ from narwhal.serve.pricing import (
     predicted_ttft_s,
     prefill_load,
     retry_after_s,
+    tpot_spread_s,
 )
 
 FIT = {"fit_error": 0.02, "loo_error": 0.03, "samples": 12}
@@ -106,3 +108,21 @@ def test_decode_arrivals_cost_their_engine_a_prefill_constant_per_step() -> None
     assert chosen.meets_budget
     over = best_decode([seat], 0, tpot_budget_s=0.0232, arrivals=arrivals_per_step(10))
     assert over is not None and not over.meets_budget  # 0.0234 with a shorter stream
+
+
+def test_a_streams_own_tpot_spread_is_held_to_the_budget_with_its_mean() -> None:
+    """Arrivals land at random in a stream's life: its TPOT spreads around the mean step by
+    arrival_s * sqrt(arrivals per step / its steps), and admission allows for one spread."""
+    assert tpot_spread_s(0.005, 0.44, 48) == pytest.approx(0.005 * (0.44 / 48) ** 0.5)
+    assert tpot_spread_s(0.005, 0.44, None) == 0.0 and tpot_spread_s(0.005, 0.0, 48) == 0.0
+    assert tpot_spread_s(0.005, 0.44, 12) > tpot_spread_s(0.005, 0.44, 48)  # short: wider
+    seat = DecodeSeat("d0", decode(0.01, 0.0, 7e-4), resident_tokens=0, running=20,
+                      arrivals=20 / 48, arrival_s=0.005)
+    mean = predicted_tpot_s(seat, 0, 1, 1 / 48)
+    assert mean < 0.0271  # the mean step alone fits a 27.1 ms budget ...
+    unknown = best_decode([seat], 0, 0.0271, 1 / 48)
+    assert unknown is not None and unknown.meets_budget  # (a length not given: the mean)
+    chosen = best_decode([seat], 0, 0.0271, 1 / 48, steps=48)
+    assert chosen is not None and not chosen.meets_budget  # ... not with one spread
+    assert chosen.predicted_s == pytest.approx(mean)
+    assert TPOT_SPREAD_Z * tpot_spread_s(0.005, 21 / 48, 48) > 0.0271 - mean
