@@ -235,6 +235,15 @@ class Call:
         pt = self.prompt_tokens
         return pt if pt is not None else self.estimate
 
+    @property
+    def ttft_error_s(self) -> float | None:
+        ttft = self.ttft_s
+        placement = self.placement
+        if (ttft is None or placement is None or placement.predicted_ttft_s <= 0.0
+                or len(self.prefill_tries) > 1 or len(self.decode_tries) > 1):
+            return None
+        return ttft - placement.predicted_ttft_s
+
     # -- leg bodies ---------------------------------------------------------------------------
     def _join(self, head: bytes) -> bytes:
         """head is an unterminated JSON object prefix; append the client's other keys."""

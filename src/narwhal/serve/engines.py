@@ -162,6 +162,12 @@ class RequestFacts(Protocol):
         """The prompt length to price placement by (exact if known, else an estimate)."""
         ...
 
+    @property
+    def ttft_error_s(self) -> float | None:
+        """Observed - predicted TTFT, when the request got a first token on its first
+        placement (no retried leg) and the placement carried a prediction; else None."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -169,6 +175,7 @@ class Placement:
 
     prefill: Engine
     decode: Engine
+    predicted_ttft_s: float = 0.0  # what admission predicted (0: the chooser does not predict)
 
     @property
     def single(self) -> bool:

@@ -28,6 +28,10 @@ process's row) and by the work this router already sent it, which the data path 
   while the step stays within the TPOT budget (`pricing.best_decode`'s rule); ties prefer the
   engine chosen for prefill (one plain request, no KV handoff), then the one with fewer
   running.
+- the model's error: each request that ends with a first token and no retried leg reports
+  observed - predicted TTFT (`Call.ttft_error_s`); `finished` keeps their moving mean and
+  deviation and every later prediction carries mean + half a deviation (`pricing.ttft_margin_s`,
+  shown in /narwhal/state as `ttft_model_error`) before it meets the budget.
 - admission: when even the best prefill engine's prediction exceeds `slo.ttft_s`, the request
   is refused (429) with `Retry-After` = whole seconds until that queue has drained enough
   (`pricing.retry_after_s`); when even the best decode engine would step slower than
@@ -68,6 +72,8 @@ from narwhal.serve.pricing import (
     arrivals_per_step,
     retry_after_s,
     tpot_spread_s,
+    ttft_error_seen,
+    ttft_margin_s,
 )
 
 FAIR_BUDGET = 0.75  # fraction of the TTFT budget a tenant over its fair share may use
@@ -218,6 +224,10 @@ class CurvePriced:
         self._weights = dict(weights or {})
         self._inflight: dict[str | None, int] = {}  # admitted, unfinished, by tenant (>0 only)
         self._total = 0
+        # observed - predicted TTFT, moving mean and deviation (pricing.ttft_error_seen)
+        self.ttft_error_mean_s = 0.0
+        self.ttft_error_dev_s = 0.0
+        self.ttft_margin_s = 0.0
 
     def over_share(self, tenant: str | None) -> bool:
         """Would one more request put `tenant` above its weighted share of those in flight?"""
@@ -318,6 +328,8 @@ class CurvePriced:
         if decode is None:
             return None
         predicted += first_token_s(decode, step, decode is not prefill)
+        modelled = predicted
+        predicted += self.ttft_margin_s
         tenant = facts.tenant
         if predicted > self.fair_ttft_s:
             if predicted > self.ttft_s:
@@ -343,7 +355,7 @@ class CurvePriced:
         self.admitted += 1
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         self._total += 1
-        return Placement(prefill, decode)
+        return Placement(prefill, decode, modelled)
 
     def finished(self, facts: RequestFacts) -> None:
         tenant = facts.tenant
@@ -353,6 +365,11 @@ class CurvePriced:
         else:
             self._inflight.pop(tenant, None)
         self._total = max(0, self._total - 1)
+        error = facts.ttft_error_s
+        if error is not None:
+            self.ttft_error_mean_s, self.ttft_error_dev_s = mean, dev = ttft_error_seen(
+                self.ttft_error_mean_s, self.ttft_error_dev_s, error)
+            self.ttft_margin_s = ttft_margin_s(mean, dev, self.ttft_s)
 
     def another_prefill(self, facts: RequestFacts, exclude: Sequence[Engine]) -> Engine | None:
         return self._best_prefill(facts.price_tokens, exclude, self._clock())[0]
@@ -374,6 +391,9 @@ class CurvePriced:
             "refused": self.refused,
             "refused_over_share": self.refused_over_share,
             "refused_tpot": self.refused_tpot,
+            "ttft_model_error": {"mean_s": round(self.ttft_error_mean_s, 6),
+                                 "deviation_s": round(self.ttft_error_dev_s, 6),
+                                 "margin_s": round(self.ttft_margin_s, 6)},
             "last_refusal": None if last is None else {
                 "predicted_ttft_s": round(last.predicted_ttft_s, 6),
                 "predicted_tpot_s": round(last.predicted_tpot_s, 6) if last.over_tpot else None,

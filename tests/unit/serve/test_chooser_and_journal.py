@@ -18,6 +18,7 @@ class Facts:
     prompt_tokens: int | None = None
     max_tokens: int | None = None
     tenant: str | None = None
+    ttft_error_s: float | None = None
 
 
 def _engine(name: str, role: str) -> Engine:

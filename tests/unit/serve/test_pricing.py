@@ -20,6 +20,8 @@ from narwhal.serve.pricing import (
     prefill_load,
     retry_after_s,
     tpot_spread_s,
+    ttft_error_seen,
+    ttft_margin_s,
 )
 
 FIT = {"fit_error": 0.02, "loo_error": 0.03, "samples": 12}
@@ -126,3 +128,13 @@ def test_a_streams_own_tpot_spread_is_held_to_the_budget_with_its_mean() -> None
     assert chosen is not None and not chosen.meets_budget  # ... not with one spread
     assert chosen.predicted_s == pytest.approx(mean)
     assert TPOT_SPREAD_Z * tpot_spread_s(0.005, 21 / 48, 48) > 0.0271 - mean
+
+
+def test_the_ttft_margin_follows_the_measured_error_within_its_bounds() -> None:
+    mean, dev = 0.0, 0.0
+    for error in (0.02, -0.02) * 50:  # right on average, 20 ms either way
+        mean, dev = ttft_error_seen(mean, dev, error)
+    assert abs(mean) < 0.005 and 0.015 < dev < 0.03
+    assert ttft_margin_s(mean, dev, 0.3) == pytest.approx(mean + 0.5 * dev)
+    assert ttft_margin_s(1.0, 0.5, 0.3) == pytest.approx(0.15)  # half the budget at most
+    assert ttft_margin_s(-1.0, 0.0, 0.3) == pytest.approx(-0.075)  # a quarter back

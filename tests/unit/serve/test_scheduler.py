@@ -47,6 +47,7 @@ class Facts:
     prompt_tokens: int | None = None
     max_tokens: int | None = None
     tenant: str | None = None
+    ttft_error_s: float | None = None
 
 
 class Clock:
@@ -91,6 +92,32 @@ def test_prefill_goes_to_the_lowest_predicted_ttft_counting_the_booked_queue() -
     for _ in range(6):
         prefill_started(fast, 1000, clock.now)
     assert placed(chooser.place(Facts(price_tokens=1000))).prefill is slow
+
+
+def test_measured_ttft_errors_hold_back_what_the_model_alone_would_admit_at_the_ceiling() -> None:
+    """Requests that answered later than predicted teach admission a margin: a prompt the
+    model prices just under the budget is then refused, and the refusal and /narwhal/state
+    show the margin; requests that came back early give room back."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill", a=0.4, b=0.0), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=0.45, tpot_s=0.1, clock=clock)
+    first = placed(chooser.place(Facts()))
+    # 0.4 prefill + 1.5 steps of d0: about 0.417, under 0.45
+    assert first.predicted_ttft_s == pytest.approx(0.4 + 1.5 * 0.0111)
+    for _ in range(20):  # each came 50 ms late
+        chooser.finished(Facts(ttft_error_s=0.05))
+    refusal = chooser.place(Facts())
+    assert isinstance(refusal, Refusal) and not refusal.over_tpot
+    assert refusal.predicted_ttft_s == pytest.approx(first.predicted_ttft_s + 0.05, abs=0.01)
+    margin = chooser.state()["ttft_model_error"]
+    assert margin["mean_s"] == pytest.approx(0.05, abs=0.005) and margin["deviation_s"] < 0.01
+    for _ in range(20):  # then 30 ms early: the model overprices now, admit again
+        chooser.finished(Facts(ttft_error_s=-0.03))
+    assert placed(chooser.place(Facts())).predicted_ttft_s == first.predicted_ttft_s
+    # a request without a measured error (a retried leg, no first token) teaches nothing
+    before = chooser.state()["ttft_model_error"]
+    chooser.finished(Facts(ttft_error_s=None))
+    assert chooser.state()["ttft_model_error"] == before
 
 
 def test_each_answer_re_anchors_the_queue_and_the_last_one_empties_it() -> None:
@@ -344,7 +371,7 @@ def test_no_decode_engine_within_the_tpot_budget_means_a_tpot_refusal() -> None:
     p0 = engine("p0", "prefill", a=0.001, b=0.0)
     # d0's own prefill constant prices each arriving decode leg: 0.01 s + 1e-4 for its token.
     d0 = engine("d0", "decode", a=0.01, base=0.02, per_token=0.0, per_request=0.001)
-    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.025, clock=clock)
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.0245, clock=clock)
     facts = Facts(max_tokens=10)  # a new stream every 10 steps per stream: 0.1 arrivals a step
     admitted = []
     while isinstance(placement := chooser.place(facts), Placement):
@@ -353,17 +380,17 @@ def test_no_decode_engine_within_the_tpot_budget_means_a_tpot_refusal() -> None:
         assert len(admitted) < 10
     # step after k streams: 0.02 + 0.001 k + 0.0101 * 0.1 k (without the arrivals 5 would
     # fit); a stream's own TPOT over its 10 steps spreads by 0.0101 * sqrt(0.1 k / 10): the
-    # second's mean step, 0.02404 s, fits the budget, but not with its spread (0.02545 s)
+    # second's mean step, 0.02404 s, fits the budget, but not with half its spread (0.02475 s)
     assert len(admitted) == 1
     refusal = placement
     assert isinstance(refusal, Refusal) and refusal.over_tpot and not refusal.over_share
     assert refusal.predicted_tpot_s == pytest.approx(0.02 + 0.002 + 0.00202
-                                                     + 0.0101 * (0.2 / 10) ** 0.5)
-    assert refusal.tpot_budget_s == 0.025 and refusal.retry_after_s == 1
+                                                     + 0.5 * 0.0101 * (0.2 / 10) ** 0.5)
+    assert refusal.tpot_budget_s == 0.0245 and refusal.retry_after_s == 1
     assert (chooser.admitted, chooser.refused, chooser.refused_tpot) == (1, 0, 1)
     # the refused stream still counts as decode demand: 10 tokens at the budget
-    assert chooser.refused_decode_stream_s == pytest.approx(0.25)
-    assert chooser.refused_decode_token_s == pytest.approx(0.25 * decode_tokens(facts))
+    assert chooser.refused_decode_stream_s == pytest.approx(0.245)
+    assert chooser.refused_decode_token_s == pytest.approx(0.245 * decode_tokens(facts))
     state = chooser.state()
     assert state["refused_tpot"] == 1 and state["last_refusal"]["over_tpot"]
     assert state["decode_step_s"]["d0"] == pytest.approx(0.02 + 0.001 + 0.00101)
