@@ -16,7 +16,7 @@ mkdir -p .test-logs
 lab_log=.test-logs/lab.log
 
 echo "test: the lab tier runs in the background; its log: $lab_log"
-"${PYTEST[@]}" -o cache_dir=.pytest_cache/lab tests/lab >"$lab_log" 2>&1 &
+"${PYTEST[@]}" -o cache_dir=.pytest_cache/lab --durations=12 tests/lab >"$lab_log" 2>&1 &
 lab_pid=$!
 # whatever ends this script ends the lab run it started (by its pid, nothing else)
 trap 'kill "$lab_pid" 2>/dev/null' EXIT

@@ -244,6 +244,15 @@ class Call:
             return None
         return ttft - placement.predicted_ttft_s
 
+    @property
+    def tpot_error_s(self) -> float | None:
+        tpot = self.tpot_s
+        placement = self.placement
+        if (tpot is None or placement is None or placement.predicted_tpot_s <= 0.0
+                or len(self.prefill_tries) > 1 or len(self.decode_tries) > 1):
+            return None
+        return tpot - placement.predicted_tpot_s
+
     # -- leg bodies ---------------------------------------------------------------------------
     def _join(self, head: bytes) -> bytes:
         """head is an unterminated JSON object prefix; append the client's other keys."""

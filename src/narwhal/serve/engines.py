@@ -27,7 +27,7 @@ class Engine:
                  "last_ok", "live_generation", "outstanding", "pool", "prefill_pending",
                  "prefill_queued_s", "profile", "reserved", "reserved_arrivals",
                  "reserved_tokens", "resident_tokens", "running", "serves_decode",
-                 "serves_prefill", "spec",
+                 "serves_prefill", "spec", "tpot_error_s",
                  "waiting_since")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
@@ -74,6 +74,10 @@ class Engine:
         # Seconds from a prefill leg's reply to the first token this engine streams for it
         # (moving average; 0 until measured): the KV pull and first step, part of the TTFT.
         self.handoff_s = 0.0
+        # Observed - predicted TPOT of the streams decoded here (moving mean; 0 until one
+        # ends): the bias of the bound profile's decode curve on this process, which
+        # admission adds to its prediction (scheduler.py). A new profile starts it again.
+        self.tpot_error_s = 0.0
         # The legs the choosers may place here now. Fixed by the role for `prefill`/`decode`
         # engines; for `both` engines under role flips (roles.py) exactly one is set, or none
         # while the engine drains its decode streams before it takes prefills.
@@ -119,6 +123,7 @@ class Engine:
             "decode_resident_tokens": self.resident_tokens,
             "decode_arrivals_per_step": round(self.arrival_rate, 4),
             "handoff_s": round(self.handoff_s, 6) or None,
+            "tpot_model_error_s": round(self.tpot_error_s, 6),
         }
 
 
@@ -168,6 +173,14 @@ class RequestFacts(Protocol):
         placement (no retried leg) and the placement carried a prediction; else None."""
         ...
 
+    @property
+    def tpot_error_s(self) -> float | None:
+        """Observed - predicted TPOT on the placement's decode engine, on the same terms."""
+        ...
+
+    @property
+    def placement(self) -> Placement | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -176,6 +189,7 @@ class Placement:
     prefill: Engine
     decode: Engine
     predicted_ttft_s: float = 0.0  # what admission predicted (0: the chooser does not predict)
+    predicted_tpot_s: float = 0.0  # the decode engine's step with it added, before any bias
 
     @property
     def single(self) -> bool:

@@ -171,6 +171,8 @@ class Binder:
             _log.warning("engine %s held out (%s): %s", engine.id, held, detail)
         elif engine.held and not held:
             _log.warning("engine %s bound to its profile again", engine.id)
+        if profile is not engine.profile:
+            engine.tpot_error_s = 0.0  # the bias measured was the old row's
         engine.held, engine.held_detail, engine.profile = held, detail, profile
 
     async def _read(self, engine: Engine) -> None:

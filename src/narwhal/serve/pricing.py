@@ -25,6 +25,10 @@ sure it is the live generation's row) and the work the router already sent it:
   that met no retry, as a moving mean and deviation (`ttft_error_seen`), and admission adds
   the mean and half a deviation to every prediction (`ttft_margin_s`): a model right on average
   still puts half of what it admits at the ceiling past it.
+- the decode curve's bias: each stream that ends reports observed - predicted TPOT on its
+  decode engine; the engine keeps their moving mean and admission adds it (`tpot_bias_s`) to
+  the step it judges: a profile measured through a loaded client prices every step a few
+  milliseconds high and refuses streams the engine had room for.
 - admission: if the best prefill placement misses the TTFT budget, or the best decode
   placement the TPOT budget, the request is refused; the TTFT refusal's `Retry-After` is the
   time until that engine's queue would let it meet the budget (whole seconds, at least 1).
@@ -122,6 +126,15 @@ def ttft_error_seen(mean_s: float, dev_s: float, error_s: float) -> tuple[float,
     dev_s += TTFT_DEV_WEIGHT * (abs(error_s - mean_s) - dev_s)
     mean_s += TTFT_ERROR_WEIGHT * (error_s - mean_s)
     return mean_s, dev_s
+
+
+def tpot_bias_s(error_s: float, tpot_budget_s: float) -> float:
+    """A decode engine's measured curve bias as admission applies it: between a quarter budget
+    less and half a budget more (the spread is modelled, `tpot_spread_s`; only the bias is
+    learned)."""
+    low = TTFT_MARGIN_FLOOR * tpot_budget_s
+    high = TTFT_MARGIN_CEILING * tpot_budget_s
+    return low if error_s < low else high if error_s > high else error_s
 
 
 def ttft_margin_s(mean_s: float, dev_s: float, ttft_budget_s: float) -> float:

@@ -32,6 +32,9 @@ process's row) and by the work this router already sent it, which the data path 
   observed - predicted TTFT (`Call.ttft_error_s`); `finished` keeps their moving mean and
   deviation and every later prediction carries mean + half a deviation (`pricing.ttft_margin_s`,
   shown in /narwhal/state as `ttft_model_error`) before it meets the budget.
+- the decode curve's bias: each stream that ends reports observed - predicted TPOT
+  (`Call.tpot_error_s`) to its decode engine, which keeps their moving mean (`tpot_error_s`);
+  the step held to the TPOT budget carries it (`pricing.tpot_bias_s`).
 - admission: when even the best prefill engine's prediction exceeds `slo.ttft_s`, the request
   is refused (429) with `Retry-After` = whole seconds until that queue has drained enough
   (`pricing.retry_after_s`); when even the best decode engine would step slower than
@@ -69,9 +72,10 @@ from narwhal.core.profiles import ProfileRow
 from narwhal.serve.engines import Engine, Placement, Refusal, RequestFacts
 from narwhal.serve.pricing import (
     TPOT_SPREAD_Z,
+    TTFT_MARGIN_CEILING,
+    TTFT_MARGIN_FLOOR,
     arrivals_per_step,
     retry_after_s,
-    tpot_spread_s,
     ttft_error_seen,
     ttft_margin_s,
 )
@@ -79,6 +83,7 @@ from narwhal.serve.pricing import (
 FAIR_BUDGET = 0.75  # fraction of the TTFT budget a tenant over its fair share may use
 FIRST_TOKEN_STEPS = 1.5  # decode steps from a leg's arrival to its first token, on average
 HANDOFF_WEIGHT = 0.1  # weight of the newest handoff in an engine's moving average
+TPOT_ERROR_WEIGHT = 0.125  # weight of the newest stream's TPOT error in its engine's bias
 
 
 def prefill_started(engine: Engine, tokens: int, now: float) -> float:
@@ -273,6 +278,8 @@ class CurvePriced:
         # (the linear curve's closed form), over budget it is 1e9 + the resulting step time, so
         # any engine within budget beats every one over it (a step is at most 60 s).
         budget = self.tpot_s
+        bias_low = TTFT_MARGIN_FLOOR * budget
+        bias_high = TTFT_MARGIN_CEILING * budget
         best: Engine | None = None
         best_key = math.inf
         best_after = math.inf
@@ -304,7 +311,18 @@ class CurvePriced:
             mine = 0.0 if engine is prefer else arrivals
             after = (c.base_s + c.per_token_s * (resident + tokens)
                      + c.per_request_s * (running + 1) + arrive * (rate + mine))
-            judged = after + TPOT_SPREAD_Z * tpot_spread_s(arrive, rate + mine, steps)
+            # the engine's measured bias, bounded as pricing.tpot_bias_s bounds it (inlined:
+            # pricing.py is interpreted and this loop runs per engine per request)
+            bias = engine.tpot_error_s
+            if bias < bias_low:
+                bias = bias_low
+            elif bias > bias_high:
+                bias = bias_high
+            # pricing.tpot_spread_s, inlined for the same reason
+            landing = rate + mine
+            judged = after + bias
+            if steps and landing > 0.0:
+                judged += TPOT_SPREAD_Z * arrive * math.sqrt(landing / steps)
             key = 1e9 + after if judged > budget else (
                 c.per_token_s * tokens + c.per_request_s + arrive * mine)
             if key < best_key or (key == best_key and best is not prefer and (
@@ -355,7 +373,7 @@ class CurvePriced:
         self.admitted += 1
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         self._total += 1
-        return Placement(prefill, decode, modelled)
+        return Placement(prefill, decode, modelled, step)
 
     def finished(self, facts: RequestFacts) -> None:
         tenant = facts.tenant
@@ -365,6 +383,11 @@ class CurvePriced:
         else:
             self._inflight.pop(tenant, None)
         self._total = max(0, self._total - 1)
+        placement = facts.placement
+        error = facts.tpot_error_s
+        if error is not None and placement is not None:
+            engine = placement.decode
+            engine.tpot_error_s += TPOT_ERROR_WEIGHT * (error - engine.tpot_error_s)
         error = facts.ttft_error_s
         if error is not None:
             self.ttft_error_mean_s, self.ttft_error_dev_s = mean, dev = ttft_error_seen(

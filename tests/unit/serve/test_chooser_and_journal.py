@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from narwhal.serve.engines import Engine, LeastOutstanding
+from narwhal.serve.engines import Engine, LeastOutstanding, Placement
 from narwhal.serve.journal import Journal
 from narwhal.serve.metrics import RouterMetrics, slo_buckets
 from narwhal.serve.settings import EngineSpec
@@ -19,6 +19,8 @@ class Facts:
     max_tokens: int | None = None
     tenant: str | None = None
     ttft_error_s: float | None = None
+    tpot_error_s: float | None = None
+    placement: Placement | None = None
 
 
 def _engine(name: str, role: str) -> Engine:

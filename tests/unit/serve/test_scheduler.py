@@ -48,6 +48,8 @@ class Facts:
     max_tokens: int | None = None
     tenant: str | None = None
     ttft_error_s: float | None = None
+    tpot_error_s: float | None = None
+    placement: Placement | None = None
 
 
 class Clock:
@@ -118,6 +120,35 @@ def test_measured_ttft_errors_hold_back_what_the_model_alone_would_admit_at_the_
     before = chooser.state()["ttft_model_error"]
     chooser.finished(Facts(ttft_error_s=None))
     assert chooser.state()["ttft_model_error"] == before
+
+
+def test_a_decode_curve_that_prices_high_is_corrected_by_the_streams_it_ran() -> None:
+    """A profile that prices each step 3 ms high refuses streams the engine had room for;
+    once streams report their TPOT under the prediction, the engine's bias admits them."""
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.001, b=0.0)
+    d0 = engine("d0", "decode", a=0.0, base=0.02, per_token=0.0, per_request=0.001)
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.0245, clock=clock)
+    facts = Facts(max_tokens=10)
+
+    def admitted() -> int:
+        n = 0
+        while isinstance(placement := chooser.place(facts), Placement):
+            n += 1
+            decode_started(placement.decode, decode_tokens(facts))
+            assert n < 20
+        for _ in range(n):
+            decode_ended(d0, decode_tokens(facts))
+        return n
+
+    assert admitted() == 4  # 0.02 + 0.001 k within 0.0245
+    first = placed(chooser.place(facts))
+    assert first.predicted_tpot_s == pytest.approx(0.021 + 1e-4 * 0.1)  # and its arrival
+    for _ in range(40):  # each ran 3 ms faster than predicted
+        chooser.finished(Facts(tpot_error_s=-0.003, placement=first))
+    assert d0.tpot_error_s == pytest.approx(-0.003, abs=1e-4)
+    assert d0.state()["tpot_model_error_s"] == pytest.approx(-0.003, abs=1e-4)
+    assert admitted() == 7  # 0.02 + 0.001 k - 0.003 within 0.0245
 
 
 def test_each_answer_re_anchors_the_queue_and_the_last_one_empties_it() -> None:
