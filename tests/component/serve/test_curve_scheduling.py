@@ -310,7 +310,11 @@ def test_a_stream_no_decode_engine_can_carry_within_tpot_is_refused_and_says_so(
         t.start()
     for t in threads:
         t.join(60)
-    assert sorted(r.status for r in replies) == [200, 200, 429, 429, 429]
+    statuses = sorted(r.status for r in replies)
+    refused = statuses.count(429)
+    # Two streams fit; on a loaded machine a stream may end before the last client arrives
+    # and free its seat, so the rule is checked as it is stated: never three at once.
+    assert len(replies) == 5 and set(statuses) <= {200, 429} and 2 <= refused <= 3, statuses
     for r in replies:
         if r.status == 429:
             assert r.headers["retry-after"] == "1"
@@ -318,17 +322,23 @@ def test_a_stream_no_decode_engine_can_carry_within_tpot_is_refused_and_says_so(
             assert error["code"] == "over_capacity"
             assert "time per output token" in error["message"] and "50 ms" in error["message"]
     rows = journal_rows(journal, 5)
-    assert Counter(r["outcome"] for r in rows) == {"ok": 2, "refused_tpot": 3}
+    assert Counter(r["outcome"] for r in rows) == {"ok": 5 - refused, "refused_tpot": refused}
+    spans = []
     for row in rows:
         if row["outcome"] == "ok":  # admitted within the budget, and it held (2-core margin)
             assert row["tpot_s"] <= 0.05 * 1.5, row
+            start = float(row["received_at"])
+            spans.append((start, start + row["total_s"]))
         else:
             assert row["status"] == 429 and row["decode_engine"] is None
+    for start, _ in spans:  # at each admission, at most one other stream still running
+        assert sum(1 for s, e in spans if s < start < e) <= 1, (spans, rows)
     state = scheduler_state(router)
-    assert state["refused_tpot"] == 3 and state["refused"] == 0
+    assert state["refused_tpot"] == refused and state["refused"] == 0
     assert state["last_refusal"]["over_tpot"] and state["last_refusal"]["predicted_tpot_s"] > 0.05
     metrics = call(router.port, "GET", "/metrics").body.decode()
-    assert 'narwhal_router_admission_decisions_total{decision="refused_tpot"} 3.0' in metrics
+    assert ('narwhal_router_admission_decisions_total{decision="refused_tpot"} '
+            f"{refused}.0") in metrics
     assert 'narwhal_router_requests_total{outcome="refused_tpot",route="completions"}' in metrics
     # once the streams end there is room again
     assert call(router.port, "POST", "/v1/completions", body).status == 200
