@@ -21,7 +21,8 @@ from narwhal.serve.upstream import EnginePool
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("arrival_rate", "batch_end", "busy_until", "context_len", "draining", "ejected",
+    __slots__ = ("arrival_rate", "batch_end", "busy_until", "context_len", "departed_at",
+                 "departures", "draining", "ejected",
                  "ejected_reason", "ejections", "fail_streak", "handoff_s", "held", "held_detail",
                  "last_flip",
                  "last_ok", "live_generation", "outstanding", "pool", "prefill_pending",
@@ -71,6 +72,11 @@ class Engine:
         # Decode legs that arrive per step, as the sum over running streams of 1/max_tokens:
         # each arrival computes its last prompt token in a step every stream shares.
         self.arrival_rate = 0.0
+        # Decode legs ended here, as a count decayed over scheduler.DEPARTURE_TAU_S as of
+        # `departed_at` (monotonic clock): admission reads it as the rate at which running
+        # streams make room for the reserved ones (scheduler.py).
+        self.departures = 0.0
+        self.departed_at = 0.0
         # Seconds from a prefill leg's reply to the first token this engine streams for it
         # (moving average; 0 until measured): the KV pull and first step, part of the TTFT.
         self.handoff_s = 0.0

@@ -24,7 +24,9 @@ process's row) and by the work this router already sent it, which the data path 
 - decode: each decode leg adds one running request, its resident tokens (prompt + half its
   `max_tokens`, the mean over its life) and its arrivals per step (1/max_tokens: each decode
   leg computes its last prompt token, at the prefill curve's constant, in a step every stream
-  shares) until it ends. The decode engine is the one whose step time the request slows least
+  shares) until it ends. The streams counted are those running, plus those reserved (placed,
+  prefilling), less those the engine's measured departure rate says end before the newcomer's
+  leg starts (at most the reserved: in steady state as many end as start). The decode engine is the one whose step time the request slows least
   while the step stays within the TPOT budget (`pricing.best_decode`'s rule); ties prefer the
   engine chosen for prefill (one plain request, no KV handoff), then the one with fewer
   running.
@@ -84,6 +86,9 @@ FAIR_BUDGET = 0.75  # fraction of the TTFT budget a tenant over its fair share m
 FIRST_TOKEN_STEPS = 1.5  # decode steps from a leg's arrival to its first token, on average
 HANDOFF_WEIGHT = 0.1  # weight of the newest handoff in an engine's moving average
 TPOT_ERROR_WEIGHT = 0.125  # weight of the newest stream's TPOT error in its engine's bias
+# Time constant of each decode engine's measured departure rate (streams ended per second):
+# a few stream lives on the bench, so a phase change is followed within seconds.
+DEPARTURE_TAU_S = 5.0
 
 
 def prefill_started(engine: Engine, tokens: int, now: float) -> float:
@@ -151,11 +156,27 @@ def decode_started(engine: Engine, resident_tokens: int, arrivals: float = 0.0) 
     engine.arrival_rate += arrivals
 
 
-def decode_ended(engine: Engine, resident_tokens: int, arrivals: float = 0.0) -> None:
+def decode_ended(engine: Engine, resident_tokens: int, arrivals: float = 0.0,
+                 now: float | None = None) -> None:
+    """A decode leg ended (or moved away): its load leaves, and the engine's decayed count of
+    departures (`departures_per_s` reads it as a rate) takes one more."""
     engine.running -= 1
     engine.resident_tokens -= resident_tokens
     rate = engine.arrival_rate - arrivals
     engine.arrival_rate = rate if engine.running > 0 and rate > 1e-9 else 0.0
+    t = time.monotonic() if now is None else now
+    engine.departures = engine.departures * math.exp(
+        (engine.departed_at - t) / DEPARTURE_TAU_S) + 1.0
+    engine.departed_at = t
+
+
+def departures_per_s(engine: Engine, now: float) -> float:
+    """Decode legs ended per second on `engine`, exponentially weighted over
+    `DEPARTURE_TAU_S` (0 until one ends)."""
+    count = engine.departures
+    if count <= 0.0:
+        return 0.0
+    return count * math.exp((engine.departed_at - now) / DEPARTURE_TAU_S) / DEPARTURE_TAU_S
 
 
 def handoff_seen(engine: Engine, seconds: float) -> None:
@@ -269,11 +290,12 @@ class CurvePriced:
         return best, best_s
 
     def _best_decode(self, tokens: int, arrivals: float, exclude: Sequence[Engine],
-                     prefer: Engine | None = None, steps: int | None = None
+                     prefer: Engine | None = None, steps: int | None = None,
+                     window_s: float = 0.0, now: float = 0.0
                      ) -> tuple[Engine | None, float, float]:
         """(the engine, its step time with the request added, that plus `TPOT_SPREAD_Z` of
         the request's own TPOT spreads over its `steps`, which is what the budget holds);
-        see `pricing.best_decode`."""
+        see `pricing.best_decode`. The leg starts `window_s` from `now` (its prefill)."""
         # One float key per engine, no tuples: within budget the key is the step-time increase
         # (the linear curve's closed form), over budget it is 1e9 + the resulting step time, so
         # any engine within budget beats every one over it (a step is at most 60 s).
@@ -284,33 +306,39 @@ class CurvePriced:
         best_key = math.inf
         best_after = math.inf
         best_judged = math.inf
-        best_running = 0
+        best_running = 0.0
         for engine in self._decode:
             profile = engine.profile
             if (engine.ejected or engine.held or profile is None or not engine.serves_decode
                     or engine in exclude):
                 continue
             c = profile.decode
-            # The streams running when this one starts: those decoding now, less the ones
-            # that end meanwhile, plus the reserved ones that start meanwhile. In steady
-            # state as many end as start (the larger count stands); a burst of placements,
-            # more reserved than decoding, counts whole.
+            # The streams running when this one starts: those decoding now and the reserved
+            # ones (their prefills run; each starts before this one), less the ones that end
+            # meanwhile, which the engine's measured departure rate over the window counts
+            # (never more than the reserved: in steady state as many end as start, and a
+            # stream known to run on is not assumed gone). A burst that meets streams just
+            # started counts them all, so it cannot over-admit before any has ended.
             running = engine.running
             reserved = engine.reserved
-            if reserved > running:
-                running = reserved
-            resident = engine.resident_tokens
-            if engine.reserved_tokens > resident:
-                resident = engine.reserved_tokens
-            rate = engine.arrival_rate
-            if engine.reserved_arrivals > rate:
-                rate = engine.reserved_arrivals
+            share = 0.0
+            ending = 0.0
+            if reserved > 0 and running > 0 and window_s > 0.0 and engine.departures > 0.0:
+                ending = (engine.departures * window_s / DEPARTURE_TAU_S
+                          * math.exp((engine.departed_at - now) / DEPARTURE_TAU_S))
+                cap = reserved if reserved < running else running
+                if ending > cap:
+                    ending = float(cap)
+                share = ending / running
+            streams = running + reserved - ending
+            resident = engine.resident_tokens * (1.0 - share) + engine.reserved_tokens
+            rate = engine.arrival_rate * (1.0 - share) + engine.reserved_arrivals
             arrive = arrival_s(profile)
             # On the prefill engine itself the request is plain: no KV arrives, its prefill
             # is on the queue instead.
             mine = 0.0 if engine is prefer else arrivals
             after = (c.base_s + c.per_token_s * (resident + tokens)
-                     + c.per_request_s * (running + 1) + arrive * (rate + mine))
+                     + c.per_request_s * (streams + 1.0) + arrive * (rate + mine))
             # the engine's measured bias, bounded as pricing.tpot_bias_s bounds it (inlined:
             # pricing.py is interpreted and this loop runs per engine per request)
             bias = engine.tpot_error_s
@@ -326,8 +354,8 @@ class CurvePriced:
             key = 1e9 + after if judged > budget else (
                 c.per_token_s * tokens + c.per_request_s + arrive * mine)
             if key < best_key or (key == best_key and best is not prefer and (
-                    engine is prefer or running < best_running)):
-                best, best_key, best_after, best_running = engine, key, after, running
+                    engine is prefer or streams < best_running)):
+                best, best_key, best_after, best_running = engine, key, after, streams
                 best_judged = judged
         return best, best_after, best_judged
 
@@ -342,7 +370,8 @@ class CurvePriced:
         resident = decode_tokens(facts)
         arrivals = arrivals_per_step(facts.max_tokens)
         decode, step, judged = self._best_decode(resident, arrivals, (), prefer=prefill,
-                                                 steps=facts.max_tokens)
+                                                 steps=facts.max_tokens, window_s=predicted,
+                                                 now=now)
         if decode is None:
             return None
         predicted += first_token_s(decode, step, decode is not prefill)

@@ -21,6 +21,7 @@ from narwhal.serve.pricing import (
     best_prefill,
 )
 from narwhal.serve.scheduler import (
+    DEPARTURE_TAU_S,
     CurvePriced,
     arrival_s,
     decode_ended,
@@ -28,6 +29,7 @@ from narwhal.serve.scheduler import (
     decode_started,
     decode_tokens,
     decode_unreserved,
+    departures_per_s,
     handoff_seen,
     prefill_ended,
     prefill_started,
@@ -463,15 +465,49 @@ def test_a_burst_of_placements_sees_the_decode_work_it_reserved() -> None:
             decode_reserved(result.decode, decode_tokens(facts), 0.025)
     assert [isinstance(r, Placement) for r in results] == [True] * 3 + [False] * 2
     assert d0.reserved == 3 and d0.running == 0
-    # in steady state the reserved streams replace the ones that end: the larger count stands
+    # the three start and one more is reserved: with no stream ended yet, none is assumed to
+    # end before the newcomer starts, so 3 running + 1 reserved + 1 = 0.07 s
     for _ in range(3):
         decode_unreserved(d0, decode_tokens(facts), 0.025)
         decode_started(d0, decode_tokens(facts), 0.025)
     decode_reserved(d0, decode_tokens(facts), 0.025)
-    assert isinstance(chooser.place(facts), Refusal)  # max(3 running, 1 reserved) + 1 = 0.06 s
-    decode_ended(d0, decode_tokens(facts), 0.025)
-    assert isinstance(chooser.place(facts), Placement)  # 2 running, 1 reserved: 0.05 s
+    assert isinstance(chooser.place(facts), Refusal)
+    decode_started(d0, decode_tokens(facts), 0.025)  # a fourth starts and ends at once:
+    decode_ended(d0, decode_tokens(facts), 0.025, now=clock.now)  # 3 running, 1 reserved
+    # one ended a moment ago (about 0.2 per second): over the newcomer's 1 ms prefill almost
+    # none of the other three will, so 3 + 1 + 1 streams still price over the budget
+    assert departures_per_s(d0, clock.now) == pytest.approx(1 / DEPARTURE_TAU_S)
+    assert isinstance(chooser.place(facts), Refusal)
+    decode_ended(d0, decode_tokens(facts), 0.025, now=clock.now)
+    assert isinstance(chooser.place(facts), Refusal)  # 2 running, 1 reserved: 0.06 s
+    decode_ended(d0, decode_tokens(facts), 0.025, now=clock.now)
+    assert isinstance(chooser.place(facts), Placement)  # 1 running, 1 reserved: 0.05 s
     assert (d0.reserved, d0.reserved_tokens) == (1, decode_tokens(facts))
+
+
+def test_in_steady_state_the_streams_that_end_make_room_for_the_reserved_ones() -> None:
+    """Streams end at the measured rate while the newcomer's prefill runs: over a window
+    that long as many end as the reserved ones start, so the running count stands; never
+    fewer than that (a reserved stream is not offset by more endings than it)."""
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.5, b=0.0)  # a 0.5 s prefill: the window
+    d0 = engine("d0", "decode", a=0.0, b=0.0, base=0.02, per_token=0.0, per_request=0.01)
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.06, clock=clock)
+    facts = Facts(max_tokens=40)
+    tokens = decode_tokens(facts)
+    for _ in range(3):
+        decode_started(d0, tokens)
+    decode_reserved(d0, tokens, 0.0)
+    # no departure measured: 3 + 1 + 1 = 5 streams, 0.07 s
+    assert isinstance(chooser.place(facts), Refusal)
+    # 20 streams ended over the last 5 s (4 a second, 2 in the 0.5 s window): the one
+    # reserved stream is offset by one that ends, 3 + 1 - 1 + 1 = 4 streams, 0.06 s
+    for k in range(20):
+        decode_started(d0, tokens)
+        decode_ended(d0, tokens, now=clock.now - 5.0 + k * 0.25)
+    assert departures_per_s(d0, clock.now) > 2.0
+    placed = chooser.place(facts)
+    assert isinstance(placed, Placement) and placed.predicted_tpot_s == pytest.approx(0.06)
 
 
 def test_a_plain_request_on_a_both_engine_is_not_charged_a_kv_arrival() -> None:
