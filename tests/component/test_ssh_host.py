@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +65,37 @@ def test_wrong_password_is_an_authentication_error(sshd: Sshd, tmp_path: Path) -
     with pytest.raises(HostError, match="authentication failed") as err:
         host.run(["true"])
     assert "wrong-pw" not in str(err.value)
+
+
+def test_commands_from_several_threads_at_first_contact_share_one_master(
+        sshd: Sshd, tmp_path: Path) -> None:
+    """Engines sharing a host start from parallel threads: the first command of each must not
+    stop the master another thread is still starting (that killed it mid-start: `ssh exited
+    -15`)."""
+    host = key_host(sshd, tmp_path)
+    gate = threading.Barrier(6)
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        gate.wait(10)
+        time.sleep(0.02 * i)  # staggered: some arrive while the first master is starting
+        try:
+            results.append(host.run(["echo", str(i)], check=True).text.strip())
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        master = host.master_pid
+    finally:
+        host.close()
+    assert not errors and sorted(results) == [str(i) for i in range(6)], errors
+    assert master is not None
 
 
 def test_twenty_commands_reuse_one_master_well_under_two_seconds(sshd: Sshd,

@@ -54,3 +54,24 @@ def test_a_taken_port_exits_1_naming_the_flag(tiny_model: Path) -> None:
                               timeout=30, check=False)
     assert done.returncode == 1
     assert f"argument --port: cannot bind 127.0.0.1:{port}" in done.stderr
+
+
+def test_start_engine_picks_another_port_when_its_pick_is_taken_before_the_bind(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port can only say a port was free a moment ago; tiers running side by side take
+    ports too. A port taken in between costs a second start, not a failed test."""
+    from narwhal.lab.engine import testing
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy])
+        real = testing.free_port
+        monkeypatch.setattr(testing, "free_port", lambda host="127.0.0.1": next(picks, None)
+                            or real(host))
+        engine = testing.start_engine(tiny_model, log_path=tmp_path / "engine.log")
+        try:
+            assert engine.port != busy and testing.healthy(engine.port)
+        finally:
+            engine.stop()

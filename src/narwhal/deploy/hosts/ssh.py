@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +44,10 @@ class SshHost(Host):
         self.connect_timeout = connect_timeout
         self.ssh_config = ssh_config
         self._master: subprocess.Popen[bytes] | None = None
+        # Gates run one host's commands from several threads (engines sharing a host start
+        # at once): one of them starts the master while the others wait for it, instead of
+        # each stopping the master another is still starting.
+        self._master_lock = threading.Lock()
 
     def _options(self) -> list[str]:
         opts = [
@@ -104,6 +109,11 @@ class SshHost(Host):
                                       "firewall")
             time.sleep(0.02)
 
+    def _ensure_master(self) -> None:
+        with self._master_lock:
+            if not self._master_alive():
+                self._start_master()
+
     def _master_alive(self) -> bool:
         return (self._master is not None and self._master.poll() is None
                 and self.control_path.exists())
@@ -141,8 +151,7 @@ class SshHost(Host):
         if env:
             raise HostError(self.alias, "environment variables cannot be sent over SSH; "
                             "pass values as files or stdin")
-        if not self._master_alive():
-            self._start_master()
+        self._ensure_master()
         ssh = ["ssh", *self._options(), "-o", "ControlMaster=no", "-o", "BatchMode=yes", "-T",
                self.destination.target, "--", cl.remote_line(argv)]
         try:
@@ -152,13 +161,13 @@ class SshHost(Host):
             raise HostError(self.alias, f"`{argv[0]}` did not finish within {timeout} s",
                             command=argv[0]) from None
         if done.returncode == 255 and b"Control socket" in done.stderr:
-            self._stop_master()  # the next call opens a fresh master
+            with self._master_lock:
+                self._stop_master()  # the next call opens a fresh master
         return done.returncode, done.stdout, done.stderr
 
     def interactive(self, argv: Sequence[str]) -> int:
         """Run argv with this terminal attached (a role shell) over the master; its status."""
-        if not self._master_alive():
-            self._start_master()
+        self._ensure_master()
         ssh = ["ssh", *self._options(), "-o", "ControlMaster=no", "-o", "BatchMode=yes", "-t",
                self.destination.target, "--", cl.remote_line(argv)]
         return subprocess.call(ssh)
@@ -171,8 +180,7 @@ class SshHost(Host):
         self._control("cancel", local_port, remote_host, remote_port)
 
     def _control(self, verb: str, local_port: int, remote_host: str, remote_port: int) -> None:
-        if not self._master_alive():
-            self._start_master()
+        self._ensure_master()
         spec = f"127.0.0.1:{int(local_port)}:{remote_host}:{int(remote_port)}"
         done = subprocess.run(["ssh", *self._options(), "-O", verb, "-L", spec,
                                self.destination.target], capture_output=True, check=False)
@@ -186,4 +194,5 @@ class SshHost(Host):
         return self._master.pid if self._master_alive() and self._master is not None else None
 
     def close(self) -> None:
-        self._stop_master()
+        with self._master_lock:
+            self._stop_master()

@@ -119,11 +119,29 @@ def healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
         conn.close()
 
 
+PORT_TRIES = 3  # a port free a moment ago can be taken before the engine binds it
+
+
 def start_engine(model_dir: Path, *, log_path: Path, port: int | None = None,
                  extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  timeout: float = START_TIMEOUT) -> RunningEngine:
-    """Spawn an emulator on 127.0.0.1 and wait for /health; EngineStartFailed with its log."""
-    port = port or free_port()
+    """Spawn an emulator on 127.0.0.1 and wait for /health; EngineStartFailed with its log.
+    Ports it picks itself are picked again when another process took one first (free_port
+    can only say a port was free; tiers running side by side bind ports too)."""
+    picked = port is None and "VLLM_NIXL_SIDE_CHANNEL_PORT" not in (env or {})
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return _spawn(model_dir, log_path=log_path, port=port or free_port(),
+                          extra_args=extra_args, env=env, timeout=timeout)
+        except EngineStartFailed as exc:
+            taken = "address already in use" in str(exc) or "Errno 98" in str(exc)
+            if not (picked and attempt < PORT_TRIES and taken):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _spawn(model_dir: Path, *, log_path: Path, port: int, extra_args: Sequence[str],
+           env: Mapping[str, str] | None, timeout: float) -> RunningEngine:
     full_env = dict(os.environ)
     full_env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port())  # one per engine, unless given
     full_env.update(env or {})
