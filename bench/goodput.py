@@ -291,9 +291,14 @@ def roles_moved(port: int) -> dict[str, Any]:
                 "pools": {k: len(v) if isinstance(v, list) else v
                           for k, v in (state.get("pools") or {}).items()}}
     engines = state.get("engines") or []
+    scheduler = state.get("scheduler") or {}
     return {"current_roles": {str(e.get("id")): e.get("current_role") for e in engines},
             "last_flips": {str(e.get("id")): e.get("last_flip") for e in engines
-                           if e.get("last_flip")}}
+                           if e.get("last_flip")},
+            # what admission learned: its TTFT error margin and each decode engine's TPOT bias
+            "ttft_model_error": scheduler.get("ttft_model_error"),
+            "tpot_model_error_s": {str(e.get("id")): e.get("tpot_model_error_s")
+                                   for e in engines}}
 
 
 def main() -> int:
