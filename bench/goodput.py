@@ -152,7 +152,16 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, req: Request
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             row["status"] = resp.status
             if resp.status != 200:
-                await resp.read()
+                payload = await resp.read()
+                try:  # why it was refused, where the router says (Narwhal: over_capacity ...)
+                    error = json.loads(payload).get("error")
+                    row["refusal"] = str(error.get("code") or error.get("type"))[:40] if \
+                        isinstance(error, dict) else None
+                    if isinstance(error, dict) and "time per output token" in str(
+                            error.get("message")):
+                        row["refusal"] = "tpot"
+                except (ValueError, AttributeError):
+                    pass
                 return row
             async for raw in resp.content:
                 line = raw.decode().strip()
