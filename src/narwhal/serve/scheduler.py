@@ -26,10 +26,10 @@ process's row) and by the work this router already sent it, which the data path 
   leg computes its last prompt token, at the prefill curve's constant, in a step every stream
   shares) until it ends. The streams counted are those running, plus those reserved (placed,
   prefilling), less those the engine's measured departure rate says end before the newcomer's
-  leg starts (at most the reserved: in steady state as many end as start). The decode engine is the one whose step time the request slows least
-  while the step stays within the TPOT budget (`pricing.best_decode`'s rule); ties prefer the
-  engine chosen for prefill (one plain request, no KV handoff), then the one with fewer
-  running.
+  leg starts (at most the reserved: in steady state as many end as start). The decode engine
+  is the one whose step time the request slows least while the step stays within the TPOT
+  budget (`pricing.best_decode`'s rule); ties prefer the engine chosen for prefill (one plain
+  request, no KV handoff), then the one with fewer running.
 - the model's error: each request that ends with a first token and no retried leg reports
   observed - predicted TTFT (`Call.ttft_error_s`); `finished` keeps their moving mean and
   deviation and every later prediction carries mean + half a deviation (`pricing.ttft_margin_s`,
@@ -323,9 +323,8 @@ class CurvePriced:
             reserved = engine.reserved
             share = 0.0
             ending = 0.0
-            if reserved > 0 and running > 0 and window_s > 0.0 and engine.departures > 0.0:
-                ending = (engine.departures * window_s / DEPARTURE_TAU_S
-                          * math.exp((engine.departed_at - now) / DEPARTURE_TAU_S))
+            if reserved > 0 and running > 0 and window_s > 0.0:
+                ending = departures_per_s(engine, now) * window_s
                 cap = reserved if reserved < running else running
                 if ending > cap:
                     ending = float(cap)

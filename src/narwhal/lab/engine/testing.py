@@ -128,16 +128,16 @@ def start_engine(model_dir: Path, *, log_path: Path, port: int | None = None,
     """Spawn an emulator on 127.0.0.1 and wait for /health; EngineStartFailed with its log.
     Ports it picks itself are picked again when another process took one first (free_port
     can only say a port was free; tiers running side by side bind ports too)."""
-    picked = port is None and "VLLM_NIXL_SIDE_CHANNEL_PORT" not in (env or {})
-    for attempt in range(1, PORT_TRIES + 1):
-        try:
-            return _spawn(model_dir, log_path=log_path, port=port or free_port(),
-                          extra_args=extra_args, env=env, timeout=timeout)
-        except EngineStartFailed as exc:
-            taken = "address already in use" in str(exc) or "Errno 98" in str(exc)
-            if not (picked and attempt < PORT_TRIES and taken):
-                raise
-    raise AssertionError("unreachable")
+    if port is None and "VLLM_NIXL_SIDE_CHANNEL_PORT" not in (env or {}):
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return _spawn(model_dir, log_path=log_path, port=free_port(),
+                              extra_args=extra_args, env=env, timeout=timeout)
+            except EngineStartFailed as exc:
+                if "address already in use" not in str(exc) and "Errno 98" not in str(exc):
+                    raise
+    return _spawn(model_dir, log_path=log_path, port=port or free_port(),
+                  extra_args=extra_args, env=env, timeout=timeout)
 
 
 def _spawn(model_dir: Path, *, log_path: Path, port: int, extra_args: Sequence[str],
