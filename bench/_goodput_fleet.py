@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _procs import Owned, free_port, http_status, start, wait_status
+from _procs import Owned, free_port, free_ports, http_status, start, wait_status
 from _targets import KV_BOTH, REPO, launch_narwhal_inference, venv
 
 sys.path.insert(0, str(REPO / "scripts" / "baselines"))
@@ -72,15 +72,16 @@ def start_fleet(n: int, timing: Timing, cpu: str, work: Path) -> Fleet:
     model_dir = write_tiny_llama(work / "tiny")
     owned: list[Owned] = []
     try:
+        ports = free_ports(2 * n)  # each engine's HTTP port and NIXL side channel
         for i in range(n):
-            port = free_port()
+            port, side = ports[2 * i], ports[2 * i + 1]
             argv = [sys.executable, "-m", "narwhal.lab.engine", "serve", str(model_dir),
                     "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
                     "--kv-transfer-config", KV_BOTH, "--emu-platform", "cpu",
                     "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "256M",
                     "--max-model-len", "2048", "--emu-eos-probability", "0", *timing.flags()]
             env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                   "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+                   "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}
             owned.append(start(f"engine-e{i}", argv, cpu=cpu, log=work / f"e{i}.log", port=port,
                                env=env, cwd=REPO))
         for eng in owned:
@@ -220,7 +221,7 @@ def start_narwhal_inference(fleet: Fleet, timing: Timing, slo: dict[str, float],
 
 def start_vllm_router(fleet: Fleet, cpu: str, work: Path) -> Owned:
     root = venv("setup-vllm-router.sh")
-    port = free_port()
+    port, metrics_port = free_ports(2)
     argv = [str(root / "bin" / "vllm-router"), "--vllm-pd-disaggregation"]
     for url in fleet.by_role("prefill"):
         argv += ["--prefill", url, "none"]
@@ -228,7 +229,7 @@ def start_vllm_router(fleet: Fleet, cpu: str, work: Path) -> Owned:
         argv += ["--decode", url]
     argv += ["--kv-connector", "nixl", "--policy", "round_robin", "--host", "127.0.0.1",
              "--port", str(port), "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(free_port()), "--log-level", "warning"]
+             "--prometheus-port", str(metrics_port), "--log-level", "warning"]
     r = start("vllm-router", argv, cpu=cpu, log=work / "vllm-router.log", port=port)
     r.extra["ready_s"] = round(wait_status(port, "/health", 60, r.proc), 3)
     return r

@@ -35,6 +35,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: every socket stays bound until all are picked (separate
+    `free_port` calls may hand out one port twice, and two engines then race for it)."""
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def _stat(pid: int) -> list[str]:
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from _procs import Owned, free_port, http_status, start, wait_status
+from _procs import Owned, free_port, free_ports, http_status, start, wait_status
 
 REPO = Path(__file__).resolve().parents[1]
 KIT_STUB = Path("/work/shared/reference/baseline-kit/stub_engine.py")
@@ -52,15 +52,16 @@ def start_engines(kind: str, cpu: str, work: Path, stub_python: Path | None) -> 
         from narwhal.lab.engine.testing import write_tiny_llama
 
         model_dir = write_tiny_llama(work / "tiny")
-        for name in ("p0", "d0"):
-            port = free_port()
+        ports = free_ports(4)  # each engine's HTTP port and NIXL side channel
+        for i, name in enumerate(("p0", "d0")):
+            port, side = ports[2 * i], ports[2 * i + 1]
             argv = [sys.executable, "-m", "narwhal.lab.engine", "serve", str(model_dir),
                     "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
                     "--kv-transfer-config", KV_BOTH, "--emu-platform", "cpu",
                     "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "256M",
                     "--emu-zero-delay", "--emu-eos-probability", "0"]
             env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                   "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+                   "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}
             owned.append(start(f"engine-{name}", argv, cpu=cpu, log=work / f"{name}.log",
                                port=port, env=env, cwd=REPO))
         model = "tiny"

@@ -30,6 +30,7 @@ from narwhal.serve.journal import Journal
 from narwhal.serve.leadership import Leadership
 from narwhal.serve.lease import Claimant, FileLease, Lease
 from narwhal.serve.metrics import RouterMetrics
+from narwhal.serve.planner import Refused
 from narwhal.serve.proxy import Proxy
 from narwhal.serve.quorum_lease import QuorumLease
 from narwhal.serve.roles import RoleController
@@ -122,7 +123,11 @@ class Router:
                 self.engines, settings.ttft_s, settings.tpot_s, settings.role_flips,
                 offered_prefill_s=None if priced is None else (lambda: priced.offered_prefill_s),
                 refused_decode=None if priced is None else (
-                    lambda: (priced.refused_decode_stream_s, priced.refused_decode_token_s)))
+                    lambda: Refused(priced.refused_decode_stream_s, priced.refused_decode_token_s,
+                                    priced.refused_decode_arrival_s)),
+                offered_requests=None if priced is None else (
+                    lambda: (priced.admitted + priced.refused + priced.refused_over_share
+                             + priced.refused_tpot)))
         self.proxy = Proxy(limits, chooser, self.health, self.metrics, self.journal,
                            self.deadlines)
         control = settings.controller

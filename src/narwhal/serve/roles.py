@@ -48,8 +48,18 @@ from typing import Any
 
 from narwhal.core.fleet import RoleFlips
 from narwhal.serve.engines import Engine
-from narwhal.serve.planner import DemandWindow, PoolShape, plan_prefill, spread_step_s
-from narwhal.serve.scheduler import decode_step_s
+from narwhal.serve.planner import (
+    DemandWindow,
+    PoolShape,
+    Refused,
+    Sample,
+    Sizing,
+    StepCost,
+    plan_prefill,
+    spread_step_s,
+)
+from narwhal.serve.pricing import tpot_bias_s
+from narwhal.serve.scheduler import arrival_s, decode_step_s
 
 _log = logging.getLogger("narwhal.serve.roles")
 
@@ -116,7 +126,8 @@ class RoleController:
     def __init__(self, engines: Sequence[Engine], ttft_s: float, tpot_s: float,
                  policy: RoleFlips, clock: Callable[[], float] = time.monotonic,
                  offered_prefill_s: Callable[[], float] | None = None,
-                 refused_decode: Callable[[], tuple[float, float]] | None = None) -> None:
+                 refused_decode: Callable[[], Refused] | None = None,
+                 offered_requests: Callable[[], int] | None = None) -> None:
         self.engines = tuple(engines)
         self.members = tuple(e for e in engines if e.spec.role == "both")
         self.policy = policy
@@ -130,8 +141,9 @@ class RoleController:
         # Planner mode: cumulative prefill seconds offered to the fleet (the scheduler counts
         # them, refused requests included) sampled over a sliding window.
         self._offered = offered_prefill_s or (lambda: 0.0)
-        # ... and the decode work it refused on TPOT: (stream-seconds, resident-token-seconds).
-        self._refused_decode = refused_decode or (lambda: (0.0, 0.0))
+        # ... and the decode work it refused on TPOT, and the requests offered.
+        self._refused_decode = refused_decode or Refused
+        self._offered_requests = offered_requests or (lambda: 0)
         self.window = DemandWindow(policy.window_s)
         self.target_prefill: int | None = None
         first = initial_prefill(len(self.members), policy)
@@ -181,11 +193,12 @@ class RoleController:
         """Planner mode: sample the window; the number of `both` engines that should prefill."""
         streams = sum(e.running for e in self.engines)
         resident = sum(e.resident_tokens for e in self.engines)
-        refused_stream_s, refused_token_s = self._refused_decode()
-        self.window.add(now, self._offered(), streams, resident, refused_stream_s, refused_token_s)
+        arrivals = sum(e.arrival_rate for e in self.engines)
+        self.window.add(Sample(now, self._offered(), streams, resident, arrivals,
+                               self._offered_requests(), self._refused_decode()))
         demand = self.window.demand()
-        curve = next((e.profile.decode for e in self.members if e.profile is not None), None)
-        if demand is None or curve is None:
+        profile = next((e.profile for e in self.members if e.profile is not None), None)
+        if demand is None or profile is None:
             return None
         fixed_prefill = sum(1 for e in self.engines if e.spec.role == "prefill" and e.placeable)
         fixed_decode = sum(1 for e in self.engines if e.spec.role == "decode" and e.placeable)
@@ -195,8 +208,24 @@ class RoleController:
                           min(policy.min_prefill, movable), min(policy.min_decode, movable))
         if shape.min_prefill + shape.min_decode > movable:
             return None
-        return plan_prefill(demand, shape, curve, self.tpot_s, policy.prefill_utilization,
-                            policy.decode_utilization)
+        # The step admission judges: each landing leg's cost and the decode engines' mean
+        # learned bias, bounded as admission bounds it.
+        decoding = [e for e in self.engines if e.serves_decode and e.placeable]
+        bias = (sum(tpot_bias_s(e.tpot_error_s, self.tpot_s) for e in decoding) / len(decoding)
+                if decoding else 0.0)
+        sizing = Sizing(profile.decode, self.ttft_s, self.tpot_s, policy.prefill_utilization,
+                        policy.decode_utilization, StepCost(arrival_s(profile), bias),
+                        len(decoding))
+        current = sum(1 for e in self.members
+                      if e.placeable and (e.serves_prefill or e.draining))
+        target = plan_prefill(demand, shape, sizing, current)
+        if target != self.target_prefill:
+            _log.info("planner: %d of %d engines should prefill (prefill %.3f s/s, %.1f "
+                      "requests/s, %.1f streams, %.0f resident tokens, %.3f legs landing a "
+                      "step, step bias %.4f s)", target, movable, demand.prefill_rate,
+                      demand.requests, demand.streams, demand.resident_tokens,
+                      demand.arrivals, bias)
+        return target
 
     def _toward(self, target: int, members: Sequence[Member]) -> Flip | None:
         """One flip towards `target` prefill engines; none while an engine drains."""
@@ -274,7 +303,9 @@ class RoleController:
             "target_prefill": self.target_prefill,
             "demand": None if (d := self.window.demand()) is None else {
                 "prefill_s_per_s": round(d.prefill_rate, 4), "streams": round(d.streams, 2),
-                "resident_tokens": round(d.resident_tokens)},
+                "resident_tokens": round(d.resident_tokens),
+                "arrivals_per_step": round(d.arrivals, 4),
+                "requests_per_s": round(d.requests, 2)},
             "roles": {e.id: self.role_of(e) for e in self.members},
             "flips": [{"from": f, "to": t, "count": n} for (f, t), n in sorted(self.flips.items())],
         }

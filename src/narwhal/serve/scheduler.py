@@ -43,9 +43,12 @@ process's row) and by the work this router already sent it, which the data path 
   `slo.tpot_s` with it (its mean step plus `pricing.TPOT_SPREAD_Z` spreads of the request's
   own TPOT over its `max_tokens` steps, `pricing.tpot_spread_s`), it is refused (429,
   `Retry-After: 1`, about a stream's life): admitted,
-  it would miss its own budget and slow every stream already there past theirs. Refused
-  decode work still counts as demand for the pool planner (`refused_decode_*`). Retries of a
-  failed leg are never refused.
+  it would miss its own budget and slow every stream already there past theirs. The decode
+  work of every refused request, whichever budget refused it, still counts as demand for the
+  pool planner (`refused_decode_*`): a request the prefill pool turned away is one the decode
+  pool would have run had prefill had room, and leaving it out would make the decode pool look
+  lighter exactly when prefill is short (the planner then moved an engine to prefill and paid
+  for it in TPOT refusals). Retries of a failed leg are never refused.
 - fair shares: each tenant's share of the requests in flight is its weight over the weights
   of the tenants with requests in flight. Near capacity (predicted TTFT above
   `FAIR_BUDGET` x the budget) a tenant at or over its share is refused (429 `over_fair_share`),
@@ -242,10 +245,12 @@ class CurvePriced:
         # Prefill seconds offered to the fleet, admitted or refused, priced at the best
         # engine's curve: the planner's measure of prefill demand (roles.py, planner.py).
         self.offered_prefill_s = 0.0
-        # Decode work refused on TPOT, as stream-seconds and resident-token-seconds it would
-        # have run for at the budget: demand the decode pool did not serve (planner.py).
+        # Decode work of refused requests, as the stream-seconds, resident-token-seconds and
+        # landing-legs-per-step-seconds it would have held: demand the decode pool did not
+        # serve (planner.py).
         self.refused_decode_stream_s = 0.0
         self.refused_decode_token_s = 0.0
+        self.refused_decode_arrival_s = 0.0
         self.fair_ttft_s = ttft_s * FAIR_BUDGET
         self._weights = dict(weights or {})
         self._inflight: dict[str | None, int] = {}  # admitted, unfinished, by tenant (>0 only)
@@ -380,20 +385,20 @@ class CurvePriced:
         if predicted > self.fair_ttft_s:
             if predicted > self.ttft_s:
                 self.refused += 1
+                self._refused_decode(facts, resident, arrivals, step)
                 refusal = Refusal(retry_after_s(predicted, self.ttft_s), predicted, self.ttft_s)
                 self.last_refusal = refusal
                 return refusal
             if self.over_share(tenant):
                 self.refused_over_share += 1
+                self._refused_decode(facts, resident, arrivals, step)
                 refusal = Refusal(retry_after_s(predicted, self.fair_ttft_s), predicted,
                                   self.fair_ttft_s, over_share=True)
                 self.last_refusal = refusal
                 return refusal
         if judged > self.tpot_s:
             self.refused_tpot += 1
-            lasts = (facts.max_tokens or 1) * self.tpot_s
-            self.refused_decode_stream_s += lasts
-            self.refused_decode_token_s += lasts * resident
+            self._refused_decode(facts, resident, arrivals, step)
             refusal = Refusal(1, predicted, self.ttft_s, over_tpot=True, predicted_tpot_s=judged,
                               tpot_budget_s=self.tpot_s)
             self.last_refusal = refusal
@@ -402,6 +407,16 @@ class CurvePriced:
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         self._total += 1
         return Placement(prefill, decode, modelled, step)
+
+    def _refused_decode(self, facts: RequestFacts, resident: int, arrivals: float,
+                        step: float) -> None:
+        """Count a refused request's decode work: its stream would have lasted `max_tokens`
+        steps at the step it was priced at (never past the budget: admitted, it would run
+        no slower), holding `resident` tokens and landing `arrivals` legs per step."""
+        lasts = (facts.max_tokens or 1) * (step if step < self.tpot_s else self.tpot_s)
+        self.refused_decode_stream_s += lasts
+        self.refused_decode_token_s += lasts * resident
+        self.refused_decode_arrival_s += lasts * arrivals
 
     def finished(self, facts: RequestFacts) -> None:
         tenant = facts.tenant

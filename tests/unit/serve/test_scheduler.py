@@ -187,6 +187,9 @@ def test_a_flood_is_refused_with_a_retry_after_priced_from_the_queue() -> None:
     assert refusal.predicted_ttft_s == pytest.approx(2.0 + 1.5 * 0.0111)
     assert refusal.retry_after_s == 1
     assert (chooser.admitted, chooser.refused) == (4, 3)
+    # Turned away by prefill, the three are still decode demand for the planner: each would
+    # have held d0 for its length (one step when unknown) at the step it was priced at.
+    assert chooser.refused_decode_stream_s == pytest.approx(3 * 0.0111)
     clock.now += 0.4  # the first answers: the queue drains, admitted again
     prefill_ended(p0, clock.now, 0.4)
     clock.now += 0.1
@@ -421,9 +424,11 @@ def test_no_decode_engine_within_the_tpot_budget_means_a_tpot_refusal() -> None:
                                                      + 0.5 * 0.0101 * (0.2 / 10) ** 0.5)
     assert refusal.tpot_budget_s == 0.0245 and refusal.retry_after_s == 1
     assert (chooser.admitted, chooser.refused, chooser.refused_tpot) == (1, 0, 1)
-    # the refused stream still counts as decode demand: 10 tokens at the budget
-    assert chooser.refused_decode_stream_s == pytest.approx(0.245)
-    assert chooser.refused_decode_token_s == pytest.approx(0.245 * decode_tokens(facts))
+    # the refused stream still counts as decode demand: 10 tokens at its priced step
+    lasts = 10 * (0.02 + 0.002 + 0.00202)
+    assert chooser.refused_decode_stream_s == pytest.approx(lasts)
+    assert chooser.refused_decode_token_s == pytest.approx(lasts * decode_tokens(facts))
+    assert chooser.refused_decode_arrival_s == pytest.approx(lasts * 0.1)
     state = chooser.state()
     assert state["refused_tpot"] == 1 and state["last_refusal"]["over_tpot"]
     assert state["decode_step_s"]["d0"] == pytest.approx(0.02 + 0.001 + 0.00101)
