@@ -147,7 +147,10 @@ def main() -> int:
     finally:
         for o in reversed(owned):
             o.stop()
-        if not args.keep:
+        failed = any(row["errors"] for row in rows)
+        if failed:  # the routers' logs and journals say why; keep them
+            print(f"router_overhead: some runs had errors; scratch kept in {work}", flush=True)
+        if not args.keep and not failed:
             shutil.rmtree(work, ignore_errors=True)
     summary = summarize(rows)
     args.out.mkdir(parents=True, exist_ok=True)

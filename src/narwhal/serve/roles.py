@@ -141,7 +141,7 @@ class RoleController:
         # Planner mode: cumulative prefill seconds offered to the fleet (the scheduler counts
         # them, refused requests included) sampled over a sliding window.
         self._offered = offered_prefill_s or (lambda: 0.0)
-        # ... and the decode work it refused on TPOT, and the requests offered.
+        # ... the decode work of the requests it refused, and the requests offered.
         self._refused_decode = refused_decode or Refused
         self._offered_requests = offered_requests or (lambda: 0)
         self.window = DemandWindow(policy.window_s)
