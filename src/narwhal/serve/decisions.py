@@ -9,8 +9,8 @@ unit test walks every case; the proxy only executes the row it is given, and eve
 row names the rule that settled it (`rule`).
 
 A leg end is looked up by (leg, how it ended, facts): the facts are a few bits the proxy
-reads off the call (`STALE`, `RETRY_OK`, `STREAMING`, `STARTED`, `OVERFLOW_POSSIBLE`). The
-first row whose required bits are all set wins. Settlements that are not a leg's end (a
+reads off the call (`STALE`, `RETRY_OK`, `STREAMING`, `STARTED`, `OVERFLOW_POSSIBLE`,
+`GONE`). The first row whose required bits are all set wins. Settlements that are not a leg's end (a
 refusal at placement, a client gone between legs, a handoff the producer did not give) are
 named Decisions too.
 """
@@ -53,7 +53,8 @@ RETRY_OK: Final = 2  # tries left, the client still there, the router not shutti
 STREAMING: Final = 4  # the client asked for a stream
 STARTED: Final = 8  # the client's response began (its head went out with the first byte)
 OVERFLOW_POSSIBLE: Final = 16  # a 400 while the prompt is uncounted: maybe prompt + max_tokens > context
-FACT_BITS: Final = 32
+GONE: Final = 32  # the client connection has closed
+FACT_BITS: Final = 64
 MAX_TRIES: Final = 3  # engines a leg is sent to, at most
 
 # What the health tracker learns
@@ -141,7 +142,19 @@ class Row:
 
 # -- leg ends: the first row whose needed bits are set wins --------------------------------------
 ROWS: Final = (
-    # The engine had closed an idle keep-alive connection: send again on a new one, no blame.
+    # The engine had closed an idle keep-alive connection: no fault of its own, whether or not
+    # the client is still there (counted against the engine, a client that leaves at the
+    # wrong moment would move a healthy engine towards ejection). The leg is sent again on a
+    # new connection, unless its client has left.
+    Row(PREFILL, FAILED_BEFORE, STALE | GONE, Decision(
+        "prefill/stale_connection_client_gone", Outcome.CLIENT_GONE, 499, "",
+        "client connection closed; the prefill engine had closed the idle connection the "
+        "leg was sent on", CLOSE)),
+    Row(DECODE, FAILED_BEFORE, STALE | GONE, Decision(
+        "decode/stale_connection_client_gone", Outcome.CLIENT_GONE, 499, "",
+        "client connection closed; the decode engine had closed the idle connection the "
+        "leg was sent on", CLOSE,
+        release_kv=True)),
     Row(PREFILL, FAILED_BEFORE, STALE, Decision("prefill/stale_connection", None, again=True)),
     Row(DECODE, FAILED_BEFORE, STALE, Decision("decode/stale_connection", None, again=True)),
     # Nothing reached the client: another engine may answer, on either leg alike.

@@ -250,10 +250,12 @@ class Proxy:
         elif health == D.HEALTH_SUSPECT:
             self.health.suspect(engine)
 
-    def _may_retry(self, call: Call, tries: list[Engine]) -> int:
-        """The RETRY_OK fact: tries left, the client still there, the router not stopping."""
-        return D.RETRY_OK if (len(tries) < D.MAX_TRIES and not call.gone
-                              and not self.cutting) else 0
+    def _call_facts(self, call: Call, tries: list[Engine]) -> int:
+        """The GONE fact (the client left) or the RETRY_OK one (tries left, the client still
+        there, the router not stopping)."""
+        if call.gone:
+            return D.GONE
+        return D.RETRY_OK if len(tries) < D.MAX_TRIES and not self.cutting else 0
 
     # -- placement --------------------------------------------------------------------------
     def _place(self, call: Call) -> None:
@@ -405,7 +407,7 @@ class Proxy:
         engine.outstanding -= 1
         prefill_ended(engine, time.monotonic(), call.prefill_charge)
         status = leg.status
-        facts = self._may_retry(call, call.prefill_tries)
+        facts = self._call_facts(call, call.prefill_tries)
         if leg.result == OK:
             end = D.answered(status)
             if status == 400 and call.max_tokens is not None and call.prompt_tokens is None \
@@ -413,7 +415,7 @@ class Proxy:
                 facts |= D.OVERFLOW_POSSIBLE
         else:
             end = D.FAILED_BEFORE if leg.result == FAILED else D.TIMEOUT_BEFORE
-            if leg.stale_keepalive and not fresh and not call.gone:
+            if leg.stale_keepalive and not fresh:
                 facts |= D.STALE
         d = D.decide(D.PREFILL, end, facts)
         self._learn(engine, d, leg.reason)
@@ -509,7 +511,7 @@ class Proxy:
             prefill_ended(engine, time.monotonic(), call.prefill_charge)
         call.relay = None
         result = relay.result
-        facts = self._may_retry(call, call.decode_tries)
+        facts = self._call_facts(call, call.decode_tries)
         if call.stream:
             facts |= D.STREAMING
         if relay.started:
@@ -518,7 +520,7 @@ class Proxy:
             end = D.answered(relay.status)
         else:
             end = _DECODE_END[result]
-            if result == R.FAILED_BEFORE and relay.reused and not fresh and not call.gone:
+            if result == R.FAILED_BEFORE and relay.reused and not fresh:
                 facts |= D.STALE
         d = D.decide(D.DECODE, end, facts)
         self._learn(engine, d, relay.reason)

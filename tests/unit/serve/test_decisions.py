@@ -43,7 +43,7 @@ def test_both_legs_are_sent_elsewhere_by_one_rule() -> None:
         prefill, decode = decide(D.PREFILL, end, facts), decide(D.DECODE, end, facts)
         assert (prefill.retry, prefill.again) == (decode.retry, decode.again), (end, facts)
         stale = end == D.FAILED_BEFORE and bool(facts & D.STALE)
-        assert prefill.again == stale
+        assert prefill.again == (stale and not facts & D.GONE)
         assert prefill.retry == (not stale and bool(facts & D.RETRY_OK)), (end, facts)
 
 
@@ -88,11 +88,25 @@ def test_health_learns_failures_timeouts_and_answers_and_nothing_from_the_client
         assert health == want, (leg, end, facts)
 
 
+def test_a_stale_connection_after_the_client_left_is_neither_blamed_nor_sent_again() -> None:
+    for leg in (D.PREFILL, D.DECODE):
+        for facts in range(D.FACT_BITS):
+            if facts & D.RETRY_OK:
+                continue  # the proxy never sets RETRY_OK for a client that left
+            d = decide(leg, D.FAILED_BEFORE, facts | D.STALE | D.GONE)
+            assert (d.health, d.again, d.retry) == (D.HEALTH_NONE, False, False), (leg, facts)
+            assert (d.outcome, d.status, d.reply) == (Outcome.CLIENT_GONE, 499, D.CLOSE)
+        # a real failure after the client left still counts against the engine
+        assert decide(leg, D.FAILED_BEFORE, D.GONE).health == D.HEALTH_FAILED
+
+
 def test_the_kv_a_producer_holds_is_taken_back_whenever_no_decode_leg_will_read_it() -> None:
     releasing = {name for name, d in every_decision().items() if d.release_kv}
     assert releasing == {"decode/rejected", "gone_before_decode", "context_too_long",
+                         "decode/stale_connection_client_gone",
                          "decode/rejected@shutdown", "gone_before_decode@shutdown",
-                         "context_too_long@shutdown"}
+                         "context_too_long@shutdown",
+                         "decode/stale_connection_client_gone@shutdown"}
 
 
 def test_an_engine_s_own_4xx_reaches_the_client_as_it_wrote_it() -> None:
