@@ -98,8 +98,16 @@ def test_a_primary_whose_lease_was_taken_while_it_was_paused_fences_itself(spawn
         assert thief.epoch == 2
     finally:
         os.kill(primary.proc.pid, signal.SIGCONT)
-    reply = call(primary.port, "POST", "/v1/completions", BODY)
-    assert reply.status == 503 and reply.json()["error"]["code"] == "not_leader"
+    # Resumed, it answers a request not_leader until its renewal (overdue on waking) finds the
+    # lease gone; then it answers shutting_down and stops listening. Which of these this
+    # request meets is a race with that renewal; none of them serves it.
+    try:
+        reply = call(primary.port, "POST", "/v1/completions", BODY)
+    except (ConnectionRefusedError, ConnectionResetError):  # RemoteDisconnected is a reset
+        pass
+    else:
+        assert reply.status == 503
+        assert reply.json()["error"]["code"] in ("not_leader", "shutting_down")
     assert primary.proc.wait(timeout=20) == 1
     primary.stop()
     assert "lost the controller lease" in primary.stderr and "fenced" in primary.stderr
