@@ -106,9 +106,16 @@ def spread_step_s(curve: DecodeCurve, resident_tokens: float, streams: float, en
     return curve.step_s(round(resident_tokens / engines), 0) + curve.per_request_s * streams / engines
 
 
+# Demand below this (seconds of prefill, streams, legs per step) is none: the window's rates
+# are differences of floats, and a rate of 1e-300 would divide into infinity.
+NEGLIGIBLE = 1e-9
+
+
 def _typical_steps(demand: Demand) -> int | None:
     """A stream's typical length in steps: streams over the legs they land per step."""
-    return round(demand.streams / demand.arrivals) if demand.arrivals > 0.0 else None
+    if demand.arrivals <= NEGLIGIBLE:
+        return None
+    return round(min(demand.streams / demand.arrivals, 1e9))
 
 
 def judged_step_s(demand: Demand, engines: int, curve: DecodeCurve, cost: StepCost) -> float:
@@ -139,14 +146,16 @@ def prefill_loss(demand: Demand, engines: int, ttft_s: float) -> float:
     """Share of the offered requests a prefill pool of `engines` would refuse on TTFT (see the
     module doc). Without a measured request rate only an overload counts: 1 - 1/rho."""
     rate = demand.prefill_rate
-    if rate <= 0.0:
+    if rate <= NEGLIGIBLE:
         return 0.0
     if engines <= 0:
         return 1.0
     rho = rate / engines
-    if demand.requests <= 0.0:
+    if demand.requests <= NEGLIGIBLE:
         return max(0.0, 1.0 - 1.0 / rho)
     service = rate / demand.requests
+    if service <= NEGLIGIBLE:
+        return 0.0  # prefills that cost nothing never wait
     room = ttft_s - service
     if room <= 0.0:
         return 1.0
@@ -167,7 +176,7 @@ def in_prefill(demand: Demand, engines: int, ttft_s: float) -> float:
     """Requests a prefill pool of `engines` holds on average, waiting or in service: the
     arrival rate times the time in the pool (the Pollaczek-Khinchine wait of one engine at the
     pool's utilisation, never past what the TTFT budget lets admission queue)."""
-    if demand.requests <= 0.0 or demand.prefill_rate <= 0.0 or engines <= 0:
+    if demand.requests <= NEGLIGIBLE or demand.prefill_rate <= NEGLIGIBLE or engines <= 0:
         return 0.0
     service = demand.prefill_rate / demand.requests
     rho = demand.prefill_rate / engines
@@ -186,13 +195,13 @@ def decode_loss(demand: Demand, engines: int, curve: DecodeCurve, tpot_s: float,
     prefill pool (`in_prefill`); admission counts them on their decode engine less the ones
     it expects to end meanwhile, so their number varies the count it judges."""
     n = demand.streams
-    if n <= 0.0:
+    if n <= NEGLIGIBLE:
         return 0.0
     if engines <= 0:
         return 1.0
     share = (curve.per_request_s + curve.per_token_s * demand.resident_tokens / n
              + cost.arrival_s * demand.arrivals / n)
-    fixed = curve.base_s + cost.bias_s
+    fixed = max(0.0, curve.base_s + cost.bias_s)  # a learned bias never makes a step free
     room = tpot_s - fixed - TPOT_SPREAD_Z * tpot_spread_s(
         cost.arrival_s, demand.arrivals / engines, _typical_steps(demand))
     if room <= 0.0:
@@ -208,6 +217,8 @@ def decode_loss(demand: Demand, engines: int, curve: DecodeCurve, tpot_s: float,
             return 1.0  # the streams would outgrow any step
         streams = tokens_per_s * fixed / (1.0 - busy)
     spread = math.sqrt(streams + prefilling)
+    if spread <= 0.0:
+        return 0.0  # no stream to count
     return 0.5 * math.erfc((capacity - streams) / (spread * math.sqrt(2.0)))
 
 

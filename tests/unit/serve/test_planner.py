@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from narwhal.core.fleet import RoleFlips
 from narwhal.core.profiles import DecodeCurve
@@ -162,6 +164,21 @@ def test_the_bench_phases_get_the_split_that_serves_them(demand: Demand, decodin
 def test_streams_that_would_outgrow_any_step_are_all_refused() -> None:
     heavy = Demand(0.285, 36, 36 * 104, 36 / 48, 38.0)
     assert decode_loss(heavy, 1, BENCH, 0.025, LANDING, decoding_now=3) == 1.0
+
+
+@given(prefill_rate=st.floats(0, 50), streams=st.floats(0, 500), tokens=st.floats(0, 1e6),
+       arrivals=st.floats(0, 50), requests=st.floats(0, 5000), bias=st.floats(-0.0125, 0.025),
+       base=st.floats(0, 0.02), decoding_now=st.integers(0, 4), current=st.integers(0, 4))
+def test_any_demand_gives_a_split_within_the_floors_and_losses_that_are_shares(
+        prefill_rate: float, streams: float, tokens: float, arrivals: float, requests: float,
+        bias: float, base: float, decoding_now: int, current: int) -> None:
+    curve = DecodeCurve(base_s=base, per_token_s=1e-7, per_request_s=7e-4, max_requests=64,
+                        max_resident_tokens=200_000, fit_error=0.01, loo_error=0.01, samples=12)
+    demand = Demand(prefill_rate, streams, tokens, arrivals, requests)
+    sizing = Sizing(curve, 0.3, 0.05, 0.7, 0.8, StepCost(0.005, bias), decoding_now)
+    for split in candidates(demand, FOUR, sizing):
+        assert 0.0 <= split.loss <= 1.0
+    assert 1 <= plan_prefill(demand, FOUR, sizing, current) <= 3
 
 
 def test_the_window_reports_offered_rate_and_mean_streams_only_once_half_full() -> None:
