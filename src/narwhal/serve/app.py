@@ -111,8 +111,13 @@ class Router:
         self.metrics = RouterMetrics(settings.ttft_s, settings.tpot_s)
         self.journal = Journal(settings.journal_path, settings.journal_max_rows)
         if chooser is None:  # with a profile store, place on measured curves and admit by TTFT
+            # Overflow to the other pool only under the planner: it sizes the pools from the
+            # demand offered, which overflow does not change, while the reactive controller's
+            # loads would count the overflow requests as the other pool's and flap.
+            flips = settings.role_flips
             chooser = (CurvePriced(self.engines, settings.ttft_s, settings.tpot_s,
-                                   weights=settings.tenants.weights)
+                                   weights=settings.tenants.weights,
+                                   overflow=flips is not None and flips.mode == "planner")
                        if self.binder is not None else LeastOutstanding(self.engines))
         # Role flips need curves to price both pools' load; core/fleet.py refuses the section
         # without a profiles store, so `binder` is set whenever role_flips is.
@@ -125,9 +130,7 @@ class Router:
                 refused_decode=None if priced is None else (
                     lambda: Refused(priced.refused_decode_stream_s, priced.refused_decode_token_s,
                                     priced.refused_decode_arrival_s)),
-                offered_requests=None if priced is None else (
-                    lambda: (priced.admitted + priced.refused + priced.refused_over_share
-                             + priced.refused_tpot)))
+                offered_requests=None if priced is None else (lambda: priced.offered_requests))
         self.proxy = Proxy(limits, chooser, self.health, self.metrics, self.journal,
                            self.deadlines)
         control = settings.controller

@@ -160,12 +160,12 @@ class Call:
 
     __slots__ = ("_base", "body", "chat", "conn", "decision", "decode_arrivals",
                  "decode_attempts", "decode_booked", "decode_charge", "decode_engine",
-                 "decode_live", "decode_tries", "estimate",
-                 "estimator", "events", "finished", "gone", "handoff_s", "http11", "keep_alive",
-                 "kv", "leg_id", "max_tokens", "mode", "path", "placement",
-                 "prefill_charge", "prefill_engine", "prefill_s", "prefill_tries",
-                 "prompt_tokens", "reason", "received", "relay", "request_id", "route", "status",
-                 "stream", "t0", "t_prefill_done", "t_prefill_start", "tenant", "tpot_s", "ttft_s")
+                 "decode_live", "decode_tries", "decode_whole", "estimate", "estimator", "events",
+                 "finished", "gone", "handoff_s", "http11", "keep_alive", "kv", "leg_id",
+                 "max_tokens", "mode", "path", "placement", "prefill_charge", "prefill_engine",
+                 "prefill_s", "prefill_tries", "prompt_tokens", "reason", "received", "relay",
+                 "request_id", "route", "status", "stream", "t0", "t_prefill_done",
+                 "t_prefill_start", "tenant", "tpot_s", "ttft_s")
 
     def __init__(self, body: dict[str, Any], chat: bool, request_id: bytes, tenant: str | None,
                  conn: ClientConnection, keep_alive: bool = True, http11: bool = True,
@@ -223,6 +223,7 @@ class Call:
         self.decode_arrivals = 0.0  # arrivals per step booked there (scheduler.py)
         self.decode_booked: Engine | None = None  # where they are booked, placement to end
         self.decode_live = False  # booked as running (its leg started), else as reserved
+        self.decode_whole = False  # reserved as a plain request (prefill there too)
 
     def learned(self, prompt_tokens: int) -> None:
         """An engine counted the prompt: price by that from now on, and teach the estimator."""

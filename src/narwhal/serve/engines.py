@@ -22,14 +22,13 @@ class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
     __slots__ = ("arrival_rate", "batch_end", "busy_until", "context_len", "departed_at",
-                 "departures", "draining", "ejected",
-                 "ejected_reason", "ejections", "fail_streak", "handoff_s", "held", "held_detail",
-                 "last_flip",
-                 "last_ok", "live_generation", "outstanding", "pool", "prefill_pending",
-                 "prefill_queued_s", "profile", "reserved", "reserved_arrivals",
+                 "departures", "draining", "ejected", "ejected_reason", "ejections",
+                 "fail_streak", "handoff_s", "held", "held_detail", "last_flip", "last_ok",
+                 "live_generation", "outstanding", "pool", "prefill_done_at", "prefill_pending",
+                 "prefill_queued_s", "prefill_work", "profile", "reserved", "reserved_arrivals",
                  "reserved_tokens", "resident_tokens", "running", "serves_decode",
-                 "serves_prefill", "spec", "tpot_error_s",
-                 "waiting_since")
+                 "serves_prefill", "spec", "streams", "tpot_error_s", "waiting_since",
+                 "whole_reserved")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
         self.spec = spec
@@ -84,6 +83,18 @@ class Engine:
         # ends): the bias of the bound profile's decode curve on this process, which
         # admission adds to its prediction (scheduler.py). A new profile starts it again.
         self.tpot_error_s = 0.0
+        # A prefill on an engine with streams running stretches one step of every one of them
+        # (scheduler.py, `CurvePriced._best_local`): per running stream (keyed by its
+        # request), [its gaps between tokens (0: unknown), the prefill seconds it absorbed].
+        self.streams: dict[object, list[float]] = {}
+        # Plain requests placed here whose leg has not been sent yet (their prompt is being
+        # counted): their prefill is not on the queue and their stream not among `streams`.
+        self.whole_reserved = 0
+        # Prefill seconds booked here, a count decayed over scheduler.PREFILL_SHARE_TAU_S as
+        # of `prefill_done_at`: the share of the engine's time prefill takes, which stretches
+        # the gaps of any stream decoding beside it (scheduler.py, `prefill_share`).
+        self.prefill_work = 0.0
+        self.prefill_done_at = 0.0
         # The legs the choosers may place here now. Fixed by the role for `prefill`/`decode`
         # engines; for `both` engines under role flips (roles.py) exactly one is set, or none
         # while the engine drains its decode streams before it takes prefills.

@@ -205,6 +205,15 @@ class _Families(Collector):
         decisions.add_metric(["refused_over_share"], float(sched.refused_over_share))
         decisions.add_metric(["refused_tpot"], float(sched.refused_tpot))
         yield decisions
+        overflow = CounterMetricFamily("narwhal_router_overflow_placements",
+                                       "Requests admitted whole (one plain request) on a both "
+                                       "engine of the other pool: the prefill pool could not "
+                                       "meet TTFT (to_decode_pool), or no decode engine kept "
+                                       "the TPOT budget (to_prefill_pool)",
+                                       labels=["pool"])
+        overflow.add_metric(["to_decode_pool"], float(sched.overflow_to_decode_pool))
+        overflow.add_metric(["to_prefill_pool"], float(sched.overflow_to_prefill_pool))
+        yield overflow
         queue = GaugeMetricFamily("narwhal_router_engine_prefill_queue_seconds",
                                   "Predicted seconds of prefill queued on the engine",
                                   labels=["engine"])

@@ -137,9 +137,11 @@ class Proxy:
         # request's whole prefill is booked on the queue instead.
         call.decode_arrivals = arrivals_per_step(call.max_tokens) if split else 0.0
         if live:
-            decode_started(engine, call.decode_charge, call.decode_arrivals)
+            decode_started(engine, call.decode_charge, call.decode_arrivals,
+                           call.max_tokens or 0, call)
         else:
-            decode_reserved(engine, call.decode_charge, call.decode_arrivals)
+            call.decode_whole = not split
+            decode_reserved(engine, call.decode_charge, call.decode_arrivals, not split)
         call.decode_booked = engine
         call.decode_live = live
 
@@ -148,9 +150,10 @@ class Proxy:
         if booked is None:
             return
         if call.decode_live:
-            decode_ended(booked, call.decode_charge, call.decode_arrivals)
+            decode_ended(booked, call.decode_charge, call.decode_arrivals, None, call)
         else:
-            decode_unreserved(booked, call.decode_charge, call.decode_arrivals)
+            decode_unreserved(booked, call.decode_charge, call.decode_arrivals, call.decode_whole)
+            call.decode_whole = False
         call.decode_booked = None
 
     def _finish(self, call: Call) -> None:
@@ -495,9 +498,10 @@ class Proxy:
         else:
             relay = R.BufferRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s)
         engine.outstanding += 1
-        self._book_decode(call, engine, kv is not None, True)
-        if kv is None:  # a plain request: this engine prefills too
+        if kv is None:  # a plain request: this engine prefills too, in a step the streams
+            # already running there share (its own stream starts after, untouched by it)
             call.prefill_charge = prefill_started(engine, call.price_tokens, time.monotonic())
+        self._book_decode(call, engine, kv is not None, True)
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
                             call.decode_body(kv))

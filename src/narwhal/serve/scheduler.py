@@ -92,6 +92,11 @@ TPOT_ERROR_WEIGHT = 0.125  # weight of the newest stream's TPOT error in its eng
 # Time constant of each decode engine's measured departure rate (streams ended per second):
 # a few stream lives on the bench, so a phase change is followed within seconds.
 DEPARTURE_TAU_S = 5.0
+# Time constant of each engine's measured prefill share (prefill seconds booked per second).
+PREFILL_SHARE_TAU_S = 2.0
+# A prefill engine busier than this with prefill takes no overflow stream: gaps stretched by
+# 1 / (1 - share) grow without bound as the share nears one.
+PREFILL_SHARE_CEILING = 0.8
 
 
 def prefill_started(engine: Engine, tokens: int, now: float) -> float:
@@ -110,6 +115,13 @@ def prefill_started(engine: Engine, tokens: int, now: float) -> float:
             engine.waiting_since = now
     engine.prefill_pending += 1
     engine.prefill_queued_s += cost
+    engine.prefill_work = engine.prefill_work * math.exp(
+        (engine.prefill_done_at - now) / PREFILL_SHARE_TAU_S) + cost
+    engine.prefill_done_at = now
+    if engine.streams:
+        # every stream running here shares the step this prefill runs in (see _best_local)
+        for stream in engine.streams.values():
+            stream[1] += cost
     return cost
 
 
@@ -139,34 +151,50 @@ def waited_s(engine: Engine, now: float) -> float:
     return now - since if since < now else 0.0
 
 
-def decode_reserved(engine: Engine, resident_tokens: int, arrivals: float) -> None:
-    """A request placed with its decode on `engine`; its leg starts after the prefill."""
+def decode_reserved(engine: Engine, resident_tokens: int, arrivals: float,
+                    whole: bool = False) -> None:
+    """A request placed with its decode on `engine`; its leg starts after the prefill (or,
+    `whole`, a plain request: its prefill on `engine` too, not booked until it is sent)."""
     engine.reserved += 1
     engine.reserved_tokens += resident_tokens
     engine.reserved_arrivals += arrivals
+    if whole:
+        engine.whole_reserved += 1
 
 
-def decode_unreserved(engine: Engine, resident_tokens: int, arrivals: float) -> None:
+def decode_unreserved(engine: Engine, resident_tokens: int, arrivals: float,
+                      whole: bool = False) -> None:
+    if whole:
+        engine.whole_reserved -= 1
     engine.reserved -= 1
     engine.reserved_tokens -= resident_tokens
     rate = engine.reserved_arrivals - arrivals
     engine.reserved_arrivals = rate if engine.reserved > 0 and rate > 1e-9 else 0.0
 
 
-def decode_started(engine: Engine, resident_tokens: int, arrivals: float = 0.0) -> None:
+def decode_started(engine: Engine, resident_tokens: int, arrivals: float = 0.0,
+                   steps: int = 0, key: object = None) -> None:
+    """A decode leg started; with a `key` (its request) and `steps` (its max_tokens, 0:
+    unknown), the engine keeps it among the streams a prefill there would stretch."""
     engine.running += 1
     engine.resident_tokens += resident_tokens
     engine.arrival_rate += arrivals
+    if key is not None and steps != 1:  # one token has no gap to stretch
+        engine.streams[key] = [float(steps - 1 if steps > 1 else 0), 0.0]
 
 
 def decode_ended(engine: Engine, resident_tokens: int, arrivals: float = 0.0,
-                 now: float | None = None) -> None:
+                 now: float | None = None, key: object = None) -> None:
     """A decode leg ended (or moved away): its load leaves, and the engine's decayed count of
     departures (`departures_per_s` reads it as a rate) takes one more."""
     engine.running -= 1
     engine.resident_tokens -= resident_tokens
     rate = engine.arrival_rate - arrivals
     engine.arrival_rate = rate if engine.running > 0 and rate > 1e-9 else 0.0
+    if key is not None:
+        engine.streams.pop(key, None)
+    if engine.running <= 0:
+        engine.streams.clear()
     t = time.monotonic() if now is None else now
     engine.departures = engine.departures * math.exp(
         (engine.departed_at - t) / DEPARTURE_TAU_S) + 1.0
@@ -180,6 +208,15 @@ def departures_per_s(engine: Engine, now: float) -> float:
     if count <= 0.0:
         return 0.0
     return count * math.exp((engine.departed_at - now) / DEPARTURE_TAU_S) / DEPARTURE_TAU_S
+
+
+def prefill_share(engine: Engine, now: float) -> float:
+    """The share of the engine's time its booked prefills took, weighted over
+    `PREFILL_SHARE_TAU_S` (0 until one is booked)."""
+    work = engine.prefill_work
+    if work <= 0.0:
+        return 0.0
+    return work * math.exp((engine.prefill_done_at - now) / PREFILL_SHARE_TAU_S) / PREFILL_SHARE_TAU_S
 
 
 def handoff_seen(engine: Engine, seconds: float) -> None:
@@ -225,13 +262,58 @@ def decode_tokens(facts: RequestFacts) -> int:
     return facts.price_tokens + (mt >> 1 if mt else 0)
 
 
+def stream_step_s(engine: Engine, tokens: int, arrivals: float, steps: int | None,
+                  window_s: float, now: float, budget: float,
+                  joining: bool) -> tuple[float, float]:
+    """(the engine's decode step with a stream of `tokens` resident tokens landing `arrivals`
+    legs per step added when `joining`, else the step now; that step as the TPOT budget
+    holds it: plus the engine's bounded bias and `TPOT_SPREAD_Z` spreads over the stream's
+    `steps`). The streams counted are those running and reserved, less those the measured
+    departure rate ends within `window_s`. `CurvePriced._best_decode` inlines the same
+    arithmetic on the request path; tests/unit/serve/test_scheduler.py holds the two equal."""
+    profile = engine.profile
+    if profile is None:
+        return 0.0, 0.0
+    c = profile.decode
+    running = engine.running
+    reserved = engine.reserved
+    share = 0.0
+    ending = 0.0
+    if reserved > 0 and running > 0 and window_s > 0.0:
+        ending = departures_per_s(engine, now) * window_s
+        cap = reserved if reserved < running else running
+        if ending > cap:
+            ending = float(cap)
+        share = ending / running
+    streams = running + reserved - ending
+    if streams <= 0.0 and not joining:
+        return 0.0, 0.0
+    resident = engine.resident_tokens * (1.0 - share) + engine.reserved_tokens
+    rate = engine.arrival_rate * (1.0 - share) + engine.reserved_arrivals
+    arrive = arrival_s(profile)
+    extra = 1.0 if joining else 0.0
+    mine = arrivals if joining else 0.0
+    after = (c.base_s + c.per_token_s * (resident + tokens * extra)
+             + c.per_request_s * (streams + extra) + arrive * (rate + mine))
+    bias = engine.tpot_error_s
+    low, high = TTFT_MARGIN_FLOOR * budget, TTFT_MARGIN_CEILING * budget
+    judged = after + (low if bias < low else high if bias > high else bias)
+    landing = rate + mine
+    if steps and landing > 0.0:
+        judged += TPOT_SPREAD_Z * arrive * math.sqrt(landing / steps)
+    return after, judged
+
+
 class CurvePriced:
     """The `EngineChooser` that prices placements on measured curves and admits by TTFT."""
 
     def __init__(self, engines: Sequence[Engine], ttft_s: float, tpot_s: float,
                  clock: Callable[[], float] = time.monotonic,
-                 weights: Mapping[str, float] | None = None) -> None:
+                 weights: Mapping[str, float] | None = None, overflow: bool = False) -> None:
         self._prefill = tuple(e for e in engines if e.spec.can_prefill)
+        # May a request either pool cannot take run whole on a `both` engine of the other
+        # (`_best_local`, `_best_home`)? Only under the pool planner (app.py says why).
+        self.overflow = overflow
         self._decode = tuple(e for e in engines if e.spec.can_decode)
         self.ttft_s = ttft_s
         self.tpot_s = tpot_s
@@ -241,6 +323,11 @@ class CurvePriced:
         self.refused = 0
         self.refused_over_share = 0
         self.refused_tpot = 0
+        # Admitted as one plain request on an engine of the other pool (`both` engines under
+        # role flips): the prefill pool could not meet TTFT (on a decode-pool engine), or no
+        # decode engine could keep the TPOT budget (on a prefill-pool engine).
+        self.overflow_to_decode_pool = 0
+        self.overflow_to_prefill_pool = 0
         self.last_refusal: Refusal | None = None
         # Prefill seconds offered to the fleet, admitted or refused, priced at the best
         # engine's curve: the planner's measure of prefill demand (roles.py, planner.py).
@@ -248,6 +335,13 @@ class CurvePriced:
         # Decode work of refused requests, as the stream-seconds, resident-token-seconds and
         # landing-legs-per-step-seconds it would have held: demand the decode pool did not
         # serve (planner.py).
+        # The prefill seconds admitted to the prefill pool and their count, decayed over
+        # PREFILL_SHARE_TAU_S as of `_offered_at`: each prefill engine's even share of them
+        # and their mean cost (`_best_home`). Admitted, not offered: a client that retries
+        # every 429 at once would otherwise count its refusals as prefill the pool runs.
+        self._offered_work = 0.0
+        self._offered_count = 0.0
+        self._offered_at = 0.0
         self.refused_decode_stream_s = 0.0
         self.refused_decode_token_s = 0.0
         self.refused_decode_arrival_s = 0.0
@@ -259,6 +353,11 @@ class CurvePriced:
         self.ttft_error_mean_s = 0.0
         self.ttft_error_dev_s = 0.0
         self.ttft_margin_s = 0.0
+
+    @property
+    def offered_requests(self) -> int:
+        """Requests placement was asked for, whatever it answered: the planner's demand."""
+        return self.admitted + self.refused + self.refused_over_share + self.refused_tpot
 
     def over_share(self, tenant: str | None) -> bool:
         """Would one more request put `tenant` above its weighted share of those in flight?"""
@@ -290,6 +389,10 @@ class CurvePriced:
             queued = engine.busy_until - now
             t = ((queued if queued > 0.0 else 0.0) + waited_s(engine, now) + c.a_s
                  + c.b_s_per_token * tokens + c.c_s_per_token2 * tokens * tokens)
+            if engine.running:  # overflow streams decode here: the step carries them too
+                d = profile.decode
+                t += (d.base_s + d.per_token_s * engine.resident_tokens
+                      + d.per_request_s * engine.running)
             if t < best_s:
                 best, best_s = engine, t
         return best, best_s
@@ -370,7 +473,8 @@ class CurvePriced:
         prefill, predicted = self._best_prefill(tokens, (), now)
         if prefill is None or prefill.profile is None:
             return None
-        self.offered_prefill_s += prefill.profile.prefill.seconds(tokens)
+        work = prefill.profile.prefill.seconds(tokens)
+        self.offered_prefill_s += work
         resident = decode_tokens(facts)
         arrivals = arrivals_per_step(facts.max_tokens)
         decode, step, judged = self._best_decode(resident, arrivals, (), prefer=prefill,
@@ -384,6 +488,13 @@ class CurvePriced:
         tenant = facts.tenant
         if predicted > self.fair_ttft_s:
             if predicted > self.ttft_s:
+                if self.overflow and not self.over_share(tenant):
+                    local, local_ttft, local_step = self._best_local(
+                        tokens, resident, facts.max_tokens, now)
+                    if local is not None:
+                        self.overflow_to_decode_pool += 1
+                        self._admit(tenant)
+                        return Placement(local, local, local_ttft, local_step)
                 self.refused += 1
                 self._refused_decode(facts, resident, arrivals, step)
                 refusal = Refusal(retry_after_s(predicted, self.ttft_s), predicted, self.ttft_s)
@@ -397,16 +508,138 @@ class CurvePriced:
                 self.last_refusal = refusal
                 return refusal
         if judged > self.tpot_s:
+            home: Engine | None = None
+            if self.overflow and not self.over_share(tenant):
+                home, home_ttft, home_step = self._best_home(tokens, resident, facts.max_tokens,
+                                                             now)
+            if home is not None:
+                self.overflow_to_prefill_pool += 1
+                self._admit(tenant)
+                self._pool_prefill(work, now)
+                return Placement(home, home, home_ttft, home_step)
             self.refused_tpot += 1
             self._refused_decode(facts, resident, arrivals, step)
             refusal = Refusal(1, predicted, self.ttft_s, over_tpot=True, predicted_tpot_s=judged,
                               tpot_budget_s=self.tpot_s)
             self.last_refusal = refusal
             return refusal
+        self._admit(tenant)
+        if self.overflow:
+            self._pool_prefill(work, now)
+        return Placement(prefill, decode, modelled, step)
+
+    def _pool_prefill(self, work: float, now: float) -> None:
+        """An admitted prefill of `work` seconds goes to the prefill pool (`_best_home`)."""
+        decay = math.exp((self._offered_at - now) / PREFILL_SHARE_TAU_S)
+        self._offered_work = self._offered_work * decay + work
+        self._offered_count = self._offered_count * decay + 1.0
+        self._offered_at = now
+
+    def _admit(self, tenant: str | None) -> None:
         self.admitted += 1
         self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
         self._total += 1
-        return Placement(prefill, decode, modelled, step)
+
+    def _best_home(self, tokens: int, resident: int, steps: int | None,
+                   now: float) -> tuple[Engine | None, float, float]:
+        """Overflow the other way: when every decode engine would miss the TPOT budget, a
+        `both` engine serving the prefill pool may decode the request itself after its own
+        prefill (one plain request), if both budgets hold. Returns (the engine or None, its
+        modelled TTFT before the margin, its decode step with the request added).
+
+        The stream shares that engine's steps with the prefills the pool sends it, so its gaps
+        are the decode step stretched by the share of the engine's time prefill takes: the
+        larger of the engine's own (`prefill_share`) and an even part of the prefill seconds
+        admitted to the pool (an engine that just joined the pool has no history yet, but
+        will get its part). Its TPOT is the step as the budget holds it / (1 - share), with
+        room left for one more prefill of the mean admitted cost in a single gap (prefills
+        come whole, not spread: a short stream cannot absorb one); the lowest wins. The
+        prefills there wait one decode step longer per step while streams run
+        (`_best_prefill` prices that)."""
+        if not steps or steps < 2:
+            return None, 0.0, 0.0  # a stream of unknown length, or one with no gap
+        budget = self.tpot_s
+        margin = self.ttft_margin_s
+        limit = self.ttft_s - (margin if margin > 0.0 else 0.0)
+        serving = 0
+        for engine in self._prefill:
+            if engine.serves_prefill and not engine.ejected and not engine.held:
+                serving += 1
+        admitted = self._offered_work * math.exp((self._offered_at - now) / PREFILL_SHARE_TAU_S)
+        pool_share = admitted / PREFILL_SHARE_TAU_S / serving if serving else 0.0
+        lump = self._offered_work / self._offered_count if self._offered_count > 0.0 else 0.0
+        best: Engine | None = None
+        best_tpot = math.inf
+        best_ttft = 0.0
+        best_step = 0.0
+        for engine in self._prefill:
+            profile = engine.profile
+            if (engine.ejected or engine.held or profile is None or not engine.serves_prefill
+                    or engine.serves_decode or not engine.spec.can_decode
+                    or engine.whole_reserved > 0):
+                continue
+            share = prefill_share(engine, now)
+            share = share if share > pool_share else pool_share
+            if share >= PREFILL_SHARE_CEILING:
+                continue
+            after, judged = stream_step_s(engine, resident, 0.0, steps, 0.0, now, budget, True)
+            tpot = judged / (1.0 - share)
+            if tpot > budget or tpot >= best_tpot or (steps - 1) * (budget - tpot) < lump:
+                continue
+            queued = engine.busy_until - now
+            ttft = ((queued if queued > 0.0 else 0.0) + waited_s(engine, now)
+                    + profile.prefill.seconds(tokens) + after)
+            if ttft <= limit:
+                best, best_tpot, best_ttft, best_step = engine, tpot, ttft, after
+        return best, best_ttft, best_step
+
+    def _best_local(self, tokens: int, resident: int, steps: int | None,
+                    now: float) -> tuple[Engine | None, float, float]:
+        """Overflow: when no split placement meets the TTFT budget, a `both` engine serving
+        the decode pool may prefill and decode the request itself (one plain request), if
+        both budgets still hold. Returns (the engine or None, its modelled TTFT before the
+        margin, its decode step with the request added).
+
+        The prefill runs inside one of the engine's steps, so every stream running there
+        gets one step longer by the prefill's cost, spread over its `max_tokens` - 1 gaps.
+        It is allowed only when every running stream can still absorb that within its TPOT
+        budget at the step priced with the newcomer (as `_best_decode` prices it): its gaps
+        x (budget - that step), less the prefill seconds it absorbed already
+        (`Engine.streams`; a stream of unknown length blocks it). Its TTFT is the step
+        running when it arrives, the prefills queued there before it, then the step that
+        carries its own prefill, held to the budget less the measured TTFT margin when that
+        is positive (a margin learned on split requests never loosens it).
+
+        An engine with a whole request placed but not yet sent (its prompt being counted)
+        takes no other: that one's prefill and stream are not booked yet
+        (`Engine.whole_reserved`), so a second would be priced as if they were not there."""
+        budget = self.tpot_s
+        margin = self.ttft_margin_s
+        limit = self.ttft_s - (margin if margin > 0.0 else 0.0)
+        best: Engine | None = None
+        best_ttft = math.inf
+        best_step = 0.0
+        for engine in self._decode:
+            profile = engine.profile
+            if (engine.ejected or engine.held or profile is None or not engine.serves_decode
+                    or engine.serves_prefill or not engine.spec.can_prefill
+                    or engine.whole_reserved > 0):
+                continue
+            cost = profile.prefill.seconds(tokens)
+            queued = engine.busy_until - now
+            wait = (queued if queued > 0.0 else 0.0) + waited_s(engine, now)
+            running_step, _ = stream_step_s(engine, 0, 0.0, None, 0.0, now, budget, False)
+            after, judged = stream_step_s(engine, resident, 0.0, steps, wait + cost, now,
+                                          budget, True)
+            if judged > budget:
+                continue
+            room = budget - judged
+            if any(gaps * room - absorbed < cost for gaps, absorbed in engine.streams.values()):
+                continue
+            ttft = running_step + wait + after + cost
+            if ttft <= limit and ttft < best_ttft:
+                best, best_ttft, best_step = engine, ttft, after
+        return best, best_ttft, best_step
 
     def _refused_decode(self, facts: RequestFacts, resident: int, arrivals: float,
                         step: float) -> None:
@@ -457,6 +690,8 @@ class CurvePriced:
             "refused": self.refused,
             "refused_over_share": self.refused_over_share,
             "refused_tpot": self.refused_tpot,
+            "overflow": {"to_decode_pool": self.overflow_to_decode_pool,
+                         "to_prefill_pool": self.overflow_to_prefill_pool},
             "ttft_model_error": {"mean_s": round(self.ttft_error_mean_s, 6),
                                  "deviation_s": round(self.ttft_error_dev_s, 6),
                                  "margin_s": round(self.ttft_margin_s, 6)},

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import parse_fleet
@@ -33,6 +35,7 @@ from narwhal.serve.scheduler import (
     handoff_seen,
     prefill_ended,
     prefill_started,
+    stream_step_s,
     waited_s,
 )
 from narwhal.serve.settings import EngineSpec, settle
@@ -522,3 +525,184 @@ def test_a_plain_request_on_a_both_engine_is_not_charged_a_kv_arrival() -> None:
     chooser = CurvePriced([b0], ttft_s=3.9, tpot_s=0.1, clock=clock)
     placement = placed(chooser.place(Facts(max_tokens=3)))
     assert placement.single and chooser.refused_tpot == 0
+
+
+def _overflowing(tpot_s: float = 0.05) -> tuple[Clock, CurvePriced, Engine, Engine]:
+    """p0 prefills with 0.33 s queued (over a 0.3 s TTFT budget); b1 is a `both` engine the
+    role controller put in the decode pool."""
+    clock = Clock()
+    p0, b1 = engine("p0", "prefill"), engine("b1", "both")
+    b1.serves_prefill = False
+    chooser = CurvePriced([p0, b1], ttft_s=0.3, tpot_s=tpot_s, clock=clock, overflow=True)
+    for _ in range(3):
+        prefill_started(p0, 1000, clock.now)
+    return clock, chooser, p0, b1
+
+
+def test_a_request_no_split_can_serve_in_time_runs_whole_on_a_decode_pool_engine() -> None:
+    """Overflow: with the prefill pool full, a `both` engine in the decode pool prefills and
+    decodes the request itself when both budgets hold; counted, shown in state."""
+    _clock, chooser, _p0, b1 = _overflowing()
+    decode_started(b1, 200, 0.1, 12, "s1")  # 11 gaps absorb one 0.11 s step
+    p = placed(chooser.place(Facts(price_tokens=1000, max_tokens=8)))
+    assert p.single and p.decode is b1
+    # the step running when it arrives, then the step carrying its 0.11 s prefill
+    assert 0.11 < p.predicted_ttft_s < 0.3
+    assert chooser.state()["overflow"]["to_decode_pool"] == 1 and chooser.admitted == 1
+
+
+def test_overflow_never_stretches_a_short_stream_past_its_tpot_budget() -> None:
+    clock, chooser, _p0, b1 = _overflowing()
+    decode_started(b1, 200, 0.25, 4, "short")  # 3 gaps x (0.05 - ~0.013) < 0.11: it would miss
+    refusal = chooser.place(Facts(price_tokens=1000, max_tokens=8))
+    assert isinstance(refusal, Refusal) and not refusal.over_tpot
+    assert chooser.state()["overflow"]["to_decode_pool"] == 0
+    decode_ended(b1, 200, 0.25, clock.now, "short")
+    decode_started(b1, 200, 0.0, 0, "unbounded")  # no max_tokens: its gaps are unknown
+    assert isinstance(chooser.place(Facts(price_tokens=1000, max_tokens=8)), Refusal)
+    decode_ended(b1, 200, 0.0, clock.now, "unbounded")
+    decode_started(b1, 200, 0.0, 1, "one-token")  # a single token has no gap to stretch
+    assert placed(chooser.place(Facts(price_tokens=1000, max_tokens=8))).single
+
+
+def test_a_stream_absorbs_overflow_prefills_only_while_its_budget_has_room() -> None:
+    clock, chooser, _p0, b1 = _overflowing()
+    decode_started(b1, 200, 0.1, 12, "s1")  # 11 x (0.05 - ~0.014) = ~0.39 s of room
+    absorbed = []
+    for k in range(5):
+        p = chooser.place(Facts(price_tokens=1000, max_tokens=8))
+        if not isinstance(p, Placement):
+            break
+        assert p.decode is b1
+        # what the proxy books for the plain request: its prefill, then its own stream
+        charge = prefill_started(b1, 1000, clock.now)
+        decode_started(b1, 1000, 0.0, 8, f"local{k}")
+        prefill_ended(b1, clock.now, charge)
+        absorbed.append(b1.streams["s1"][1])
+    # each local prefill stretched s1 by 0.11 s; the streams' room (spread priced in) held
+    # two, not a third; the overflow requests' own streams never absorbed their own prefill
+    assert absorbed == pytest.approx([0.11, 0.22])
+    assert b1.streams["local1"][1] == 0.0 and b1.streams["local0"][1] == pytest.approx(0.11)
+    decode_ended(b1, 200, 0.1, clock.now, "s1")
+    assert "s1" not in b1.streams
+
+
+def test_overflow_queues_behind_the_prefills_in_flight_on_that_engine() -> None:
+    clock, chooser, _p0, b1 = _overflowing()
+    prefill_started(b1, 1000, clock.now)  # 0.11 s queued: 0.11 + 0.11 + two steps fits 0.3
+    first = placed(chooser.place(Facts(price_tokens=1000, max_tokens=8)))
+    assert first.decode is b1 and first.predicted_ttft_s > 0.22
+    prefill_started(b1, 1000, clock.now)  # 0.22 s queued: the next would answer past 0.3
+    assert isinstance(chooser.place(Facts(price_tokens=1000, max_tokens=8)), Refusal)
+
+
+def test_overflow_is_only_for_both_engines_and_tenants_within_their_share() -> None:
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")  # a fixed kv_consumer
+    chooser = CurvePriced([p0, d0], ttft_s=0.3, tpot_s=0.05, clock=clock, overflow=True)
+    for _ in range(3):
+        prefill_started(p0, 1000, clock.now)
+    assert isinstance(chooser.place(Facts(price_tokens=1000, max_tokens=8)), Refusal)
+    clock, chooser, _p0, _b1 = _overflowing()
+    chooser._inflight = {"a": 3, "b": 1}
+    chooser._total = 4
+    assert isinstance(chooser.place(Facts(price_tokens=1000, max_tokens=8, tenant="a")), Refusal)
+    assert placed(chooser.place(Facts(price_tokens=1000, max_tokens=8, tenant="b"))).single
+
+
+def test_overflow_keeps_the_tpot_budget_of_the_request_itself() -> None:
+    _clock, chooser, _p0, b1 = _overflowing(tpot_s=0.012)
+    # b1's step with one more stream: 0.01 + 0.002 + tokens > 0.012
+    decode_started(b1, 200, 0.0, 12, "s1")
+    assert isinstance(chooser.place(Facts(price_tokens=1000, max_tokens=8)), Refusal)
+
+
+@settings(max_examples=300, deadline=None)
+@given(running=st.integers(0, 12), reserved=st.integers(0, 12),
+       departures=st.floats(0.0, 50.0), window=st.floats(0.0, 0.5),
+       bias=st.floats(-0.02, 0.02), steps=st.integers(1, 512), tokens=st.integers(1, 4000))
+def test_the_request_path_prices_a_step_as_the_shared_helper_does(
+        running: int, reserved: int, departures: float, window: float, bias: float,
+        steps: int, tokens: int) -> None:
+    """`_best_decode` inlines `stream_step_s` for speed; the two must price alike."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.05, clock=clock)
+    for k in range(running):
+        decode_started(d0, 300 + k, 0.05)
+    for k in range(reserved):
+        decode_reserved(d0, 200 + k, 0.1)
+    d0.departures, d0.departed_at = departures, clock.now
+    d0.tpot_error_s = bias
+    arrivals = arrivals_per_step(steps)
+    _, after, judged = chooser._best_decode(tokens, arrivals, (), steps=steps,
+                                            window_s=window, now=clock.now)
+    assert (after, judged) == pytest.approx(
+        stream_step_s(d0, tokens, arrivals, steps, window, clock.now, 0.05, True))
+
+
+def _decode_full(overflow: bool = True) -> tuple[Clock, CurvePriced, Engine, Engine]:
+    """b0 is a `both` engine the role controller put in the prefill pool; d1's step with one
+    more stream is over the 0.02 s TPOT budget."""
+    clock = Clock()
+    b0, d1 = engine("b0", "both"), engine("d1", "decode")
+    b0.serves_decode = False
+    chooser = CurvePriced([b0, d1], ttft_s=0.5, tpot_s=0.02, clock=clock, overflow=overflow)
+    for k in range(10):
+        decode_started(d1, 100, 0.0, 64, f"s{k}")  # 0.01 + 0.011 > 0.02
+    return clock, chooser, b0, d1
+
+
+def test_a_request_no_decode_engine_can_take_in_time_decodes_on_a_prefill_pool_engine() -> None:
+    _clock, chooser, b0, _d1 = _decode_full()
+    p = placed(chooser.place(Facts(price_tokens=100, max_tokens=64)))
+    assert p.single and p.decode is b0
+    assert chooser.state()["overflow"] == {"to_decode_pool": 0, "to_prefill_pool": 1}
+    assert chooser.refused_tpot == 0 and chooser.offered_requests == 1
+
+
+def test_a_prefill_engine_busy_with_prefill_takes_no_overflow_stream() -> None:
+    clock, chooser, b0, _d1 = _decode_full()
+    for _ in range(100):  # 100 x 0.02 s booked over a 2 s time constant: a share of 1
+        prefill_ended(b0, clock.now, prefill_started(b0, 100, clock.now))
+    refusal = chooser.place(Facts(price_tokens=100, max_tokens=64))
+    assert isinstance(refusal, Refusal) and refusal.over_tpot
+    clock.now += 20.0  # the share decays: the stream fits again
+    assert placed(chooser.place(Facts(price_tokens=100, max_tokens=64))).decode is b0
+
+
+def test_streams_on_a_prefill_engine_lengthen_the_ttft_it_is_priced_at() -> None:
+    clock = Clock()
+    b0, d1 = engine("b0", "both"), engine("d1", "decode")
+    b0.serves_decode = False
+    chooser = CurvePriced([b0, d1], ttft_s=1.0, tpot_s=0.1, clock=clock)
+    alone = placed(chooser.place(Facts(price_tokens=100, max_tokens=8))).predicted_ttft_s
+    decode_started(b0, 1000, 0.0, 64, "overflow")
+    # one decode step of that stream rides along with the prefill: 0.01 + 0.001 + 0.001
+    carried = placed(chooser.place(Facts(price_tokens=100, max_tokens=8))).predicted_ttft_s
+    assert carried == pytest.approx(alone + 0.012)
+
+
+def test_without_the_planner_nothing_overflows() -> None:
+    """The reactive controller reads pool loads that overflow would blur: off there."""
+    _clock, chooser, _b0, _d1 = _decode_full(overflow=False)
+    refusal = chooser.place(Facts(price_tokens=100, max_tokens=64))
+    assert isinstance(refusal, Refusal) and refusal.over_tpot
+    _clock, chooser, _p0, _b1 = _overflowing()
+    chooser.overflow = False
+    assert isinstance(chooser.place(Facts(price_tokens=1000, max_tokens=8)), Refusal)
+
+
+def test_an_engine_new_to_the_prefill_pool_is_priced_at_the_pool_s_prefill_share() -> None:
+    """b0 has no prefill history yet, but the pool was admitted 0.9 s of prefill a second
+    (its even part: over the ceiling): no overflow stream there. Admitted 0.1 s/s in 0.1 s
+    prefills, a 4-token stream has 3 gaps, too few to absorb one prefill whole."""
+    clock, chooser, b0, _d1 = _decode_full()
+    fresh = CurvePriced([b0, _d1], ttft_s=0.5, tpot_s=0.02, clock=clock, overflow=True)
+    fresh._offered_work, fresh._offered_count, fresh._offered_at = 1.8, 18.0, clock.now
+    refusal = fresh.place(Facts(price_tokens=1, max_tokens=64))
+    assert isinstance(refusal, Refusal) and refusal.over_tpot
+    chooser._offered_work, chooser._offered_count, chooser._offered_at = 0.2, 20.0, clock.now
+    assert placed(chooser.place(Facts(price_tokens=1, max_tokens=64))).decode is b0
+    chooser._offered_work, chooser._offered_count, chooser._offered_at = 0.2, 2.0, clock.now
+    assert isinstance(chooser.place(Facts(price_tokens=1, max_tokens=4)), Refusal)
