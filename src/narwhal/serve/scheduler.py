@@ -49,6 +49,10 @@ process's row) and by the work this router already sent it, which the data path 
   pool would have run had prefill had room, and leaving it out would make the decode pool look
   lighter exactly when prefill is short (the planner then moved an engine to prefill and paid
   for it in TPOT refusals). Retries of a failed leg are never refused.
+- overflow (only under the pool planner, `overflow=True`): a request the prefill pool cannot
+  serve within TTFT may run whole on a `both` engine of the decode pool, and a stream no
+  decode engine can take within TPOT may decode on a `both` engine of the prefill pool, each
+  when both budgets hold there (`_best_local`, `_best_home` say how they are priced).
 - fair shares: each tenant's share of the requests in flight is its weight over the weights
   of the tenants with requests in flight. Near capacity (predicted TTFT above
   `FAIR_BUDGET` x the budget) a tenant at or over its share is refused (429 `over_fair_share`),
