@@ -12,7 +12,6 @@ step 5 ms + 8 ms a stream; TTFT budget 1.0 s, TPOT 0.05 s).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +20,9 @@ from typing import Any
 
 import pytest
 
-from narwhal.lab.engine.testing import RunningEngine, free_port, start_engine, write_tiny_llama
 from tests.component.serve.harness import Router, call, journal_rows
-from tests.component.serve.test_generation_binding import wait_for, write_profiles
-from tests.component.serve.test_role_flips import A_S, B_S, BASE_S, PER_REQUEST_S, profile_row
-from tests.component.serve.test_with_emulator import ENGINE_ARGS
+from tests.component.serve.test_generation_binding import wait_for
+from tests.component.serve.test_role_flips import emulator_fleet
 
 pytestmark = pytest.mark.timeout(120)
 NAMES = ("b0", "b1")
@@ -68,36 +65,10 @@ def drive(router: Router, body: dict[str, Any], clients: int, until: Callable[[]
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Router]:
-    model = write_tiny_llama(tmp_path / "tiny")
-    engines: list[RunningEngine] = []
-    router: Router | None = None
-    args = [a for a in ENGINE_ARGS if a != "--emu-zero-delay"]
-    try:
-        for name in NAMES:
-            engines.append(start_engine(
-                model, log_path=tmp_path / f"{name}.log",
-                extra_args=[*args, "--emu-prefill-a", str(A_S), "--emu-prefill-b", str(B_S),
-                            "--emu-prefill-c", "0", "--emu-decode-base", str(BASE_S),
-                            "--emu-decode-per-token", "0", "--emu-decode-per-request",
-                            str(PER_REQUEST_S), "--emu-eos-probability", "0"],
-                env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}))
-        write_profiles(tmp_path / "profiles.json",
-                       [profile_row(n, e.port) for n, e in zip(NAMES, engines, strict=True)])
-        (tmp_path / "fleet.json").write_text(json.dumps({
-            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
-            "engines": [{"id": n, "url": e.url, "role": "both"}
-                        for n, e in zip(NAMES, engines, strict=True)],
-            "slo": {"ttft_s": 1.0, "tpot_s": 0.05}, "journal": {"path": "journal.jsonl"},
-            "profiles": {"path": "profiles.json"}, "role_flips": PLANNER}))
-        router = Router(tmp_path / "fleet.json", free_port()).start()
+    with emulator_fleet(tmp_path, NAMES, PLANNER) as router:
         wait_for("every engine bound to its profile", lambda: all(
             e["admitted"] for e in call(router.port, "GET", "/narwhal/state").json()["engines"]))
         yield router
-    finally:
-        if router is not None and router.proc is not None and router.proc.poll() is None:
-            router.stop()
-        for engine in engines:
-            engine.stop()
 
 
 def overflow(router: Router) -> dict[str, int]:

@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +54,17 @@ PLANNER = {"mode": "planner", "interval_s": 0.2, "window_s": 1.0, "cooldown_s": 
            "min_prefill": 1, "min_decode": 1}
 
 
-@pytest.fixture
-def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Router]:
-    flips = getattr(request, "param", REACTIVE)
+@contextmanager
+def emulator_fleet(tmp_path: Path, names: tuple[str, ...],
+                   flips: dict[str, Any]) -> Iterator[Router]:
+    """`both` emulators with the timing above, their profile rows and a router over them
+    with `flips`; everything stopped on the way out."""
     model = write_tiny_llama(tmp_path / "tiny")
     engines: list[RunningEngine] = []
     router: Router | None = None
     args = [a for a in ENGINE_ARGS if a != "--emu-zero-delay"]
     try:
-        for name in NAMES:
+        for name in names:
             engines.append(start_engine(
                 model, log_path=tmp_path / f"{name}.log",
                 extra_args=[*args, "--emu-prefill-a", str(A_S), "--emu-prefill-b", str(B_S),
@@ -70,11 +73,11 @@ def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Router]:
                             str(PER_REQUEST_S), "--emu-eos-probability", "0"],
                 env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}))
         write_profiles(tmp_path / "profiles.json",
-                       [profile_row(n, e.port) for n, e in zip(NAMES, engines, strict=True)])
+                       [profile_row(n, e.port) for n, e in zip(names, engines, strict=True)])
         (tmp_path / "fleet.json").write_text(json.dumps({
             "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
             "engines": [{"id": n, "url": e.url, "role": "both"}
-                        for n, e in zip(NAMES, engines, strict=True)],
+                        for n, e in zip(names, engines, strict=True)],
             "slo": {"ttft_s": 1.0, "tpot_s": 0.05}, "journal": {"path": "journal.jsonl"},
             "profiles": {"path": "profiles.json"},
             "role_flips": flips}))
@@ -85,6 +88,12 @@ def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Router]:
             router.stop()
         for engine in engines:
             engine.stop()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Router]:
+    with emulator_fleet(tmp_path, NAMES, getattr(request, "param", REACTIVE)) as router:
+        yield router
 
 
 def roles(router: Router) -> dict[str, str]:
