@@ -27,8 +27,8 @@ class Engine:
                  "live_generation", "outstanding", "pool", "prefill_done_at", "prefill_pending",
                  "prefill_queued_s", "prefill_work", "profile", "reserved", "reserved_arrivals",
                  "reserved_tokens", "resident_tokens", "running", "serves_decode",
-                 "serves_prefill", "spec", "streams", "tpot_error_s", "waiting_since",
-                 "whole_reserved")
+                 "serves_prefill", "spec", "streams", "tpot_error_s", "tracks_streams",
+                 "waiting_since", "whole_reserved")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
         self.spec = spec
@@ -87,6 +87,10 @@ class Engine:
         # (scheduler.py, `CurvePriced._best_local`): per running stream (keyed by its
         # request), [its gaps between tokens (0: unknown), the prefill seconds it absorbed].
         self.streams: dict[object, list[float]] = {}
+        # Whether `streams` and `prefill_work` are kept at all: only the overflow paths read
+        # them, so a chooser without overflow (the default) leaves the request path without
+        # that bookkeeping. Set by the chooser that owns the engine.
+        self.tracks_streams = False
         # Plain requests placed here whose leg has not been sent yet (their prompt is being
         # counted): their prefill is not on the queue and their stream not among `streams`.
         self.whole_reserved = 0

@@ -100,8 +100,9 @@ TPOT_SPREAD_Z = 0.5
 def tpot_spread_s(arrival_s: float, arrivals: float, steps: int | None) -> float:
     """How far one stream's TPOT strays from the mean step (one standard deviation): over its
     `steps` steps, `arrivals` per step land in its life as a Poisson count, each adding
-    `arrival_s` to the step it lands in. 0 when its length or the arrivals are unknown."""
-    if not steps or arrivals <= 0.0:
+    `arrival_s` to the step it lands in. 0 when its length or the arrivals are unknown, and
+    for a single token, which has no gap between tokens to stray."""
+    if not steps or steps < 2 or arrivals <= 0.0:
         return 0.0
     return arrival_s * math.sqrt(arrivals / steps)
 

@@ -119,10 +119,10 @@ def prefill_started(engine: Engine, tokens: int, now: float) -> float:
             engine.waiting_since = now
     engine.prefill_pending += 1
     engine.prefill_queued_s += cost
-    engine.prefill_work = engine.prefill_work * math.exp(
-        (engine.prefill_done_at - now) / PREFILL_SHARE_TAU_S) + cost
-    engine.prefill_done_at = now
-    if engine.streams:
+    if engine.tracks_streams:
+        engine.prefill_work = engine.prefill_work * math.exp(
+            (engine.prefill_done_at - now) / PREFILL_SHARE_TAU_S) + cost
+        engine.prefill_done_at = now
         # every stream running here shares the step this prefill runs in (see _best_local)
         for stream in engine.streams.values():
             stream[1] += cost
@@ -179,11 +179,12 @@ def decode_unreserved(engine: Engine, resident_tokens: int, arrivals: float,
 def decode_started(engine: Engine, resident_tokens: int, arrivals: float = 0.0,
                    steps: int = 0, key: object = None) -> None:
     """A decode leg started; with a `key` (its request) and `steps` (its max_tokens, 0:
-    unknown), the engine keeps it among the streams a prefill there would stretch."""
+    unknown), an engine that tracks streams (its chooser overflows) keeps it among those a
+    prefill there would stretch."""
     engine.running += 1
     engine.resident_tokens += resident_tokens
     engine.arrival_rate += arrivals
-    if key is not None and steps != 1:  # one token has no gap to stretch
+    if key is not None and steps != 1 and engine.tracks_streams:  # one token: no gap
         engine.streams[key] = [float(steps - 1 if steps > 1 else 0), 0.0]
 
 
@@ -303,7 +304,7 @@ def stream_step_s(engine: Engine, tokens: int, arrivals: float, steps: int | Non
     low, high = TTFT_MARGIN_FLOOR * budget, TTFT_MARGIN_CEILING * budget
     judged = after + (low if bias < low else high if bias > high else bias)
     landing = rate + mine
-    if steps and landing > 0.0:
+    if steps and steps > 1 and landing > 0.0:
         judged += TPOT_SPREAD_Z * arrive * math.sqrt(landing / steps)
     return after, judged
 
@@ -318,6 +319,8 @@ class CurvePriced:
         # May a request either pool cannot take run whole on a `both` engine of the other
         # (`_best_local`, `_best_home`)? Only under the pool planner (app.py says why).
         self.overflow = overflow
+        for engine in engines:
+            engine.tracks_streams = overflow
         self._decode = tuple(e for e in engines if e.spec.can_decode)
         self.ttft_s = ttft_s
         self.tpot_s = tpot_s
@@ -460,7 +463,7 @@ class CurvePriced:
             # pricing.tpot_spread_s, inlined for the same reason
             landing = rate + mine
             judged = after + bias
-            if steps and landing > 0.0:
+            if steps and steps > 1 and landing > 0.0:  # one token has no TPOT to stray
                 judged += TPOT_SPREAD_Z * arrive * math.sqrt(landing / steps)
             key = 1e9 + after if judged > budget else (
                 c.per_token_s * tokens + c.per_request_s + arrive * mine)

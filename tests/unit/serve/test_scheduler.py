@@ -551,6 +551,41 @@ def test_a_request_no_split_can_serve_in_time_runs_whole_on_a_decode_pool_engine
     assert chooser.state()["overflow"]["to_decode_pool"] == 1 and chooser.admitted == 1
 
 
+def test_a_one_token_request_is_judged_by_its_one_step_not_a_spread_it_cannot_have() -> None:
+    """A `max_tokens: 1` request has no gap between tokens, so no TPOT of its own to stray:
+    on an idle decode engine it is admitted when the one step it runs in, its landing priced,
+    fits the budget; a two-token stream is still held to its spread, and a one-token request
+    whose step would not fit is still refused."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    # its step: 0.01 base + 1e-4 (100 tokens) + 0.001 + one landing of 0.0101 = 0.0212 s; half
+    # a spread over one step would have added 0.00505 s, past a 0.025 s budget
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.025, clock=clock)
+    one = placed(chooser.place(Facts(max_tokens=1)))
+    assert one.decode is d0 and one.predicted_tpot_s == pytest.approx(0.0212, abs=1e-6)
+    two = placed(chooser.place(Facts(max_tokens=2)))
+    assert two.predicted_tpot_s == pytest.approx(0.01 + 101e-6 + 1e-3 + 0.0101 / 2)
+    tight = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.021, clock=clock)
+    refusal = tight.place(Facts(max_tokens=1))
+    assert isinstance(refusal, Refusal) and refusal.over_tpot
+    assert refusal.predicted_tpot_s == pytest.approx(0.0212, abs=1e-6)
+
+
+def test_without_overflow_the_request_path_keeps_no_stream_bookkeeping() -> None:
+    """Only the overflow paths read an engine's streams and prefill share; a chooser without
+    overflow (any fleet not under the planner) leaves both untouched."""
+    clock = Clock()
+    p0, b1 = engine("p0", "prefill"), engine("b1", "both")
+    CurvePriced([p0, b1], ttft_s=0.3, tpot_s=0.05, clock=clock)
+    decode_started(b1, 200, 0.1, 12, "s1")
+    prefill_started(b1, 1000, clock.now)
+    assert b1.streams == {} and b1.prefill_work == 0.0
+    CurvePriced([p0, b1], ttft_s=0.3, tpot_s=0.05, clock=clock, overflow=True)
+    decode_started(b1, 200, 0.1, 12, "s2")
+    prefill_started(b1, 1000, clock.now)
+    assert b1.streams == {"s2": [11.0, pytest.approx(0.11)]} and b1.prefill_work > 0.0
+
+
 def test_overflow_never_stretches_a_short_stream_past_its_tpot_budget() -> None:
     clock, chooser, _p0, b1 = _overflowing()
     decode_started(b1, 200, 0.25, 4, "short")  # 3 gaps x (0.05 - ~0.013) < 0.11: it would miss
