@@ -306,6 +306,7 @@ def roles_moved(port: int) -> dict[str, Any]:
                            if e.get("last_flip")},
             # what admission learned: its TTFT error margin and each decode engine's TPOT bias
             "ttft_model_error": scheduler.get("ttft_model_error"),
+            "overflow": scheduler.get("overflow"),
             "tpot_model_error_s": {str(e.get("id")): e.get("tpot_model_error_s")
                                    for e in engines}}
 
