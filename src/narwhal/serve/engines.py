@@ -23,7 +23,7 @@ class Engine:
 
     __slots__ = ("arrival_rate", "batch_end", "busy_until", "context_len", "departed_at",
                  "departures", "draining", "ejected", "ejected_reason", "ejections",
-                 "fail_streak", "handoff_s", "held", "held_detail", "last_flip", "last_ok",
+                 "fail_streak", "handoff_s", "held", "held_detail", "landing", "last_flip", "last_ok",
                  "live_generation", "outstanding", "pool", "prefill_done_at", "prefill_pending",
                  "prefill_queued_s", "prefill_work", "profile", "reserved", "reserved_arrivals",
                  "reserved_tokens", "resident_tokens", "running", "serves_decode",
@@ -91,6 +91,12 @@ class Engine:
         # them, so a chooser without overflow (the default) leaves the request path without
         # that bookkeeping. Set by the chooser that owns the engine.
         self.tracks_streams = False
+        # Split requests whose decode leg is reserved here (their prefill runs elsewhere),
+        # keyed by request: when each was received (the chooser's clock). An overflow
+        # prefill here delays the first token of any that lands meanwhile, so it is allowed
+        # only while each would still meet TTFT (scheduler.py, `_best_local`). Kept only
+        # with `tracks_streams`.
+        self.landing: dict[object, float] = {}
         # Plain requests placed here whose leg has not been sent yet (their prompt is being
         # counted): their prefill is not on the queue and their stream not among `streams`.
         self.whole_reserved = 0

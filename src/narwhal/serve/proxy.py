@@ -141,7 +141,8 @@ class Proxy:
                            call.max_tokens or 0, call)
         else:
             call.decode_whole = not split
-            decode_reserved(engine, call.decode_charge, call.decode_arrivals, not split)
+            decode_reserved(engine, call.decode_charge, call.decode_arrivals, not split, call,
+                            call.t0)
         call.decode_booked = engine
         call.decode_live = live
 
@@ -152,7 +153,8 @@ class Proxy:
         if call.decode_live:
             decode_ended(booked, call.decode_charge, call.decode_arrivals, None, call)
         else:
-            decode_unreserved(booked, call.decode_charge, call.decode_arrivals, call.decode_whole)
+            decode_unreserved(booked, call.decode_charge, call.decode_arrivals, call.decode_whole,
+                              call)
             call.decode_whole = False
         call.decode_booked = None
 

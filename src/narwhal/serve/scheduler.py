@@ -156,24 +156,33 @@ def waited_s(engine: Engine, now: float) -> float:
 
 
 def decode_reserved(engine: Engine, resident_tokens: int, arrivals: float,
-                    whole: bool = False) -> None:
+                    whole: bool = False, key: object = None, since: float = 0.0) -> None:
     """A request placed with its decode on `engine`; its leg starts after the prefill (or,
-    `whole`, a plain request: its prefill on `engine` too, not booked until it is sent)."""
+    `whole`, a plain request: its prefill on `engine` too, not booked until it is sent).
+    With a `key` (its request) and `since` (when it was received), an engine that tracks
+    streams keeps a split one among the legs about to land there (`Engine.landing`)."""
     engine.reserved += 1
     engine.reserved_tokens += resident_tokens
     engine.reserved_arrivals += arrivals
     if whole:
         engine.whole_reserved += 1
+    elif key is not None and engine.tracks_streams:
+        engine.landing[key] = since
 
 
 def decode_unreserved(engine: Engine, resident_tokens: int, arrivals: float,
-                      whole: bool = False) -> None:
+                      whole: bool = False, key: object = None) -> None:
     if whole:
         engine.whole_reserved -= 1
     engine.reserved -= 1
     engine.reserved_tokens -= resident_tokens
     rate = engine.reserved_arrivals - arrivals
     engine.reserved_arrivals = rate if engine.reserved > 0 and rate > 1e-9 else 0.0
+    if engine.landing:
+        if key is not None:
+            engine.landing.pop(key, None)
+        if engine.reserved <= 0:
+            engine.landing.clear()
 
 
 def decode_started(engine: Engine, resident_tokens: int, arrivals: float = 0.0,
@@ -489,6 +498,12 @@ class CurvePriced:
                                                  now=now)
         if decode is None:
             return None
+        if decode.prefill_pending > 0 and decode is not prefill:
+            # an overflow request's prefill runs there (`_best_local`): a leg landing before
+            # it ends gets its first token in the step after it
+            late = decode.busy_until - now - predicted
+            if late > 0.0:
+                predicted += late
         predicted += first_token_s(decode, step, decode is not prefill)
         modelled = predicted
         predicted += self.ttft_margin_s
@@ -644,6 +659,11 @@ class CurvePriced:
             if any(gaps * room - absorbed < cost for gaps, absorbed in engine.streams.values()):
                 continue
             ttft = running_step + wait + after + cost
+            # a split leg landing here while this prefill runs gets its first token when
+            # this request does: each reserved here must still meet TTFT then
+            first = now + ttft - limit
+            if any(since < first for since in engine.landing.values()):
+                continue
             if ttft <= limit and ttft < best_ttft:
                 best, best_ttft, best_step = engine, ttft, after
         return best, best_ttft, best_step

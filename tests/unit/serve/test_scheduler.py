@@ -586,6 +586,45 @@ def test_without_overflow_the_request_path_keeps_no_stream_bookkeeping() -> None
     assert b1.streams == {"s2": [11.0, pytest.approx(0.11)]} and b1.prefill_work > 0.0
 
 
+def test_overflow_never_delays_a_split_leg_about_to_land_past_its_ttft() -> None:
+    """A split request whose decode leg is reserved on the decode-pool engine gets its first
+    token after any overflow prefill running there when its KV lands: an overflow that
+    would push it past its TTFT budget is refused; one received just now has the room."""
+    clock, chooser, _p0, b1 = _overflowing()
+    decode_reserved(b1, 200, 0.1, False, "old", clock.now - 0.25)  # 50 ms of budget left
+    refusal = chooser.place(Facts(price_tokens=1000, max_tokens=8))
+    assert isinstance(refusal, Refusal) and chooser.state()["overflow"]["to_decode_pool"] == 0
+    decode_unreserved(b1, 200, 0.1, False, "old")
+    assert b1.landing == {}
+    decode_reserved(b1, 200, 0.1, False, "new", clock.now - 0.05)
+    p = placed(chooser.place(Facts(price_tokens=1000, max_tokens=8)))
+    assert p.single and p.decode is b1
+
+
+def test_a_split_leg_landing_behind_an_overflow_prefill_is_priced_with_that_wait() -> None:
+    """A split placement onto a decode engine that runs an overflow request's prefill: its
+    first token comes after that prefill ends, and admission prices it so."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "both")
+    d0.serves_prefill = False
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.1, clock=clock, overflow=True)
+    quiet = placed(chooser.place(Facts(price_tokens=100)))
+    for _ in range(4):  # 0.44 s of overflow prefill queued on d0
+        prefill_started(d0, 1000, clock.now)
+    behind = placed(chooser.place(Facts(price_tokens=100)))
+    assert behind.decode is d0
+    # p0 answers in 0.02 s; d0's prefills end 0.42 s after that
+    assert behind.predicted_ttft_s - quiet.predicted_ttft_s == pytest.approx(0.42, abs=0.02)
+
+
+def test_without_overflow_no_landing_legs_are_kept() -> None:
+    clock = Clock()
+    p0, b1 = engine("p0", "prefill"), engine("b1", "both")
+    CurvePriced([p0, b1], ttft_s=0.3, tpot_s=0.05, clock=clock)
+    decode_reserved(b1, 200, 0.1, False, "leg", clock.now)
+    assert b1.landing == {} and b1.reserved == 1
+
+
 def test_overflow_never_stretches_a_short_stream_past_its_tpot_budget() -> None:
     clock, chooser, _p0, b1 = _overflowing()
     decode_started(b1, 200, 0.25, 4, "short")  # 3 gaps x (0.05 - ~0.013) < 0.11: it would miss
