@@ -630,7 +630,10 @@ class CurvePriced:
         (`Engine.streams`; a stream of unknown length blocks it). Its TTFT is the step
         running when it arrives, the prefills queued there before it, then the step that
         carries its own prefill, held to the budget less the measured TTFT margin when that
-        is positive (a margin learned on split requests never loosens it).
+        is positive (a margin learned on split requests never loosens it). A split request
+        whose decode leg is reserved there gets its first token no sooner than this one if
+        its KV lands while this prefill runs, so each must still meet the same bound then
+        (`Engine.landing`, when each was received).
 
         An engine with a whole request placed but not yet sent (its prompt being counted)
         takes no other: that one's prefill and stream are not booked yet
