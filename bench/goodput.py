@@ -308,7 +308,9 @@ def roles_moved(port: int) -> dict[str, Any]:
             "ttft_model_error": scheduler.get("ttft_model_error"),
             "overflow": scheduler.get("overflow"),
             "tpot_model_error_s": {str(e.get("id")): e.get("tpot_model_error_s")
-                                   for e in engines}}
+                                   for e in engines},
+            "projection_error": {str(e.get("id")): e.get("projection_error")
+                                 for e in engines if e.get("projection_error")}}
 
 
 def main() -> int:

@@ -14,21 +14,43 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from narwhal.core.profiles import Generation, ProfileRow
+from narwhal.serve.relay import DecodeRelay
 from narwhal.serve.settings import EngineSpec
 from narwhal.serve.upstream import EnginePool
+
+
+class Life:
+    """One decode stream booked on an engine, as the scheduler projects the rest of its life
+    (scheduler.py, `projected_tpot_s`): its length in tokens (0: unknown), the tokens it keeps
+    resident, the relay of its running leg (None while it is reserved: how many tokens it has
+    streamed and when its first and latest came), whether it is a plain request, and its
+    projected TPOT: `pending` from the latest placement priced on the engine, `projected`
+    from the latest one admitted there (0: none yet), which its observed TPOT is held to."""
+
+    __slots__ = ("pending", "plain", "projected", "relay", "steps", "tokens")
+
+    def __init__(self, steps: int, tokens: int, relay: DecodeRelay | None = None,
+                 plain: bool = False, projected: float = 0.0) -> None:
+        self.steps = steps
+        self.tokens = tokens
+        self.relay = relay
+        self.plain = plain
+        self.projected = projected
+        self.pending = 0.0
 
 
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("arrival_rate", "batch_end", "busy_until", "context_len", "departed_at",
-                 "departures", "draining", "ejected", "ejected_reason", "ejections",
-                 "fail_streak", "handoff_s", "held", "held_detail", "landing", "last_flip", "last_ok",
-                 "live_generation", "outstanding", "pool", "prefill_done_at", "prefill_pending",
-                 "prefill_queued_s", "prefill_work", "profile", "reserved", "reserved_arrivals",
-                 "reserved_tokens", "resident_tokens", "running", "serves_decode",
-                 "serves_prefill", "spec", "streams", "tpot_error_s", "tracks_streams",
-                 "waiting_since", "whole_reserved")
+    __slots__ = ("arrival_rate", "batch_end", "busy_until", "coming", "context_len",
+                 "departed_at", "departures", "draining", "ejected", "ejected_reason",
+                 "ejections", "fail_streak", "handoff_s", "held", "held_detail", "landing",
+                 "last_flip", "last_ok", "live_generation", "lives", "outstanding", "pool",
+                 "prefill_done_at", "prefill_pending", "prefill_queued_s", "prefill_work",
+                 "profile", "projection_error_dev_s", "projection_error_s", "projects",
+                 "reserved", "reserved_arrivals", "reserved_tokens", "resident_tokens",
+                 "running", "serves_decode", "serves_prefill", "spec", "streams",
+                 "tpot_error_s", "tracks_streams", "waiting_since", "whole_reserved")
 
     def __init__(self, spec: EngineSpec, pool: EnginePool) -> None:
         self.spec = spec
@@ -83,6 +105,16 @@ class Engine:
         # ends): the bias of the bound profile's decode curve on this process, which
         # admission adds to its prediction (scheduler.py). A new profile starts it again.
         self.tpot_error_s = 0.0
+        # Decode admission by projected lives (scheduler.py, `projected_tpot_s`), kept only
+        # when `projects` (set by the curve-priced chooser): every stream running here and
+        # every one reserved, keyed by request; and the projection's own error on this
+        # process, observed TPOT - the TPOT last projected for the stream (moving mean and
+        # mean deviation, 0 until a projected stream ends).
+        self.projects = False
+        self.lives: dict[object, Life] = {}
+        self.coming: dict[object, Life] = {}
+        self.projection_error_s = 0.0
+        self.projection_error_dev_s = 0.0
         # A prefill on an engine with streams running stretches one step of every one of them
         # (scheduler.py, `CurvePriced._best_local`): per running stream (keyed by its
         # request), [its gaps between tokens (0: unknown), the prefill seconds it absorbed].
@@ -151,6 +183,8 @@ class Engine:
             "decode_arrivals_per_step": round(self.arrival_rate, 4),
             "handoff_s": round(self.handoff_s, 6) or None,
             "tpot_model_error_s": round(self.tpot_error_s, 6),
+            "projection_error": {"mean_s": round(self.projection_error_s, 6),
+                                 "deviation_s": round(self.projection_error_dev_s, 6)},
         }
 
 
@@ -217,6 +251,8 @@ class Placement:
     decode: Engine
     predicted_ttft_s: float = 0.0  # what admission predicted (0: the chooser does not predict)
     predicted_tpot_s: float = 0.0  # the decode engine's step with it added, before any bias
+    # the TPOT projected over its life (scheduler.py, `projected_tpot_s`; 0: not projected)
+    projected_tpot_s: float = 0.0
 
     @property
     def single(self) -> bool:

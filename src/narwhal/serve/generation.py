@@ -172,7 +172,8 @@ class Binder:
         elif engine.held and not held:
             _log.warning("engine %s bound to its profile again", engine.id)
         if profile is not engine.profile:
-            engine.tpot_error_s = 0.0  # the bias measured was the old row's
+            engine.tpot_error_s = 0.0  # the biases measured were the old row's
+            engine.projection_error_s = engine.projection_error_dev_s = 0.0
         engine.held, engine.held_detail, engine.profile = held, detail, profile
 
     async def _read(self, engine: Engine) -> None:

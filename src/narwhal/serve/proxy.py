@@ -124,12 +124,18 @@ class Proxy:
                 else:
                     self._settle(call, D.ROUTER_ERROR, detail=type(exc).__name__)
 
-    def _book_decode(self, call: Call, engine: Engine, split: bool, live: bool) -> None:
+    def _book_decode(self, call: Call, engine: Engine, split: bool, live: bool,
+                     relay: R.DecodeRelay | None = None) -> None:
         """Book the request's decode work on `engine`: reserved from placement on, so
         requests placed while this one prefills see its stream, then running once its leg
-        starts; a retry elsewhere moves it, the request's end frees it."""
+        starts (`relay` streams it); a retry elsewhere moves it, the request's end frees
+        it."""
         booked = call.decode_booked
         if booked is engine and call.decode_live == live:
+            if relay is not None:  # the same leg sent again: its life streams through this
+                life = engine.lives.get(call)
+                if life is not None:
+                    life.relay = relay
             return
         self._unbook_decode(call)
         call.decode_charge = decode_tokens(call)
@@ -137,12 +143,15 @@ class Proxy:
         # request's whole prefill is booked on the queue instead.
         call.decode_arrivals = arrivals_per_step(call.max_tokens) if split else 0.0
         if live:
+            placement = call.placement
+            projected = (placement.projected_tpot_s
+                         if placement is not None and placement.decode is engine else 0.0)
             decode_started(engine, call.decode_charge, call.decode_arrivals,
-                           call.max_tokens or 0, call)
+                           call.max_tokens or 0, call, relay, not split, projected)
         else:
             call.decode_whole = not split
             decode_reserved(engine, call.decode_charge, call.decode_arrivals, not split, call,
-                            call.t0)
+                            call.t0, call.max_tokens or 0)
         call.decode_booked = engine
         call.decode_live = live
 
@@ -151,7 +160,8 @@ class Proxy:
         if booked is None:
             return
         if call.decode_live:
-            decode_ended(booked, call.decode_charge, call.decode_arrivals, None, call)
+            decode_ended(booked, call.decode_charge, call.decode_arrivals, None, call,
+                         call.tpot_s)
         else:
             decode_unreserved(booked, call.decode_charge, call.decode_arrivals, call.decode_whole,
                               call)
@@ -503,7 +513,7 @@ class Proxy:
         if kv is None:  # a plain request: this engine prefills too, in a step the streams
             # already running there share (its own stream starts after, untouched by it)
             call.prefill_charge = prefill_started(engine, call.price_tokens, time.monotonic())
-        self._book_decode(call, engine, kv is not None, True)
+        self._book_decode(call, engine, kv is not None, True, relay)
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
                             call.decode_body(kv))

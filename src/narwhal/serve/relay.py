@@ -136,6 +136,10 @@ class BufferRelay(DecodeRelay):
         if not self.started:
             self.started = True
             self.t_first = time.monotonic()
+        # the tokens streamed so far, for the scheduler's projection of this stream's life
+        # (an event a read boundary splits is missed: a token's error, not the journal's)
+        self.events += data.count(b"data:")
+        self.t_last = time.monotonic()
         self.body.append(data)
 
     def on_complete(self) -> None:

@@ -22,6 +22,7 @@ from narwhal.serve.pricing import (
     best_decode,
     best_prefill,
 )
+from narwhal.serve.relay import DecodeRelay
 from narwhal.serve.scheduler import (
     DEPARTURE_TAU_S,
     CurvePriced,
@@ -551,24 +552,25 @@ def test_a_request_no_split_can_serve_in_time_runs_whole_on_a_decode_pool_engine
     assert chooser.state()["overflow"]["to_decode_pool"] == 1 and chooser.admitted == 1
 
 
-def test_a_one_token_request_is_judged_by_its_one_step_not_a_spread_it_cannot_have() -> None:
-    """A `max_tokens: 1` request has no gap between tokens, so no TPOT of its own to stray:
-    on an idle decode engine it is admitted when the one step it runs in, its landing priced,
-    fits the budget; a two-token stream is still held to its spread, and a one-token request
-    whose step would not fit is still refused."""
+def test_a_one_token_request_is_refused_only_for_the_streams_it_would_push_past() -> None:
+    """A `max_tokens: 1` request has no gap between tokens, so no TPOT of its own: on an idle
+    decode engine it is admitted however tight the budget; on one where its landing and its
+    one step would push a running stream past the budget, it is refused."""
     clock = Clock()
     p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
-    # its step: 0.01 base + 1e-4 (100 tokens) + 0.001 + one landing of 0.0101 = 0.0212 s; half
-    # a spread over one step would have added 0.00505 s, past a 0.025 s budget
-    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.025, clock=clock)
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.015, clock=clock)
     one = placed(chooser.place(Facts(max_tokens=1)))
-    assert one.decode is d0 and one.predicted_tpot_s == pytest.approx(0.0212, abs=1e-6)
-    two = placed(chooser.place(Facts(max_tokens=2)))
-    assert two.predicted_tpot_s == pytest.approx(0.01 + 101e-6 + 1e-3 + 0.0101 / 2)
-    tight = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.021, clock=clock)
-    refusal = tight.place(Facts(max_tokens=1))
+    assert one.decode is d0
+    # a stream of 3 tokens with its first out: two steps of 0.0111 s ahead, TPOT 0.0111 s;
+    # the newcomer's landing (0.0101 s) and its step's share (0.0011 s) make it 0.0167 s
+    relay = DecodeRelay(lambda _r: None, 1.0, 1.0)
+    relay.events, relay.t_first, relay.t_last = 1, clock.now, clock.now
+    decode_started(d0, 100, 1 / 3, 3, "s1", relay)
+    refusal = chooser.place(Facts(max_tokens=1))
     assert isinstance(refusal, Refusal) and refusal.over_tpot
-    assert refusal.predicted_tpot_s == pytest.approx(0.0212, abs=1e-6)
+    assert refusal.predicted_tpot_s == pytest.approx(0.0167, abs=1e-6)
+    roomy = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.017, clock=clock)
+    assert placed(roomy.place(Facts(max_tokens=1))).decode is d0
 
 
 def test_without_overflow_the_request_path_keeps_no_stream_bookkeeping() -> None:
@@ -698,10 +700,12 @@ def test_overflow_keeps_the_tpot_budget_of_the_request_itself() -> None:
 def test_the_request_path_prices_a_step_as_the_shared_helper_does(
         running: int, reserved: int, departures: float, window: float, bias: float,
         steps: int, tokens: int) -> None:
-    """`_best_decode` inlines `stream_step_s` for speed; the two must price alike."""
+    """`_best_decode` inlines `stream_step_s` for speed; the two must price alike (the rule
+    it falls back to where streams cannot be projected, and the one the overflow paths use)."""
     clock = Clock()
     p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
     chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.05, clock=clock)
+    d0.projects = False
     for k in range(running):
         decode_started(d0, 300 + k, 0.05)
     for k in range(reserved):
@@ -780,3 +784,89 @@ def test_an_engine_new_to_the_prefill_pool_is_priced_at_the_pool_s_prefill_share
     assert placed(chooser.place(Facts(price_tokens=1, max_tokens=64))).decode is b0
     chooser._offered_work, chooser._offered_count, chooser._offered_at = 0.2, 2.0, clock.now
     assert isinstance(chooser.place(Facts(price_tokens=1, max_tokens=4)), Refusal)
+
+
+def _streaming(d0: Engine, key: str, steps: int, done: int, gap_s: float, now: float,
+               tokens: int = 100) -> DecodeRelay:
+    """Book a running stream of `steps` tokens on `d0` whose relay has streamed `done` of
+    them, `gap_s` apart, the latest at `now`."""
+    relay = DecodeRelay(lambda _r: None, 1.0, 1.0)
+    relay.events, relay.t_last = done, now
+    relay.t_first = now - (done - 1) * gap_s if done else 0.0
+    decode_started(d0, tokens, 1 / steps, steps, key, relay)
+    return relay
+
+
+def test_projected_admission_counts_out_the_streams_that_end_within_the_newcomers_life() -> None:
+    """Thirteen streams step at 0.0243 s; a fourteenth makes it 0.0254 s, past a 0.025 s
+    budget. When each of them has two tokens left the newcomer decodes alone after two steps,
+    and every stream keeps the budget: admitted. When each has 38 left, every one of them
+    would end past it: refused."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.025, clock=clock)
+    for k in range(13):
+        _streaming(d0, f"s{k}", 40, 38, 0.0243, clock.now)
+    placement = placed(chooser.place(Facts(max_tokens=40)))
+    assert placement.decode is d0
+    assert placement.predicted_tpot_s == pytest.approx(0.02542 + 0.0101 * 14 / 40)  # step now
+    assert 0.0 < placement.projected_tpot_s < 0.02  # it runs nearly alone
+    p1, d1 = engine("p1", "prefill"), engine("d1", "decode")
+    busy = CurvePriced([p1, d1], ttft_s=1.0, tpot_s=0.025, clock=clock)
+    for k in range(13):
+        _streaming(d1, f"s{k}", 40, 2, 0.0243, clock.now)
+    refusal = busy.place(Facts(max_tokens=40))
+    assert isinstance(refusal, Refusal) and refusal.over_tpot
+    assert refusal.predicted_tpot_s > 0.025
+
+
+def test_a_stream_already_lost_does_not_refuse_a_newcomer_but_one_inside_the_margin_does() -> None:
+    """A stream whose gaps so far already put it past the budget loses it whatever comes, so
+    it refuses nobody; one within the budget but not within the measured margin would be
+    pushed past by more load, so it does."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.025, clock=clock)
+    _streaming(d0, "late", 40, 35, 0.03, clock.now)  # 34 gaps of 30 ms, 5 steps to go
+    assert placed(chooser.place(Facts(max_tokens=40))).decode is d0
+    p1, d1 = engine("p1", "prefill"), engine("d1", "decode")
+    tight = CurvePriced([p1, d1], ttft_s=1.0, tpot_s=0.025, clock=clock)
+    _streaming(d1, "edge", 40, 35, 0.0245, clock.now)  # 24.5 ms so far, 11.1 ms steps ahead
+    assert placed(tight.place(Facts(max_tokens=40))).decode is d1
+    d1.projection_error_s = 0.002  # the projection has run 2 ms short here
+    refusal = tight.place(Facts(max_tokens=40))
+    assert isinstance(refusal, Refusal) and refusal.over_tpot
+
+
+def test_the_projection_learns_its_error_from_the_streams_that_end() -> None:
+    """A placement commits what each stream there is now projected to end with; a stream that
+    ends teaches the engine its observed - projected TPOT, and one of a few tokens (a few
+    steps' noise) teaches nothing."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.05, clock=clock)
+    _streaming(d0, "s0", 40, 10, 0.011, clock.now)
+    before = d0.lives["s0"].projected
+    placement = placed(chooser.place(Facts(max_tokens=40)))
+    projected = d0.lives["s0"].projected
+    assert before == 0.0 and projected > 0.011  # the newcomer slows it
+    decode_ended(d0, 100, 1 / 40, clock.now, "s0", projected + 0.004)
+    assert d0.projection_error_s == pytest.approx(0.004 / 32)
+    assert d0.projection_error_dev_s == pytest.approx(0.004 / 16)
+    decode_started(d0, 100, 1 / 8, 8, "short", None, False, placement.projected_tpot_s)
+    decode_ended(d0, 100, 1 / 8, clock.now, "short", 0.04)
+    assert d0.projection_error_s == pytest.approx(0.004 / 32)
+    assert d0.state()["projection_error"] == {"mean_s": 0.000125, "deviation_s": 0.00025}
+
+
+def test_a_stream_of_unknown_length_falls_back_to_the_step_now() -> None:
+    """A stream booked without its length cannot be projected: the engine is judged on its
+    step now, as the budget holds it, and the placement carries no projection."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.05, clock=clock)
+    decode_started(d0, 100, 0.0, 0, "unknown")
+    placement = placed(chooser.place(Facts(max_tokens=40)))
+    assert placement.projected_tpot_s == 0.0
+    tight = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.0125, clock=clock)
+    assert isinstance(tight.place(Facts(max_tokens=40)), Refusal)  # 0.0122 + landing's spread
