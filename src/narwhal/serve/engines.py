@@ -23,19 +23,21 @@ class Life:
     """One decode stream booked on an engine, as the scheduler projects the rest of its life
     (scheduler.py, `projected_tpot_s`): its length in tokens (0: unknown), the tokens it keeps
     resident, the relay of its running leg (None while it is reserved: how many tokens it has
-    streamed and when its first and latest came), whether it is a plain request, and its
-    projected TPOT: `pending` from the latest placement priced on the engine, `projected`
+    streamed and when its first and latest came), whether it is a plain request, when a
+    reserved leg the router holds will be sent (monotonic clock; 0: after its prefill), and
+    its projected TPOT: `pending` from the latest placement priced on the engine, `projected`
     from the latest one admitted there (0: none yet), which its observed TPOT is held to."""
 
-    __slots__ = ("pending", "plain", "projected", "relay", "steps", "tokens")
+    __slots__ = ("pending", "plain", "projected", "relay", "start_at", "steps", "tokens")
 
     def __init__(self, steps: int, tokens: int, relay: DecodeRelay | None = None,
-                 plain: bool = False, projected: float = 0.0) -> None:
+                 plain: bool = False, projected: float = 0.0, start_at: float = 0.0) -> None:
         self.steps = steps
         self.tokens = tokens
         self.relay = relay
         self.plain = plain
         self.projected = projected
+        self.start_at = start_at
         self.pending = 0.0
 
 
@@ -253,6 +255,9 @@ class Placement:
     predicted_tpot_s: float = 0.0  # the decode engine's step with it added, before any bias
     # the TPOT projected over its life (scheduler.py, `projected_tpot_s`; 0: not projected)
     projected_tpot_s: float = 0.0
+    # when the router sends the decode leg (monotonic clock; 0: as soon as the prefill ends):
+    # held until streams on the decode engine end, so that every stream there keeps TPOT
+    decode_at: float = 0.0
 
     @property
     def single(self) -> bool:

@@ -150,8 +150,10 @@ class Proxy:
                            call.max_tokens or 0, call, relay, not split, projected)
         else:
             call.decode_whole = not split
+            placement = call.placement
             decode_reserved(engine, call.decode_charge, call.decode_arrivals, not split, call,
-                            call.t0, call.max_tokens or 0)
+                            call.t0, call.max_tokens or 0,
+                            placement.decode_at if placement is not None else 0.0)
         call.decode_booked = engine
         call.decode_live = live
 
@@ -461,6 +463,20 @@ class Proxy:
         assert call.placement is not None
         decode = call.placement.decode
         if not self._fits(call, decode.context_len, decode):
+            return
+        if call.gone:
+            self._settle(call, D.GONE_BEFORE_DECODE, decode)
+            return
+        wait = call.placement.decode_at - time.monotonic()
+        if wait > 0.0:  # held by the scheduler until streams there end (scheduler.py)
+            asyncio.get_running_loop().call_later(wait, self._guard, call, self._held,
+                                                  decode, kv)
+            return
+        self._decode(call, decode, kv)
+
+    def _held(self, call: Call, decode: Engine, kv: bytes) -> None:
+        """A held decode leg's time came: send it, unless the request ended meanwhile."""
+        if call.finished:
             return
         if call.gone:
             self._settle(call, D.GONE_BEFORE_DECODE, decode)

@@ -49,6 +49,14 @@ process's row) and by the work this router already sent it, which the data path 
   projected (a length unknown), the step now is held to the budget instead, as below. At a
   fixed 2+2 split in the goodput bench's decode-heavy phase it admitted 862-868 requests
   within both budgets against 855-857 by the step now (two runs each, same session).
+- holding a decode leg: when a split request's leg would push a stream past the budget now
+  but streams there end while its TTFT budget still has room (the leg is sent, its first
+  token comes a handoff later), it is admitted with its leg held until the first step at
+  which every stream keeps the budget with it (`Placement.decode_at`; the proxy sends the
+  leg then, its KV waiting on the prefill engine), and its TTFT is priced with the wait. A
+  held leg's stream is booked from the step it is held to. An engine that takes a request
+  at once is preferred to one that would hold it. Decode-heavy, same trace: 876-880 within
+  both budgets against 862-868 without holding.
 - admission: when even the best prefill engine's prediction exceeds `slo.ttft_s`, the request
   is refused (429) with `Retry-After` = whole seconds until that queue has drained enough
   (`pricing.retry_after_s`); when no decode engine keeps every stream within `slo.tpot_s`
@@ -181,17 +189,18 @@ def waited_s(engine: Engine, now: float) -> float:
 
 def decode_reserved(engine: Engine, resident_tokens: int, arrivals: float,
                     whole: bool = False, key: object = None, since: float = 0.0,
-                    steps: int = 0) -> None:
+                    steps: int = 0, start_at: float = 0.0) -> None:
     """A request placed with its decode on `engine`; its leg starts after the prefill (or,
     `whole`, a plain request: its prefill on `engine` too, not booked until it is sent).
     With a `key` (its request) and `since` (when it was received), an engine that tracks
     streams keeps a split one among the legs about to land there (`Engine.landing`); one that
-    projects keeps it, `steps` tokens long (its max_tokens, 0: unknown), among those coming."""
+    projects keeps it, `steps` tokens long (its max_tokens, 0: unknown), among those coming
+    (`start_at`: when the router will send its leg, if it holds it)."""
     engine.reserved += 1
     engine.reserved_tokens += resident_tokens
     engine.reserved_arrivals += arrivals
     if key is not None and engine.projects:
-        engine.coming[key] = Life(steps, resident_tokens, None, whole)
+        engine.coming[key] = Life(steps, resident_tokens, None, whole, 0.0, start_at)
     if whole:
         engine.whole_reserved += 1
     elif key is not None and engine.tracks_streams:
@@ -275,25 +284,29 @@ def projection_margin_s(engine: Engine, budget: float) -> float:
 
 
 def projected_tpot_s(engine: Engine, tokens: int, steps: int, plain: bool, now: float,
-                     budget: float, window_s: float) -> tuple[float, float]:
-    """Decode admission by the rest of each stream's life: the worst TPOT any stream on the
-    engine would end with if a newcomer of `tokens` resident tokens and `steps` tokens, whose
-    leg starts `window_s` from now (its prefill and handoff), joined (`plain`: it prefills
-    there, no KV lands), plus the projection's margin (`projection_margin_s`), and the newcomer's
-    own projected TPOT (0 for a single token); (-1.0, 0.0) when the engine's streams cannot
-    be projected (one of unknown length, or booked without a life). Each stream's life keeps
-    what it was projected with the newcomer (`Life.pending`, which `CurvePriced` commits when
-    the newcomer is placed here).
+                     budget: float, window_s: float,
+                     hold_limit_s: float = 0.0) -> tuple[float, float, float]:
+    """Decode admission by the rest of each stream's life: (the worst TPOT any stream on the
+    engine would end with if a newcomer of `tokens` resident tokens and `steps` tokens joined,
+    plus the projection's margin (`projection_margin_s`); the newcomer's own projected TPOT, 0
+    for a single token; when its leg starts, in seconds from now). Its leg starts `window_s`
+    from now (its prefill), or, when that would push a stream past the budget, as late as
+    `hold_limit_s` from now: the first step at which streams booked here end and every stream
+    keeps the budget (the router then holds the leg until then). `plain`: it prefills there,
+    no KV lands. (-1.0, 0.0, 0.0) when the engine's streams cannot be projected (one of
+    unknown length, or booked without a life). Each stream's life keeps what it was
+    projected with the newcomer (`Life.pending`, which `CurvePriced` commits when the
+    newcomer is placed here).
 
     A stream's TPOT is the mean of its gaps between tokens, so what it ends with is the time
     its gaps took so far (from its relay) plus its remaining steps, over its gaps. The steps
-    ahead are priced on the decode curve at the streams still running in each: every stream
-    booked here leaves after the tokens it has left, so the load falls as they end. A leg
-    sent but without a first token lands at once, and the prefills queued here run at once;
-    the legs still reserved (their prefills run elsewhere) land while the newcomer's own
-    prefill runs, so their arrivals are spread over the steps before it starts. Streams
-    admitted later are not in it: each is admitted only if every stream here keeps the budget
-    with it, so none is pushed past by them.
+    ahead are priced on the decode curve at the streams running in each: every stream booked
+    here leaves after the tokens it has left, so the load falls as they end. A leg sent but
+    without a first token lands at once, and the prefills queued here run at once; legs
+    still reserved (their prefills run elsewhere) land while the newcomer's own prefill runs,
+    so their arrivals are spread over the steps before it would start, and a held leg lands
+    and starts at the step it is held to. Streams admitted later are not in it: each is
+    admitted only if every stream here keeps the budget with it, so none is pushed past.
 
     The instantaneous rule (`_best_decode`'s step now plus spreads) holds a burst to the
     budget although most of the streams it meets end within the newcomer's life; this one
@@ -303,27 +316,37 @@ def projected_tpot_s(engine: Engine, tokens: int, steps: int, plain: bool, now: 
     it past."""
     profile = engine.profile
     if profile is None or steps < 1:
-        return -1.0, 0.0
+        return -1.0, 0.0, 0.0
     lives = engine.lives
     coming = engine.coming
     if len(lives) != engine.running or len(coming) != engine.reserved:
-        return -1.0, 0.0
+        return -1.0, 0.0, 0.0
     c = profile.decode
     base = c.base_s
     per_request = c.per_request_s
     per_token = c.per_token_s
     arrive = arrival_s(profile)
+    mine = per_request + per_token * tokens
+    landing = 0.0 if plain else arrive
+    total = 0.0
+    for life in lives.values():
+        total += per_request + per_token * life.tokens
+    for life in coming.values():
+        total += per_request + per_token * life.tokens
+    step_s = base + total + mine  # the step now with the newcomer: seconds to steps
+    start = int(window_s / step_s) if window_s > 0.0 else 0
     queued = engine.busy_until - now
-    at_once = queued if queued > 0.0 else 0.0  # seconds added to the next step
-    spread = 0.0  # seconds landing over the steps before the newcomer starts
-    # (tokens left, load per step, seconds its gaps took, its gaps so far (-1: not started),
-    # its place in `owners`)
-    ahead: list[tuple[int, float, float, int, int]] = []
+    # what lands at a step: (step, seconds); the prefills queued here run in the next one
+    lumps: list[tuple[int, float]] = [(0, queued if queued > 0.0 else 0.0)]
+    spread = 0.0  # seconds landing evenly over the `start` steps before the newcomer's
+    # (first step, tokens left, load per step, seconds its gaps took, its gaps so far (-1:
+    # not started), its place in `owners`)
+    ahead: list[tuple[int, int, float, float, int, int]] = []
     owners: list[Life] = []
-    load = 0.0
+    changes: list[tuple[int, float]] = []  # (step, load it adds from then on; < 0: leaves)
     for life in lives.values():
         if life.steps <= 0:
-            return -1.0, 0.0
+            return -1.0, 0.0, 0.0
         relay = life.relay
         done = relay.events if relay is not None else 0
         left = life.steps - done
@@ -331,78 +354,121 @@ def projected_tpot_s(engine: Engine, tokens: int, steps: int, plain: bool, now: 
             life.pending = 0.0
             continue
         w = per_request + per_token * life.tokens
-        load += w
+        changes.append((0, w))
+        changes.append((left, -w))
         if relay is not None and done >= 2 and relay.t_last > relay.t_first:
-            ahead.append((left, w, relay.t_last - relay.t_first, done - 1, len(owners)))
+            ahead.append((0, left, w, relay.t_last - relay.t_first, done - 1, len(owners)))
         elif done >= 1:
-            ahead.append((left, w, 0.0, 0, len(owners)))
+            ahead.append((0, left, w, 0.0, 0, len(owners)))
         else:
             if not life.plain:
-                at_once += arrive
-            ahead.append((left, w, 0.0, -1, len(owners)))
+                lumps.append((0, arrive))
+            ahead.append((0, left, w, 0.0, -1, len(owners)))
         owners.append(life)
     for life in coming.values():
         if life.steps <= 0:
-            return -1.0, 0.0
+            return -1.0, 0.0, 0.0
         w = per_request + per_token * life.tokens
-        load += w
-        spread += arrive if not life.plain else profile.prefill.seconds(life.tokens)
-        ahead.append((life.steps, w, 0.0, -1, len(owners)))
+        first = 0
+        if life.start_at > now:  # held: it lands and starts then
+            first = int((life.start_at - now) / step_s)
+            lumps.append((first, arrive))
+        else:
+            spread += arrive if not life.plain else profile.prefill.seconds(life.tokens)
+        changes.append((first, w))
+        changes.append((first + life.steps, -w))
+        ahead.append((first, life.steps, w, 0.0, -1, len(owners)))
         owners.append(life)
-    mine = per_request + per_token * tokens
-    landing = 0.0 if plain else arrive
-    # the newcomer starts `start` steps ahead, at the step the engine runs now
-    start = int(window_s / (base + load + mine)) if window_s > 0.0 else 0
-    ahead.sort()
-    # the steps ahead without the newcomer: at each boundary where streams end, the seconds
-    # of the steps before it and the load after it
+    # the steps ahead without the newcomer: at each step where the load changes, the
+    # seconds of the steps before it and the load from it on
+    changes.sort()
+    lumps.sort()
     bounds: list[int] = []
     sums: list[float] = []
     loads: list[float] = []
-    total = load
+    load = 0.0
     at = 0
     cum = 0.0
-    for left, w, _, _, _ in ahead:
-        if left > at:
-            cum += (base + load) * (left - at)
-            at = left
+    for step, delta in changes:
+        if step > at or not bounds:
+            cum += (base + load) * (step - at)
+            at = step
             bounds.append(at)
             sums.append(cum)
             loads.append(load)
-        load -= w
+        load += delta
         loads[-1] = load
+    lump_steps: list[int] = []
+    lump_sums: list[float] = []
+    landed = 0.0
+    for step, seconds in lumps:
+        landed += seconds
+        lump_steps.append(step)
+        lump_sums.append(landed)
     margin = projection_margin_s(engine, budget)
+    # the newcomer's first steps to try: `start`, then each step where streams end, up to
+    # the hold limit
+    limit = int(hold_limit_s / step_s) if hold_limit_s > window_s else start
+    tries = [start]
+    for step, delta in changes:
+        if delta < 0.0 and start < step <= limit and step != tries[-1]:
+            tries.append(step)
     worst = 0.0
-    end = start + steps
+    own = 0.0
+    begin = start
+    for begin in tries:
+        worst, own = _project(ahead, owners, bounds, sums, loads, lump_steps, lump_sums,
+                              base, spread, start, begin, steps, mine, landing, budget)
+        if worst + margin <= budget:
+            break
+    if worst + margin > budget:  # none fits: what it would be at its own start
+        begin = start
+        worst, own = _project(ahead, owners, bounds, sums, loads, lump_steps, lump_sums,
+                              base, spread, start, start, steps, mine, landing, budget)
+    return worst + margin, own, (begin * step_s if begin > start else window_s)
+
+
+def _project(ahead: list[tuple[int, int, float, float, int, int]], owners: list[Life],
+             bounds: list[int], sums: list[float], loads: list[float], lump_steps: list[int],
+             lump_sums: list[float], base: float, spread: float, start: int, begin: int,
+             steps: int, mine: float, landing: float, budget: float) -> tuple[float, float]:
+    """(the worst TPOT a stream keeping the budget without it would end with, the newcomer's
+    own) with the newcomer's leg starting at step `begin` (`projected_tpot_s`); each life's
+    `pending` takes its own."""
+    end = begin + steps
+    own = 0.0
     if steps > 1:  # its gaps: the steps after the one its first token comes in
-        gaps_s = (_steps_s(bounds, sums, loads, base, total, end, at_once, spread, start)
-                  - _steps_s(bounds, sums, loads, base, total, start + 1, at_once, spread,
-                             start))
-        worst = (gaps_s + mine * (steps - 1)) / (steps - 1)
-    own = worst
-    for left, _, spent, gaps, owner in ahead:
-        ahead_s = _steps_s(bounds, sums, loads, base, total, left, at_once, spread, start)
-        overlap = left - start
-        added = ((mine * (overlap if overlap < steps else steps) + landing)
-                 if overlap > 0 else 0.0)
-        if gaps < 0:
+        own = (_steps_s(bounds, sums, loads, lump_steps, lump_sums, base, spread, start, end)
+               - _steps_s(bounds, sums, loads, lump_steps, lump_sums, base, spread, start,
+                          begin + 1)
+               + mine * (steps - 1)) / (steps - 1)
+    worst = own
+    for first, left, _, spent, gaps, owner in ahead:
+        last = first + left
+        ahead_s = _steps_s(bounds, sums, loads, lump_steps, lump_sums, base, spread, start,
+                           last)
+        if gaps < 0:  # not started: its gaps are the steps after its first
             if left < 2:
                 owners[owner].pending = 0.0
                 continue
-            # its first step is no gap, with or without the newcomer in it
-            first_s = _steps_s(bounds, sums, loads, base, total, 1, at_once, spread, start)
-            without = (ahead_s - first_s) / (left - 1)
-            if start == 0:
-                first_s += mine + landing
-            tpot = (ahead_s + added - first_s) / (left - 1)
+            lo = first + 1
+            first_s = _steps_s(bounds, sums, loads, lump_steps, lump_sums, base, spread, start,
+                               lo)
+            n = left - 1
+            without = (ahead_s - first_s) / n
         else:
+            lo = 0
             n = gaps + left
             without = (spent + ahead_s) / n
-            tpot = (spent + ahead_s + added) / n
+        overlap = (last if last < end else end) - (lo if lo > begin else begin)
+        added = mine * overlap if overlap > 0 else 0.0
+        if lo <= begin < last:
+            added += landing
+        tpot = without + added / n
         owners[owner].pending = tpot
         if tpot > worst and without <= budget:
             worst = tpot
-    return worst + margin, own
+    return worst, own
 
 
 def _commit_projections(engine: Engine) -> None:
@@ -416,16 +482,19 @@ def _commit_projections(engine: Engine) -> None:
             life.projected = life.pending
 
 
-def _steps_s(bounds: list[int], sums: list[float], loads: list[float], base: float,
-             total: float, x: int, at_once: float, spread: float, start: int) -> float:
+def _steps_s(bounds: list[int], sums: list[float], loads: list[float], lump_steps: list[int],
+             lump_sums: list[float], base: float, spread: float, start: int, x: int) -> float:
     """Seconds of the next `x` steps without the newcomer (`projected_tpot_s`): the curve at
-    the streams left in each, what lands at once, and the part of `spread` landing within
-    them (evenly over the `start` steps before the newcomer's)."""
+    the streams running in each, what lands in them, and the part of `spread` landing within
+    them (evenly over the `start` steps before the newcomer's own)."""
     k = bisect_right(bounds, x) - 1
-    seconds = (base + total) * x if k < 0 else sums[k] + (base + loads[k]) * (x - bounds[k])
+    seconds = base * x if k < 0 else sums[k] + (base + loads[k]) * (x - bounds[k])
+    k = bisect_right(lump_steps, x - 1) - 1
+    if k >= 0:
+        seconds += lump_sums[k]
     if spread > 0.0:
         seconds += spread if x >= start else spread * x / start
-    return seconds + at_once
+    return seconds
 
 
 def departures_per_s(engine: Engine, now: float) -> float:
@@ -586,6 +655,9 @@ class CurvePriced:
         # the projected TPOT of the request `_best_decode` last chose an engine for (-1.0:
         # that engine's streams were not projected)
         self._projected_own = -1.0
+        # when its leg should start, in seconds from placement (more than the window passed:
+        # held until streams there end)
+        self._decode_starts = 0.0
 
     @property
     def offered_requests(self) -> int:
@@ -632,7 +704,7 @@ class CurvePriced:
 
     def _best_decode(self, tokens: int, arrivals: float, exclude: Sequence[Engine],
                      prefer: Engine | None = None, steps: int | None = None,
-                     window_s: float = 0.0, now: float = 0.0
+                     window_s: float = 0.0, now: float = 0.0, hold: bool = False
                      ) -> tuple[Engine | None, float, float]:
         """(the engine, its step time with the request added, that plus `TPOT_SPREAD_Z` of
         the request's own TPOT spreads over its `steps`, which is what the budget holds);
@@ -649,6 +721,9 @@ class CurvePriced:
         best_judged = math.inf
         best_running = 0.0
         best_own = -1.0
+        best_starts = window_s
+        margin = self.ttft_margin_s
+        ttft_limit = self.ttft_s - (margin if margin > 0.0 else 0.0)
         for engine in self._decode:
             profile = engine.profile
             if (engine.ejected or engine.held or profile is None or not engine.serves_decode
@@ -691,9 +766,15 @@ class CurvePriced:
             landing = rate + mine
             judged = -1.0
             own = 0.0
+            starts = window_s
             if engine.projects and steps and now > 0.0:
-                judged, own = projected_tpot_s(engine, tokens, steps, engine is prefer, now,
-                                               budget, window_s)
+                # a split leg may be held while TTFT allows: its first token comes a handoff
+                # after it is sent
+                limit = 0.0
+                if hold and engine is not prefer:
+                    limit = ttft_limit - first_token_s(engine, after, True)
+                judged, own, starts = projected_tpot_s(engine, tokens, steps, engine is prefer,
+                                                       now, budget, window_s, limit)
             projected = judged >= 0.0
             if not projected:  # the step now, as the budget holds it
                 judged = after + bias
@@ -701,12 +782,16 @@ class CurvePriced:
                     judged += TPOT_SPREAD_Z * arrive * math.sqrt(landing / steps)
             key = 1e9 + after if judged > budget else (
                 c.per_token_s * tokens + c.per_request_s + arrive * mine)
+            if starts > window_s and judged <= budget:  # held: after any engine that is not
+                key = 1e8 + starts
             if key < best_key or (key == best_key and best is not prefer and (
                     engine is prefer or streams < best_running)):
                 best, best_key, best_after, best_running = engine, key, after, streams
                 best_judged = judged
                 best_own = own if projected else -1.0
+                best_starts = starts
         self._projected_own = best_own
+        self._decode_starts = best_starts
         return best, best_after, best_judged
 
     def place(self, facts: RequestFacts) -> Placement | Refusal | None:
@@ -722,9 +807,13 @@ class CurvePriced:
         arrivals = arrivals_per_step(facts.max_tokens)
         decode, step, judged = self._best_decode(resident, arrivals, (), prefer=prefill,
                                                  steps=facts.max_tokens, window_s=predicted,
-                                                 now=now)
+                                                 now=now, hold=True)
         if decode is None:
             return None
+        decode_at = 0.0
+        if self._decode_starts > predicted:  # held until streams there end
+            decode_at = now + self._decode_starts
+            predicted = self._decode_starts
         if decode.prefill_pending > 0 and decode is not prefill:
             # an overflow request's prefill runs there (`_best_local`): a leg landing before
             # it ends gets its first token in the step after it
@@ -778,7 +867,7 @@ class CurvePriced:
         own = self._projected_own
         if own >= 0.0:
             _commit_projections(decode)
-        return Placement(prefill, decode, modelled, step, own if own > 0.0 else 0.0)
+        return Placement(prefill, decode, modelled, step, own if own > 0.0 else 0.0, decode_at)
 
     def _pool_prefill(self, work: float, now: float) -> None:
         """An admitted prefill of `work` seconds goes to the prefill pool (`_best_home`)."""

@@ -256,17 +256,18 @@ def test_near_capacity_the_tenant_over_its_fair_share_is_refused_first(
 
 @pytest.fixture
 def decode_bound_fleet(tmp_path: Path) -> Iterator[tuple[Router, Path]]:
-    """A fast prefill engine and one decode engine whose step grows 10 ms a stream (20 ms
-    idle), TPOT budget 50 ms: with the 1 ms a step each arriving decode leg costs (its last
-    prompt token at the 1 ms prefill constant, once per 120 tokens a stream), the decode
-    engine keeps the budget for two streams; a third would step at 50.03 ms. The streams are
-    long (about 5 s) so that all five requests meet them running even on a loaded machine."""
+    """A fast prefill engine and one decode engine whose step grows 11 ms a stream (20 ms
+    idle), TPOT budget 50 ms: the decode engine keeps the budget for two streams (42 ms a
+    step, and 1 ms once in a stream's life for each decode leg that lands, its last prompt
+    token at the prefill constant); a third would step at 53 ms. The streams are long (about
+    5 s) so that all five requests meet them running even on a loaded machine, and none ends
+    within the TTFT budget, so no leg is held for one to end."""
     model = write_tiny_llama(tmp_path / "tiny")
     engines: list[RunningEngine] = []
     router: Router | None = None
     try:
         rows = []
-        for name, a, base, per_request in (("p0", 0.001, 0.001, 0.0), ("d0", 0.001, 0.02, 0.01)):
+        for name, a, base, per_request in (("p0", 0.001, 0.001, 0.0), ("d0", 0.001, 0.02, 0.011)):
             engine = start_engine(
                 model, log_path=tmp_path / f"{name}.log",
                 extra_args=[*BASE_ARGS, "--emu-prefill-a", str(a), "--emu-prefill-b", "0",
@@ -342,3 +343,34 @@ def test_a_stream_no_decode_engine_can_carry_within_tpot_is_refused_and_says_so(
     assert 'narwhal_router_requests_total{outcome="refused_tpot",route="completions"}' in metrics
     # once the streams end there is room again
     assert call(router.port, "POST", "/v1/completions", body).status == 200
+
+
+def test_a_leg_the_decode_engine_has_no_room_for_yet_is_held_until_a_stream_ends(
+        decode_bound_fleet: tuple[Router, Path]) -> None:
+    """Three short streams at once on an engine that keeps TPOT for two: the streams end well
+    within the TTFT budget, so the third is not refused but held until one ends (its first
+    token comes after theirs end), and every stream keeps its budget."""
+    router, journal = decode_bound_fleet
+    body = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 10, "stream": True}
+    replies: list[Reply] = []
+    gate = threading.Barrier(3)
+
+    def client() -> None:
+        gate.wait(10)
+        replies.append(call(router.port, "POST", "/v1/completions", body))
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r.status for r in replies) == [200, 200, 200]
+    rows = sorted(journal_rows(journal, 3), key=lambda r: r["ttft_s"])
+    assert [r["outcome"] for r in rows] == ["ok", "ok", "ok"]
+    first_end = min(float(r["received_at"]) + r["total_s"] for r in rows[:2])
+    held = rows[2]
+    assert float(held["received_at"]) + held["ttft_s"] >= first_end, rows  # after one ended
+    for row in rows:
+        assert row["tpot_s"] <= 0.05 * 1.5, row
+    state = scheduler_state(router)
+    assert state["refused_tpot"] == 0 and state["admitted"] == 3

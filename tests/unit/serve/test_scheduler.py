@@ -555,10 +555,11 @@ def test_a_request_no_split_can_serve_in_time_runs_whole_on_a_decode_pool_engine
 def test_a_one_token_request_is_refused_only_for_the_streams_it_would_push_past() -> None:
     """A `max_tokens: 1` request has no gap between tokens, so no TPOT of its own: on an idle
     decode engine it is admitted however tight the budget; on one where its landing and its
-    one step would push a running stream past the budget, it is refused."""
+    one step would push a running stream past the budget, it is refused (TTFT leaves no
+    room to hold it until that stream ends)."""
     clock = Clock()
     p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
-    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.015, clock=clock)
+    chooser = CurvePriced([p0, d0], ttft_s=0.06, tpot_s=0.015, clock=clock)
     one = placed(chooser.place(Facts(max_tokens=1)))
     assert one.decode is d0
     # a stream of 3 tokens with its first out: two steps of 0.0111 s ahead, TPOT 0.0111 s;
@@ -569,7 +570,7 @@ def test_a_one_token_request_is_refused_only_for_the_streams_it_would_push_past(
     refusal = chooser.place(Facts(max_tokens=1))
     assert isinstance(refusal, Refusal) and refusal.over_tpot
     assert refusal.predicted_tpot_s == pytest.approx(0.0167, abs=1e-6)
-    roomy = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.017, clock=clock)
+    roomy = CurvePriced([p0, d0], ttft_s=0.06, tpot_s=0.017, clock=clock)
     assert placed(roomy.place(Facts(max_tokens=1))).decode is d0
 
 
@@ -830,7 +831,7 @@ def test_a_stream_already_lost_does_not_refuse_a_newcomer_but_one_inside_the_mar
     _streaming(d0, "late", 40, 35, 0.03, clock.now)  # 34 gaps of 30 ms, 5 steps to go
     assert placed(chooser.place(Facts(max_tokens=40))).decode is d0
     p1, d1 = engine("p1", "prefill"), engine("d1", "decode")
-    tight = CurvePriced([p1, d1], ttft_s=1.0, tpot_s=0.025, clock=clock)
+    tight = CurvePriced([p1, d1], ttft_s=0.045, tpot_s=0.025, clock=clock)  # no room to hold
     _streaming(d1, "edge", 40, 35, 0.0245, clock.now)  # 24.5 ms so far, 11.1 ms steps ahead
     assert placed(tight.place(Facts(max_tokens=40))).decode is d1
     d1.projection_error_s = 0.002  # the projection has run 2 ms short here
@@ -870,3 +871,27 @@ def test_a_stream_of_unknown_length_falls_back_to_the_step_now() -> None:
     assert placement.projected_tpot_s == 0.0
     tight = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.0125, clock=clock)
     assert isinstance(tight.place(Facts(max_tokens=40)), Refusal)  # 0.0122 + landing's spread
+
+
+def test_a_leg_that_would_push_streams_past_tpot_is_held_until_they_end_if_ttft_allows() -> None:
+    """Thirteen streams at 24.8 ms a token so far, four tokens each to go: a newcomer now
+    would push every one past a 25 ms budget. Held four steps, until they end, it joins
+    none of them: placed with its leg sent then, its TTFT priced with the wait. With a TTFT
+    budget that leaves no room for the wait it is refused."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.025, clock=clock)
+    for k in range(13):
+        _streaming(d0, f"s{k}", 40, 36, 0.0248, clock.now)
+    placement = placed(chooser.place(Facts(max_tokens=40)))
+    step = 0.01 + 13 * 0.0011 + 0.00112  # the step now with the newcomer
+    assert placement.decode_at == pytest.approx(clock.now + 4 * step)
+    first_token = 1.5 * (step + 0.0101 * 14 / 40)
+    assert placement.predicted_ttft_s == pytest.approx(4 * step + first_token)
+    assert 0.0 < placement.projected_tpot_s < 0.012  # it decodes alone
+    p1, d1 = engine("p1", "prefill"), engine("d1", "decode")
+    tight = CurvePriced([p1, d1], ttft_s=0.1, tpot_s=0.025, clock=clock)
+    for k in range(13):
+        _streaming(d1, f"s{k}", 40, 36, 0.0248, clock.now)
+    refusal = tight.place(Facts(max_tokens=40))
+    assert isinstance(refusal, Refusal) and refusal.over_tpot
