@@ -7,6 +7,7 @@ its old epoch; and the sidecar's lease routes refuse hostile requests without wo
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -269,7 +270,11 @@ def test_the_old_primary_reconnected_does_not_serve_without_a_new_epoch(
         _until("the standby to serve", lambda: _serves(standby), timeout=TTL + POLL + 1.0)
     finally:
         os.kill(primary.proc.pid, signal.SIGCONT)
-    assert _not_leader(primary)
+    # Resumed, it finds its lease gone and stops: it answers not_leader until its listener
+    # closes, and a loaded machine may run that renewal before this request arrives
+    # (`make test` once saw the connection refused). Either way it serves nothing.
+    with contextlib.suppress(ConnectionRefusedError):
+        assert _not_leader(primary)
     assert primary.proc.wait(timeout=20) == 1
     primary.stop()
     assert "lost the controller lease" in primary.stderr and standby.url in primary.stderr
