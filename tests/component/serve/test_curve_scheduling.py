@@ -91,6 +91,23 @@ def scheduler_state(router: Router) -> dict[str, Any]:
     return dict(call(router.port, "GET", "/narwhal/state").json()["scheduler"])
 
 
+def at_once(router: Router, body: dict[str, Any], clients: int) -> list[Reply]:
+    """The replies to `clients` completions sent together (each thread waits at a barrier)."""
+    replies: list[Reply] = []
+    gate = threading.Barrier(clients)
+
+    def client() -> None:
+        gate.wait(10)
+        replies.append(call(router.port, "POST", "/v1/completions", body))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return replies
+
+
 def test_the_slow_prefill_engine_gets_fewer_prefills_and_nothing_is_refused_within_capacity(
         fleet: tuple[Router, Path]) -> None:
     router, journal = fleet
@@ -119,19 +136,8 @@ def test_a_flood_beyond_capacity_gets_429_with_a_priced_retry_after(
     router, journal = fleet
     before = len(journal_rows(journal, 0))
     admitted_before = scheduler_state(router)["admitted"]
-    replies: list[Reply] = []
-    gate = threading.Barrier(10)
-
-    def client() -> None:
-        gate.wait(10)
-        replies.append(call(router.port, "POST", "/v1/completions", BODY))
-
-    threads = [threading.Thread(target=client) for _ in range(10)]
     t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    replies = at_once(router, BODY, 10)
     assert time.monotonic() - t0 < 30
     refused = [r for r in replies if r.status == 429]
     accepted = [r for r in replies if r.status == 200]
@@ -299,18 +305,7 @@ def test_a_stream_no_decode_engine_can_carry_within_tpot_is_refused_and_says_so(
         decode_bound_fleet: tuple[Router, Path]) -> None:
     router, journal = decode_bound_fleet
     body = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 120, "stream": True}
-    replies: list[Reply] = []
-    gate = threading.Barrier(5)
-
-    def client() -> None:
-        gate.wait(10)
-        replies.append(call(router.port, "POST", "/v1/completions", body))
-
-    threads = [threading.Thread(target=client) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    replies = at_once(router, body, 5)
     statuses = sorted(r.status for r in replies)
     refused = statuses.count(429)
     # Two streams fit; on a loaded machine a stream may end before the last client arrives
@@ -352,18 +347,7 @@ def test_a_leg_the_decode_engine_has_no_room_for_yet_is_held_until_a_stream_ends
     token comes after theirs end), and every stream keeps its budget."""
     router, journal = decode_bound_fleet
     body = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 10, "stream": True}
-    replies: list[Reply] = []
-    gate = threading.Barrier(3)
-
-    def client() -> None:
-        gate.wait(10)
-        replies.append(call(router.port, "POST", "/v1/completions", body))
-
-    threads = [threading.Thread(target=client) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    replies = at_once(router, body, 3)
     assert sorted(r.status for r in replies) == [200, 200, 200]
     rows = sorted(journal_rows(journal, 3), key=lambda r: r["ttft_s"])
     assert [r["outcome"] for r in rows] == ["ok", "ok", "ok"]

@@ -798,24 +798,29 @@ def _streaming(d0: Engine, key: str, steps: int, done: int, gap_s: float, now: f
     return relay
 
 
+def _busy_decode(done: int, gap_s: float,
+                 ttft_s: float = 1.0) -> tuple[Clock, CurvePriced, Engine]:
+    """A prefill engine and a decode engine running thirteen streams of 40 tokens, `done` of
+    each streamed `gap_s` apart (0.0243 s a step at the curve); TPOT budget 25 ms."""
+    clock = Clock()
+    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
+    chooser = CurvePriced([p0, d0], ttft_s=ttft_s, tpot_s=0.025, clock=clock)
+    for k in range(13):
+        _streaming(d0, f"s{k}", 40, done, gap_s, clock.now)
+    return clock, chooser, d0
+
+
 def test_projected_admission_counts_out_the_streams_that_end_within_the_newcomers_life() -> None:
     """Thirteen streams step at 0.0243 s; a fourteenth makes it 0.0254 s, past a 0.025 s
     budget. When each of them has two tokens left the newcomer decodes alone after two steps,
     and every stream keeps the budget: admitted. When each has 38 left, every one of them
     would end past it: refused."""
-    clock = Clock()
-    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
-    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.025, clock=clock)
-    for k in range(13):
-        _streaming(d0, f"s{k}", 40, 38, 0.0243, clock.now)
+    _clock, chooser, d0 = _busy_decode(38, 0.0243)
     placement = placed(chooser.place(Facts(max_tokens=40)))
     assert placement.decode is d0
     assert placement.predicted_tpot_s == pytest.approx(0.02542 + 0.0101 * 14 / 40)  # step now
     assert 0.0 < placement.projected_tpot_s < 0.02  # it runs nearly alone
-    p1, d1 = engine("p1", "prefill"), engine("d1", "decode")
-    busy = CurvePriced([p1, d1], ttft_s=1.0, tpot_s=0.025, clock=clock)
-    for k in range(13):
-        _streaming(d1, f"s{k}", 40, 2, 0.0243, clock.now)
+    _clock, busy, _d1 = _busy_decode(2, 0.0243)
     refusal = busy.place(Facts(max_tokens=40))
     assert isinstance(refusal, Refusal) and refusal.over_tpot
     assert refusal.predicted_tpot_s > 0.025
@@ -878,20 +883,13 @@ def test_a_leg_that_would_push_streams_past_tpot_is_held_until_they_end_if_ttft_
     would push every one past a 25 ms budget. Held four steps, until they end, it joins
     none of them: placed with its leg sent then, its TTFT priced with the wait. With a TTFT
     budget that leaves no room for the wait it is refused."""
-    clock = Clock()
-    p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
-    chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.025, clock=clock)
-    for k in range(13):
-        _streaming(d0, f"s{k}", 40, 36, 0.0248, clock.now)
+    clock, chooser, _d0 = _busy_decode(36, 0.0248)
     placement = placed(chooser.place(Facts(max_tokens=40)))
     step = 0.01 + 13 * 0.0011 + 0.00112  # the step now with the newcomer
     assert placement.decode_at == pytest.approx(clock.now + 4 * step)
     first_token = 1.5 * (step + 0.0101 * 14 / 40)
     assert placement.predicted_ttft_s == pytest.approx(4 * step + first_token)
     assert 0.0 < placement.projected_tpot_s < 0.012  # it decodes alone
-    p1, d1 = engine("p1", "prefill"), engine("d1", "decode")
-    tight = CurvePriced([p1, d1], ttft_s=0.1, tpot_s=0.025, clock=clock)
-    for k in range(13):
-        _streaming(d1, f"s{k}", 40, 36, 0.0248, clock.now)
+    _clock, tight, _d1 = _busy_decode(36, 0.0248, ttft_s=0.1)
     refusal = tight.place(Facts(max_tokens=40))
     assert isinstance(refusal, Refusal) and refusal.over_tpot
