@@ -123,7 +123,7 @@ PREFILL_SHARE_TAU_S = 2.0
 # A prefill engine busier than this with prefill takes no overflow stream: gaps stretched by
 # 1 / (1 - share) grow without bound as the share nears one.
 PREFILL_SHARE_CEILING = 0.8
-# Deviations of the step model's measured error that projected admission allows for.
+# Deviations of the projection's measured error that admission holds back (projection_margin_s).
 PROJECTION_ERROR_Z = 3.0
 # Weights of the newest stream in the projection error's moving mean and deviation: an engine
 # ends tens of streams a second, and a margin that follows the last few swings by half a
