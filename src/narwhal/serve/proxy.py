@@ -464,18 +464,16 @@ class Proxy:
         decode = call.placement.decode
         if not self._fits(call, decode.context_len, decode):
             return
-        if call.gone:
-            self._settle(call, D.GONE_BEFORE_DECODE, decode)
-            return
         wait = call.placement.decode_at - time.monotonic()
         if wait > 0.0:  # held by the scheduler until streams there end (scheduler.py)
             asyncio.get_running_loop().call_later(wait, self._guard, call, self._held,
                                                   decode, kv)
             return
-        self._decode(call, decode, kv)
+        self._held(call, decode, kv)
 
     def _held(self, call: Call, decode: Engine, kv: bytes) -> None:
-        """A held decode leg's time came: send it, unless the request ended meanwhile."""
+        """Send the decode leg, now or when a held leg's time came, unless the request ended
+        or its client left meanwhile."""
         if call.finished:
             return
         if call.gone:
