@@ -162,7 +162,7 @@ class Call:
                  "decode_attempts", "decode_booked", "decode_charge", "decode_engine",
                  "decode_live", "decode_tries", "decode_whole", "estimate", "estimator", "events",
                  "finished", "gone", "handoff_s", "http11", "keep_alive", "kv", "leg_id",
-                 "max_tokens", "mode", "path", "placement", "prefill_charge", "prefill_engine",
+                 "max_tokens", "mode", "path", "placement", "prefill_booked", "prefill_charge", "prefill_engine",
                  "prefill_s", "prefill_tries", "prompt_tokens", "reason", "received", "relay",
                  "request_id", "route", "status", "stream", "t0", "t_prefill_done",
                  "t_prefill_start", "tenant", "tpot_s", "ttft_s")
@@ -220,6 +220,10 @@ class Call:
             else len(self._base) >> 2)
         self.decode_charge = 0  # resident tokens booked on the decode engine (scheduler.py)
         self.prefill_charge = 0.0  # prefill seconds booked on the prefill engine's queue
+        # The engine whose queue books this request's prefill while its leg is not sent
+        # (placed while its prompt is counted, or waiting in the engine's prefill line);
+        # None once sent. A request that ends before then takes the booking back (proxy.py).
+        self.prefill_booked: Engine | None = None
         self.decode_arrivals = 0.0  # arrivals per step booked there (scheduler.py)
         self.decode_booked: Engine | None = None  # where they are booked, placement to end
         self.decode_live = False  # booked as running (its leg started), else as reserved

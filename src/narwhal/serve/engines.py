@@ -48,8 +48,8 @@ class Engine:
                  "departed_at", "departures", "draining", "ejected", "ejected_reason",
                  "ejections", "fail_streak", "handoff_s", "held", "held_detail", "landing",
                  "last_flip", "last_ok", "live_generation", "lives", "outstanding", "pool",
-                 "prefill_done_at", "prefill_pending", "prefill_queued_s", "prefill_work",
-                 "profile", "projection_error_dev_s", "projection_error_s", "projects",
+                 "prefill_done_at", "prefill_line", "prefill_pending", "prefill_queued_s",
+                 "prefill_sent", "prefill_work", "profile", "projection_error_dev_s", "projection_error_s", "projects",
                  "reserved", "reserved_arrivals", "reserved_tokens", "resident_tokens",
                  "running", "serves_decode", "serves_prefill", "spec", "streams",
                  "tpot_error_s", "tracks_streams", "waiting_since", "whole_reserved")
@@ -79,6 +79,11 @@ class Engine:
         self.busy_until = 0.0
         self.prefill_pending = 0
         self.prefill_queued_s = 0.0  # the booked seconds of those prefills
+        # The router's prefill line (scheduler.py, `PREFILL_LINE`; proxy.py): how many prefill
+        # legs it lets the engine hold at once (0: no line, every leg is sent when placed),
+        # and how many it holds now. The rest wait in the router, in the order placed.
+        self.prefill_line = 0
+        self.prefill_sent = 0
         self.running = 0
         self.resident_tokens = 0
         # Decode work placed here whose leg has not started yet (its prefill runs): counted
@@ -89,7 +94,8 @@ class Engine:
         # The engine batches every waiting prefill into its next step, so they all answer when
         # that step ends: `batch_end` is when the step believed running ends, `waiting_since`
         # when the oldest prefill queued behind it arrived (inf: none waits). A newcomer
-        # delays every one of those, so admission prices it against the oldest (scheduler.py).
+        # delays every one of those, so admission prices it against the oldest (scheduler.py);
+        # behind a prefill line no newcomer joins a batch at the engine, so none waits.
         self.batch_end = 0.0
         self.waiting_since = math.inf
         # Decode legs that arrive per step, as the sum over running streams of 1/max_tokens:
@@ -179,6 +185,7 @@ class Engine:
             "ejections": self.ejections,
             "context_len": self.context_len or None,
             "prefill_pending": self.prefill_pending,
+            "prefill_sent": self.prefill_sent,
             "decode_running": self.running,
             "decode_reserved": self.reserved,
             "decode_resident_tokens": self.resident_tokens,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -50,7 +51,9 @@ from narwhal.serve.scheduler import (
     decode_unreserved,
     handoff_seen,
     prefill_ended,
+    prefill_repriced,
     prefill_started,
+    prefill_unbooked,
 )
 from narwhal.serve.settings import Limits
 from narwhal.serve.token_estimate import BytesPerToken
@@ -78,6 +81,9 @@ class Proxy:
         self.inflight = 0
         self.served = 0
         self.estimator = BytesPerToken()  # prompt tokens per body byte, learned (token_estimate.py)
+        # Prefill legs waiting in the router's line for an engine (`Engine.prefill_line`), each
+        # booked on its queue when placed, sent in the order placed as its legs answer.
+        self._lines: dict[Engine, deque[tuple[Call, Collector, bytes]]] = {}
         self.cutting = False  # set when shutdown cuts requests that outlived the drain
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls: set[Call] = set()
@@ -175,6 +181,10 @@ class Proxy:
             return
         call.finished = True
         self._unbook_decode(call)
+        booked = call.prefill_booked
+        if booked is not None:  # its prefill was booked, its leg never sent
+            call.prefill_booked = None
+            prefill_unbooked(booked, time.monotonic(), call.prefill_charge)
         decision = call.decision
         assert decision is not None
         if self.cutting:
@@ -289,6 +299,10 @@ class Proxy:
         if not self._fits(call, context):
             return
         if self.limits.tokenize or _needs_count(call, context):
+            if not placement.single:  # requests placed while its prompt is counted see it
+                call.prefill_charge = prefill_started(placement.prefill, call.price_tokens,
+                                                      time.monotonic())
+                call.prefill_booked = placement.prefill
             self._spawn(self._tokenize(call, placement.prefill))
         else:
             self._route(call)
@@ -410,18 +424,54 @@ class Proxy:
         if not fresh:
             call.prefill_tries.append(engine)
         call.prefill_engine = engine.id
-        engine.outstanding += 1
         now = time.monotonic()
-        call.prefill_charge = prefill_started(engine, call.price_tokens, now)
+        if call.prefill_booked is engine:  # booked at placement on its estimate (_place)
+            call.prefill_charge = prefill_repriced(engine, call.prefill_charge,
+                                                   call.price_tokens)
+        else:
+            call.prefill_charge = prefill_started(engine, call.price_tokens, now)
+            call.prefill_booked = engine
         leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
                         now + self.limits.prefill_timeout_s)
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
                             call.leg_id + b"-prefill", call.prefill_body())
+        if engine.prefill_sent >= engine.prefill_line > 0 and not fresh:
+            line = self._lines.get(engine)
+            if line is None:
+                line = self._lines[engine] = deque()
+            line.append((call, leg, req))  # its deadline counts from now, not from its send
+            return
+        self._send_prefill(call, engine, leg, req, fresh)
+
+    def _send_prefill(self, call: Call, engine: Engine, leg: Collector, req: bytes,
+                      fresh: bool = False) -> None:
+        call.prefill_booked = None
+        engine.outstanding += 1
+        engine.prefill_sent += 1
         dispatch(engine.pool, req, leg, self.deadlines, self._spawn, fresh=fresh)
+
+    def _next_prefills(self, engine: Engine, flush: bool) -> None:
+        """Send the prefill legs waiting in the engine's line while it holds fewer than its
+        line allows; every one of them when `flush` (a leg there failed: each finds out for
+        itself, and is retried elsewhere, rather than waiting out its deadline in the line).
+        A request that ended meanwhile took its booking back (`_finish`); one whose client
+        left is settled here, unsent."""
+        line = self._lines.get(engine)
+        while line and (flush or engine.prefill_sent < engine.prefill_line):
+            call, leg, req = line.popleft()
+            if call.finished:
+                continue
+            if call.gone:
+                self._settle(call, D.GONE_BEFORE_PREFILL)
+                continue
+            self._send_prefill(call, engine, leg, req)
 
     def _prefill_done(self, call: Call, engine: Engine, leg: Collector, fresh: bool) -> None:
         self.deadlines.discard(leg)
         engine.outstanding -= 1
+        engine.prefill_sent -= 1
+        if engine.prefill_line:
+            self._next_prefills(engine, leg.result != OK)
         prefill_ended(engine, time.monotonic(), call.prefill_charge)
         status = leg.status
         facts = self._call_facts(call, call.prefill_tries)

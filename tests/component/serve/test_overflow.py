@@ -2,9 +2,11 @@
 there), with the same timing as test_role_flips.py (a 1600-token prefill 0.36 s, a decode
 step 5 ms + 8 ms a stream; TTFT budget 1.0 s, TPOT 0.05 s).
 
-- Four clients of 1600-token prompts (8 tokens each) keep about four prefills queued on the lone prefill
-  engine (1.44 s): the requests that would wait past the budget run whole on the idle decode
-  engine instead of being refused.
+- Four clients of 1600-token prompts (64 tokens each) keep the lone prefill engine busy (two
+  prefills fit the budget there, 0.72 s): the requests that would wait past the budget run
+  whole on the decode engine instead of being refused. The prefill engine's legs keep a
+  stream or two decoding there all the time (its prefill line sends them one by one), so
+  the streams are long enough to absorb an overflow prefill within their TPOT budget.
 - Eight clients of 60-token streams need a step of 5 + 8 x 8 ms on the lone decode engine,
   over the budget: the streams it cannot take decode on the prefill engine, which has no
   prefill to share its steps with.
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 NAMES = ("b0", "b1")
 PLANNER = {"mode": "planner", "interval_s": 0.2, "window_s": 1.0, "cooldown_s": 1.0,
            "min_prefill": 1, "min_decode": 1}
-LONG = {"model": "tiny", "prompt": "sea " * 400, "max_tokens": 8}
+LONG = {"model": "tiny", "prompt": "sea " * 400, "max_tokens": 64}
 STREAM = {"model": "tiny", "prompt": "the sea", "max_tokens": 60, "stream": True}
 
 

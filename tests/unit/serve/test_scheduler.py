@@ -25,6 +25,7 @@ from narwhal.serve.pricing import (
 from narwhal.serve.relay import DecodeRelay
 from narwhal.serve.scheduler import (
     DEPARTURE_TAU_S,
+    PREFILL_LINE,
     CurvePriced,
     arrival_s,
     decode_ended,
@@ -238,18 +239,23 @@ def test_decode_goes_where_the_request_slows_steps_least_within_the_tpot_budget(
     assert (cheap_tokens.running, cheap_tokens.resident_tokens) == (0, 0)
 
 
-def test_the_chooser_agrees_with_the_pricing_functions() -> None:
+@pytest.mark.parametrize("lined", [True, False])
+def test_the_chooser_agrees_with_the_pricing_functions(lined: bool) -> None:
     clock = Clock()
     engines = [engine(f"p{i}", "prefill", a=0.01 * (i + 1), b=1e-4 * (3 - i)) for i in range(3)]
     decodes = [engine(f"d{i}", "decode", base=0.005 * (i + 1), per_token=1e-6 * (3 - i),
                       per_request=1e-3 * i) for i in range(3)]
     chooser = CurvePriced([*engines, *decodes], ttft_s=2.0, tpot_s=0.05, clock=clock)
+    if not lined:  # every prompt sent when placed, as a plain request's is
+        for e in engines:
+            e.prefill_line = 0
     for i, e in enumerate(engines):
         for k in range(i):  # staggered: p2's second prefill waits behind its first
             clock.now = 100.0 + 0.001 * k
             prefill_started(e, 500, clock.now)
     clock.now = 100.01
-    assert waited_s(engines[2], clock.now) == pytest.approx(0.009)
+    # behind the line a newcomer joins no batch, so nobody it would batch with waits
+    assert waited_s(engines[2], clock.now) == pytest.approx(0.0 if lined else 0.009)
     for i, e in enumerate(decodes):
         for _ in range(3 - i):
             decode_started(e, 3000, 0.02 * i)
@@ -362,11 +368,13 @@ def test_tenant_weights_reach_the_settings(tmp_path: Path) -> None:
 
 def test_a_newcomer_is_priced_by_the_oldest_prefill_it_would_batch_with() -> None:
     # Every prefill costs 0.2 s; the engine runs all waiting prefills in its next step, so
-    # those answer together when that step ends.
+    # those answer together when that step ends. Here every prompt is sent when placed (no
+    # prefill line), as a plain request's is.
     clock = Clock()
     p0 = engine("p0", "prefill", a=0.2, b=0.0)
     d0 = engine("d0", "decode", base=0.001, per_token=0.0, per_request=0.0)
     chooser = CurvePriced([p0, d0], ttft_s=0.47, tpot_s=0.1, clock=clock)
+    p0.prefill_line = 0
     start = clock.now
 
     def ask(at: float) -> Placement | Refusal | None:
@@ -392,6 +400,27 @@ def test_a_newcomer_is_priced_by_the_oldest_prefill_it_would_batch_with() -> Non
     for _ in range(2):
         prefill_ended(p0, start + 0.5, 0.2)
     assert p0.prefill_pending == 0 and p0.busy_until == start + 0.5
+
+
+def test_behind_the_prefill_line_a_newcomer_waits_its_turn_and_delays_nobody() -> None:
+    """The same arrivals through the router's prefill line: C waits in the router behind B
+    instead of joining B's step, so B still answers at 0.4 and C, alone after it at 0.6
+    (TTFT 0.45), is admitted where the batch would have refused it."""
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.2, b=0.0)
+    d0 = engine("d0", "decode", base=0.001, per_token=0.0, per_request=0.0)
+    chooser = CurvePriced([p0, d0], ttft_s=0.47, tpot_s=0.1, clock=clock)
+    assert p0.prefill_line == PREFILL_LINE == 2
+    start = clock.now
+    for at in (0.0, 0.1):
+        clock.now = start + at
+        prefill_started(placed(chooser.place(Facts())).prefill, 100, clock.now)
+    clock.now = start + 0.15
+    late = placed(chooser.place(Facts()))
+    assert late.predicted_ttft_s == pytest.approx(0.25 + 0.2 + 1.5 * 0.001)
+    prefill_started(p0, 100, clock.now)
+    clock.now = start + 0.3  # a fourth would answer after C, at 0.8 (TTFT 0.5): refused
+    assert isinstance(chooser.place(Facts()), Refusal)
 
 
 def test_the_first_decode_step_is_part_of_the_predicted_ttft() -> None:
