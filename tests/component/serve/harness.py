@@ -143,7 +143,14 @@ class Router:
             [str(SERVE), "--fleet", str(self.fleet), "--port", str(self.port), *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
             preexec_fn=limits if limit else None)
-        wait_http(self.port, "/ready" if wait_ready else "/health", proc=self.proc)
+        try:
+            wait_http(self.port, "/ready" if wait_ready else "/health", proc=self.proc)
+        except RuntimeError as exc:  # it exited: say why, from its own words
+            if self.proc.poll() is None:
+                raise
+            out, err = self.proc.communicate(timeout=10)
+            self.stdout, self.stderr = out.decode(), err.decode()
+            raise RuntimeError(f"{exc}; its stderr ends: {self.stderr[-2000:]}") from None
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
