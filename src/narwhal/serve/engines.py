@@ -44,7 +44,7 @@ class Life:
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("arrival_rate", "batch_end", "busy_until", "coming", "context_len",
+    __slots__ = ("arrival_rate", "busy_until", "coming", "context_len",
                  "departed_at", "departures", "draining", "ejected", "ejected_reason",
                  "ejections", "fail_streak", "handoff_s", "held", "held_detail", "landing",
                  "last_flip", "last_ok", "live_generation", "lives", "outstanding", "pool",
@@ -92,11 +92,10 @@ class Engine:
         self.reserved_tokens = 0
         self.reserved_arrivals = 0.0
         # The engine batches every waiting prefill into its next step, so they all answer when
-        # that step ends: `batch_end` is when the step believed running ends, `waiting_since`
-        # when the oldest prefill queued behind it arrived (inf: none waits). A newcomer
-        # delays every one of those, so admission prices it against the oldest (scheduler.py);
-        # behind a prefill line no newcomer joins a batch at the engine, so none waits.
-        self.batch_end = 0.0
+        # that step ends: `waiting_since` is when the oldest prefill queued behind the step
+        # running arrived (inf: none waits). A newcomer delays every one of those, so
+        # admission prices it against the oldest (scheduler.py); behind a prefill line no
+        # newcomer joins a batch at the engine, so none waits.
         self.waiting_since = math.inf
         # Decode legs that arrive per step, as the sum over running streams of 1/max_tokens:
         # each arrival computes its last prompt token in a step every stream shares.

@@ -53,7 +53,6 @@ from narwhal.serve.scheduler import (
     prefill_ended,
     prefill_repriced,
     prefill_started,
-    prefill_unbooked,
 )
 from narwhal.serve.settings import Limits
 from narwhal.serve.token_estimate import BytesPerToken
@@ -184,7 +183,7 @@ class Proxy:
         booked = call.prefill_booked
         if booked is not None:  # its prefill was booked, its leg never sent
             call.prefill_booked = None
-            prefill_unbooked(booked, time.monotonic(), call.prefill_charge)
+            prefill_ended(booked, time.monotonic(), call.prefill_charge, answered=False)
         decision = call.decision
         assert decision is not None
         if self.cutting:

@@ -154,7 +154,7 @@ def prefill_started(engine: Engine, tokens: int, now: float) -> float:
     profile = engine.profile
     cost = profile.prefill.seconds(tokens) if profile is not None else 0.0
     if engine.prefill_pending <= 0:
-        engine.busy_until = engine.batch_end = now + cost
+        engine.busy_until = now + cost
         engine.waiting_since = math.inf
     else:
         busy = engine.busy_until
@@ -181,7 +181,6 @@ def prefill_repriced(engine: Engine, cost: float, tokens: int) -> float:
     delta = now_cost - cost
     if delta != 0.0 and engine.prefill_pending > 0:
         engine.busy_until += delta
-        engine.batch_end = engine.busy_until
         engine.prefill_queued_s += delta
         if engine.tracks_streams:
             engine.prefill_work += delta
@@ -190,45 +189,34 @@ def prefill_repriced(engine: Engine, cost: float, tokens: int) -> float:
     return now_cost
 
 
-def prefill_unbooked(engine: Engine, now: float, cost: float) -> None:
-    """A prefill booked at `cost` seconds whose leg was never sent (its request ended first):
-    the prefills behind it move up by its cost. Unlike an answer this says nothing of the
-    engine's steps, so the queue is not re-anchored on the clock."""
+def prefill_ended(engine: Engine, now: float, cost: float, answered: bool = True) -> None:
+    """A prefill booked at `cost` seconds answered (or failed). An answer marks the end of a
+    real engine step: every prefill still in flight runs in the step that starts now, so the
+    queue is re-anchored on the clock (the model's drift, either way, ends here); with none
+    left in flight the queue is empty. Not `answered`: its leg was never sent (its request
+    ended first), so the prefills behind it move up by its cost; that says nothing of the
+    engine's steps, so the queue is not re-anchored, and nothing it was booked to delay was."""
     engine.prefill_pending -= 1
     if engine.prefill_pending <= 0:
         engine.prefill_pending = 0
         engine.prefill_queued_s = 0.0
-        engine.busy_until = engine.batch_end = now
+        engine.busy_until = now
         engine.waiting_since = math.inf
     else:
         queued = engine.prefill_queued_s - cost
-        engine.prefill_queued_s = queued if queued > 0.0 else 0.0
-        engine.busy_until -= cost
-        engine.batch_end = engine.busy_until
-    if engine.tracks_streams:
+        queued = queued if queued > 0.0 else 0.0
+        engine.prefill_queued_s = queued
+        if answered:
+            engine.busy_until = now + queued
+            engine.waiting_since = math.inf
+        else:
+            engine.busy_until -= cost
+    if not answered and engine.tracks_streams:
         work = engine.prefill_work - cost
         engine.prefill_work = work if work > 0.0 else 0.0
         for stream in engine.streams.values():
             absorbed = stream[1] - cost
             stream[1] = absorbed if absorbed > 0.0 else 0.0
-
-
-def prefill_ended(engine: Engine, now: float, cost: float) -> None:
-    """A prefill booked at `cost` seconds answered (or failed). An answer marks the end of a
-    real engine step: every prefill still in flight runs in the step that starts now, so the
-    queue is re-anchored on the clock (the model's drift, either way, ends here); with none
-    left in flight the queue is empty."""
-    engine.prefill_pending -= 1
-    engine.waiting_since = math.inf
-    if engine.prefill_pending <= 0:
-        engine.prefill_pending = 0
-        engine.prefill_queued_s = 0.0
-        engine.busy_until = engine.batch_end = now
-        return
-    queued = engine.prefill_queued_s - cost
-    queued = queued if queued > 0.0 else 0.0
-    engine.prefill_queued_s = queued
-    engine.busy_until = engine.batch_end = now + queued
 
 
 def waited_s(engine: Engine, now: float) -> float:

@@ -9,11 +9,12 @@ a third goes to `slow` (0.6), a fourth would wait 1.05 s anywhere and is refused
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,22 +261,21 @@ def test_near_capacity_the_tenant_over_its_fair_share_is_refused_first(
             f'{len(refused)}.0') in metrics
 
 
-@pytest.fixture
-def decode_bound_fleet(tmp_path: Path) -> Iterator[tuple[Router, Path]]:
-    """A fast prefill engine and one decode engine whose step grows 11 ms a stream (20 ms
-    idle), TPOT budget 50 ms: the decode engine keeps the budget for two streams (42 ms a
-    step, and 1 ms once in a stream's life for each decode leg that lands, its last prompt
-    token at the prefill constant); a third would step at 53 ms. The streams are long (about
-    5 s) so that all five requests meet them running even on a loaded machine, and none ends
-    within the TTFT budget, so no leg is held for one to end."""
-    model = write_tiny_llama(tmp_path / "tiny")
+@contextlib.contextmanager
+def pd_fleet(root: Path, timings: Sequence[tuple[float, float, float]], slo: dict[str, float],
+             **serving: Any) -> Iterator[tuple[Router, Path, list[RunningEngine]]]:
+    """Emulators `p0` (prefill) and `d0` (decode) timed by `timings`, one (prefill a, decode
+    base, decode per request) each, in seconds; their profile rows with the same
+    coefficients; and a router over them with `slo` and `serving`. Everything is stopped on
+    the way out. Yields the router, its journal and the engines."""
+    model = write_tiny_llama(root / "tiny")
     engines: list[RunningEngine] = []
     router: Router | None = None
     try:
         rows = []
-        for name, a, base, per_request in (("p0", 0.001, 0.001, 0.0), ("d0", 0.001, 0.02, 0.011)):
+        for name, (a, base, per_request) in zip(("p0", "d0"), timings, strict=True):
             engine = start_engine(
-                model, log_path=tmp_path / f"{name}.log",
+                model, log_path=root / f"{name}.log",
                 extra_args=[*BASE_ARGS, "--emu-prefill-a", str(a), "--emu-prefill-b", "0",
                             "--emu-prefill-c", "0", "--emu-decode-base", str(base),
                             "--emu-decode-per-token", "0",
@@ -285,20 +285,34 @@ def decode_bound_fleet(tmp_path: Path) -> Iterator[tuple[Router, Path]]:
             row = profile_row(name, engine.port, a, base)
             row["decode"]["per_request_s"] = per_request
             rows.append(row)
-        write_profiles(tmp_path / "profiles.json", rows)
-        (tmp_path / "fleet.json").write_text(json.dumps({
+        write_profiles(root / "profiles.json", rows)
+        (root / "fleet.json").write_text(json.dumps({
             "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
             "engines": [{"id": "p0", "url": engines[0].url, "role": "prefill"},
                         {"id": "d0", "url": engines[1].url, "role": "decode"}],
-            "slo": {"ttft_s": 2.0, "tpot_s": 0.05}, "journal": {"path": "journal.jsonl"},
-            "profiles": {"path": "profiles.json"}, "operations": {"open": True}}))
-        router = Router(tmp_path / "fleet.json", free_port()).start()
-        yield router, tmp_path / "journal.jsonl"
+            "slo": slo, "journal": {"path": "journal.jsonl"},
+            "profiles": {"path": "profiles.json"}, "operations": {"open": True},
+            "serving": serving}))
+        router = Router(root / "fleet.json", free_port()).start()
+        yield router, root / "journal.jsonl", engines
     finally:
         if router is not None and router.proc is not None and router.proc.poll() is None:
             router.stop()
         for engine in engines:
             engine.stop()
+
+
+@pytest.fixture
+def decode_bound_fleet(tmp_path: Path) -> Iterator[tuple[Router, Path]]:
+    """A fast prefill engine and one decode engine whose step grows 11 ms a stream (20 ms
+    idle), TPOT budget 50 ms: the decode engine keeps the budget for two streams (42 ms a
+    step, and 1 ms once in a stream's life for each decode leg that lands, its last prompt
+    token at the prefill constant); a third would step at 53 ms. The streams are long (about
+    5 s) so that all five requests meet them running even on a loaded machine, and none ends
+    within the TTFT budget, so no leg is held for one to end."""
+    with pd_fleet(tmp_path, ((0.001, 0.001, 0.0), (0.001, 0.02, 0.011)),
+                  {"ttft_s": 2.0, "tpot_s": 0.05}) as (router, journal, _):
+        yield router, journal
 
 
 def test_a_stream_no_decode_engine_can_carry_within_tpot_is_refused_and_says_so(

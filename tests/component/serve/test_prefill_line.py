@@ -20,15 +20,9 @@ from typing import Any
 
 import pytest
 
-from narwhal.lab.engine.testing import RunningEngine, free_port, start_engine, write_tiny_llama
+from narwhal.lab.engine.testing import RunningEngine
 from tests.component.serve.harness import Reply, Router, call
-from tests.component.serve.test_curve_scheduling import (
-    BASE_ARGS,
-    at_once,
-    journal_rows,
-    profile_row,
-)
-from tests.component.serve.test_generation_binding import write_profiles
+from tests.component.serve.test_curve_scheduling import at_once, journal_rows, pd_fleet
 
 pytestmark = pytest.mark.timeout(150)
 PREFILL_S = 0.3
@@ -38,35 +32,9 @@ BODY = {"model": "tiny", "prompt": "the sea and the ships", "max_tokens": 2}
 @contextlib.contextmanager
 def prefill_fleet(root: Path, ttft_s: float, **serving: Any
                   ) -> Iterator[tuple[Router, Path, RunningEngine]]:
-    model = write_tiny_llama(root / "tiny")
-    engines: list[RunningEngine] = []
-    router: Router | None = None
-    try:
-        rows = []
-        for name, a in (("p0", PREFILL_S), ("d0", 0.001)):
-            engine = start_engine(
-                model, log_path=root / f"{name}.log",
-                extra_args=[*BASE_ARGS, "--emu-prefill-a", str(a), "--emu-prefill-b", "0",
-                            "--emu-prefill-c", "0", "--emu-decode-base", "0.005",
-                            "--emu-decode-per-token", "0", "--emu-decode-per-request", "0"],
-                env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"})
-            engines.append(engine)
-            rows.append(profile_row(name, engine.port, a, 0.005))
-        write_profiles(root / "profiles.json", rows)
-        (root / "fleet.json").write_text(json.dumps({
-            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
-            "engines": [{"id": "p0", "url": engines[0].url, "role": "prefill"},
-                        {"id": "d0", "url": engines[1].url, "role": "decode"}],
-            "slo": {"ttft_s": ttft_s, "tpot_s": 0.5}, "journal": {"path": "journal.jsonl"},
-            "profiles": {"path": "profiles.json"}, "operations": {"open": True},
-            "serving": serving}))
-        router = Router(root / "fleet.json", free_port()).start()
-        yield router, root / "journal.jsonl", engines[0]
-    finally:
-        if router is not None and router.proc is not None and router.proc.poll() is None:
-            router.stop()
-        for engine in engines:
-            engine.stop()
+    with pd_fleet(root, ((PREFILL_S, 0.005, 0.0), (0.001, 0.005, 0.0)),
+                  {"ttft_s": ttft_s, "tpot_s": 0.5}, **serving) as (router, journal, engines):
+        yield router, journal, engines[0]
 
 
 @pytest.fixture

@@ -423,6 +423,24 @@ def test_behind_the_prefill_line_a_newcomer_waits_its_turn_and_delays_nobody() -
     assert isinstance(chooser.place(Facts()), Refusal)
 
 
+def test_a_prefill_never_sent_moves_the_queue_up_by_its_cost_without_re_anchoring() -> None:
+    """A request that ends before its prefill leg is sent (its client left while the prompt
+    waited in the line) takes back only its own booking: the engine's step did not end, so
+    the queue is not re-anchored on the clock, as an answer re-anchors it."""
+    clock = Clock()
+    p0 = engine("p0", "prefill", a=0.2, b=0.0)
+    start = clock.now
+    for _ in range(3):
+        prefill_started(p0, 100, start)
+    assert p0.busy_until == pytest.approx(start + 0.6)
+    prefill_ended(p0, start + 0.1, 0.2, answered=False)  # the third, unsent
+    assert p0.prefill_pending == 2 and p0.busy_until == pytest.approx(start + 0.4)
+    prefill_ended(p0, start + 0.25, 0.2)  # the first answers late: re-anchored on the clock
+    assert p0.busy_until == pytest.approx(start + 0.45)
+    prefill_ended(p0, start + 0.3, 0.2, answered=False)
+    assert p0.prefill_pending == 0 and p0.busy_until == start + 0.3
+
+
 def test_the_first_decode_step_is_part_of_the_predicted_ttft() -> None:
     clock = Clock()
     p0 = engine("p0", "prefill", a=0.9, b=0.0)
