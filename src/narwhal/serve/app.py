@@ -212,6 +212,12 @@ class Router:
                 task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+            # The shutdown is under way and bounded: a stop signal from now until the process
+            # exits (the loop's threads joining, the result line printed) is one more request
+            # to stop, and a reload one for a router that is going; the default action would
+            # answer either by killing it with no result.
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
 
     async def _shutdown(self, server: asyncio.Server) -> dict[str, Any]:
         t0 = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -82,3 +83,25 @@ def test_requests_that_outlive_the_drain_bound_are_cut_and_still_journaled(
     assert result["cut_at_drain_timeout"] == 2
     rows = journal_rows(spawn.journal)
     assert sorted(row["outcome"] for row in rows) == ["cut_at_shutdown", "cut_at_shutdown"]
+
+
+def test_stop_signals_that_keep_coming_while_it_exits_never_kill_it(spawn: Spawner) -> None:
+    """A supervisor that repeats SIGTERM, or an operator who presses Ctrl-C again, while the
+    router drains and exits: every signal after the first finds the shutdown under way, so
+    the router still exits 0 with its result line and its journal, never by the signal.
+    (Once its handlers were gone, a signal in its last milliseconds killed it: -15.)"""
+    p = spawn.engine("p0")
+    d = spawn.engine("d0")
+    r = spawn.router([("p0", p.url, "prefill"), ("d0", d.url, "decode")])
+    body = {"model": MODEL, "prompt": "one", "max_tokens": 2}
+    assert call(r.port, "POST", "/v1/completions", body).status == 200
+    assert r.proc is not None
+    deadline = time.monotonic() + 20
+    sent = 0
+    while r.proc.poll() is None and time.monotonic() < deadline:
+        r.proc.send_signal(signal.SIGTERM if sent % 2 == 0 else signal.SIGINT)
+        sent += 1
+        time.sleep(0.001)
+    assert r.stop() == 0, (sent, r.stderr)
+    assert sent > 1
+    assert r.result()["data"]["journal_rows"] == 1
