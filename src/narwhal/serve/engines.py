@@ -44,13 +44,13 @@ class Life:
 class Engine:
     """Mutable run-time state of one engine; the request path reads and bumps counters only."""
 
-    __slots__ = ("arrival_rate", "busy_until", "coming", "context_len",
-                 "departed_at", "departures", "draining", "ejected", "ejected_reason",
-                 "ejections", "fail_streak", "handoff_s", "held", "held_detail", "landing",
-                 "last_flip", "last_ok", "live_generation", "lives", "outstanding", "pool",
+    __slots__ = ("arrival_rate", "busy_until", "coming", "context_len", "departed_at",
+                 "departures", "draining", "ejected", "ejected_reason", "ejections",
+                 "fail_streak", "handoff_s", "held", "held_detail", "landing", "last_flip",
+                 "last_ok", "live_generation", "lives", "outstanding", "pool",
                  "prefill_done_at", "prefill_line", "prefill_pending", "prefill_queued_s",
-                 "prefill_sent", "prefill_work", "profile", "projection_error_dev_s", "projection_error_s", "projects",
-                 "reserved", "reserved_arrivals", "reserved_tokens", "resident_tokens",
+                 "prefill_sent", "prefill_work", "profile", "projection_error_dev_s",
+                 "projection_error_s", "projects", "reserved", "reserved_arrivals", "reserved_tokens", "resident_tokens",
                  "running", "serves_decode", "serves_prefill", "spec", "streams",
                  "tpot_error_s", "tracks_streams", "waiting_since", "whole_reserved")
 

@@ -132,8 +132,9 @@ PREFILL_SHARE_CEILING = 0.8
 # waiting at it in its next step and answers them together when that step ends; the curves
 # price each prompt alone, on which a batch of k computes nothing sooner and delays its first
 # prompt by the other k - 1. Sent one at a time they answer one by one, as the queue model
-# books them. Prefill-heavy goodput bench, fixed 2+2: 1214-1215 requests within both budgets
-# against 1172 with every leg sent when placed (narwhal-inference 0.7.0: 1172-1180).
+# books them. Prefill-heavy goodput bench, fixed 2+2: 1210-1219 requests within both budgets
+# (five runs) against 1172 with every leg sent when placed (narwhal-inference 0.7.0:
+# 1172-1180).
 PREFILL_LINE = 2
 # Deviations of the projection's measured error that admission holds back (projection_margin_s).
 PROJECTION_ERROR_Z = 3.0
@@ -183,10 +184,18 @@ def prefill_repriced(engine: Engine, cost: float, tokens: int) -> float:
         engine.busy_until += delta
         engine.prefill_queued_s += delta
         if engine.tracks_streams:
-            engine.prefill_work += delta
-            for stream in engine.streams.values():
-                stream[1] += delta
+            _absorbed(engine, delta)
     return now_cost
+
+
+def _absorbed(engine: Engine, seconds: float) -> None:
+    """Move the prefill seconds the engine's running streams absorbed, and its prefill work,
+    by `seconds` (a booking repriced, or taken back unsent), never below zero."""
+    work = engine.prefill_work + seconds
+    engine.prefill_work = work if work > 0.0 else 0.0
+    for stream in engine.streams.values():
+        absorbed = stream[1] + seconds
+        stream[1] = absorbed if absorbed > 0.0 else 0.0
 
 
 def prefill_ended(engine: Engine, now: float, cost: float, answered: bool = True) -> None:
@@ -212,11 +221,7 @@ def prefill_ended(engine: Engine, now: float, cost: float, answered: bool = True
         else:
             engine.busy_until -= cost
     if not answered and engine.tracks_streams:
-        work = engine.prefill_work - cost
-        engine.prefill_work = work if work > 0.0 else 0.0
-        for stream in engine.streams.values():
-            absorbed = stream[1] - cost
-            stream[1] = absorbed if absorbed > 0.0 else 0.0
+        _absorbed(engine, -cost)
 
 
 def waited_s(engine: Engine, now: float) -> float:
