@@ -3,7 +3,8 @@
 The document is strict and closed: an unknown key is refused rather than ignored, because a typo
 (`max_concurent`) would otherwise fall back to a default without a word. Every problem in one
 document is reported at once, each naming the dotted field and the way out (document_io.py).
-Bearer keys never appear here: a tenant names the environment variable that holds its key.
+Bearer keys never appear here: a tenant names the environment variable or the private (0600)
+file that holds its key, and the engines' own API key is named by its file (`engine_auth`).
 
 It lives in core/ because every role reads it: deploy writes it, the router serves it, and
 narwhal-profile and narwhal-check read it.
@@ -20,6 +21,8 @@ from pydantic import Field
 
 from narwhal.core.document_io import StrictModel, read_json_document, validate_document
 from narwhal.core.errors import InputError, Problem
+from narwhal.core.key_file import read_key_file
+from narwhal.core.secret import Secret
 
 SCHEMA = "narwhal.fleet"
 VERSION = 1
@@ -89,6 +92,7 @@ class Operations(StrictModel):
     """
 
     key_env: str = ""
+    key_file: str = Field(default="", max_length=4096)
     open: bool = False
 
 
@@ -101,13 +105,16 @@ class Health(StrictModel):
 
 
 class Tenant(StrictModel):
-    """A tenant and the environment variable that holds its bearer key (never the key).
+    """A tenant and where its bearer key is (never the key): an environment variable
+    (`key_env`) or a private file (`key_file`, what `narwhal deploy` writes: the router host
+    gets the key as a 0600 file, never in argv or the record). Exactly one of the two.
 
     `weight` is its fair share of the fleet relative to the other tenants with requests in
     flight; it matters only when the fleet is near capacity (serve/scheduler.py)."""
 
     name: str
-    key_env: str
+    key_env: str = ""
+    key_file: str = Field(default="", max_length=4096)
     weight: float = Field(default=1.0, gt=0, le=1000)
 
     @classmethod
@@ -115,7 +122,14 @@ class Tenant(StrictModel):
         if "key" not in key.lower():
             return None
         return ("never put a key in the document: export it in an environment variable "
-                "and write that variable's name in key_env")
+                "and write that variable's name in key_env, or name its 0600 file in key_file")
+
+
+class EngineAuth(StrictModel):
+    """The engines' API key (vLLM's VLLM_API_KEY), named by its private (0600) file: the
+    router, narwhal-profile and narwhal-check send it on every call to an engine."""
+
+    key_file: str = Field(min_length=1, max_length=4096)
 
 
 class Journal(StrictModel):
@@ -206,6 +220,7 @@ class FleetDocument(StrictModel):
     serving: Serving = Serving()
     health: Health = Health()
     tenants: tuple[Tenant, ...] = ()
+    engine_auth: EngineAuth | None = None
     journal: Journal
     controller: Controller = Controller()
     profiles: Profiles | None = None
@@ -327,11 +342,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
             problems.append(Problem(f"tenants[{i}].name", f"{tenant.name!r} is empty, malformed or repeated",
                                     "give each tenant a distinct name of letters, digits, '.', '_' or '-'"))
         names.add(tenant.name)
-        if not _ENV_NAME.match(tenant.key_env):
-            problems.append(Problem(
-                f"tenants[{i}].key_env",
-                "is not an environment variable name (the document holds the variable's name, never the key)",
-                "write the name of the variable that holds the key, e.g. NARWHAL_KEY_TEAM_A"))
+        problems += _tenant_key_problems(i, tenant)
     if doc.profiles is not None and not doc.profiles.path.strip():
         problems.append(Problem("profiles.path", "is empty",
                                 "name the narwhal.profiles document, e.g. runs/profiles.json"))
@@ -352,6 +363,21 @@ def _relations(doc: FleetDocument) -> list[Problem]:
     return problems
 
 
+def _tenant_key_problems(i: int, tenant: Tenant) -> list[Problem]:
+    """Exactly one of key_env and key_file, each well formed."""
+    where = f"tenants[{i}]"
+    if bool(tenant.key_env) == bool(tenant.key_file.strip()):
+        return [Problem(f"{where}.key_env", "give exactly one of key_env and key_file",
+                        "name the variable that holds the key (key_env) or its 0600 file "
+                        "(key_file)")]
+    if tenant.key_env and not _ENV_NAME.match(tenant.key_env):
+        return [Problem(
+            f"{where}.key_env",
+            "is not an environment variable name (the document holds the variable's name, never the key)",
+            "write the name of the variable that holds the key, e.g. NARWHAL_KEY_TEAM_A")]
+    return []
+
+
 def _limit_problems(doc: FleetDocument) -> list[Problem]:
     s = doc.serving
     problems: list[Problem] = []
@@ -365,8 +391,11 @@ def _limit_problems(doc: FleetDocument) -> list[Problem]:
         problems.append(Problem(
             "operations.key_env", "is not an environment variable name (the document holds "
             "the variable's name, never the key)", "write e.g. NARWHAL_OPS_KEY"))
-    if ops.key_env and ops.open:
-        problems.append(Problem("operations.open", "is true while operations.key_env is set",
+    if ops.key_env and ops.key_file.strip():
+        problems.append(Problem("operations.key_file", "is set while operations.key_env is",
+                                "name the operator key once: a variable or a file"))
+    if (ops.key_env or ops.key_file.strip()) and ops.open:
+        problems.append(Problem("operations.open", "is true while an operator key is set",
                                 "choose one: a key for the operational endpoints, or open"))
     return problems
 
@@ -420,6 +449,14 @@ def beside(fleet_path: Path, text: str) -> Path:
     are taken from the document's folder, so every tool resolves them as the router does."""
     path = Path(text)
     return path if path.is_absolute() else fleet_path.resolve().parent / path
+
+
+def engine_key(doc: FleetDocument, fleet_path: Path) -> Secret | None:
+    """The engines' API key from `engine_auth.key_file` (None without the section): every
+    tool that calls engines reads it here, one way, refusing an open or short file."""
+    if doc.engine_auth is None:
+        return None
+    return read_key_file(beside(fleet_path, doc.engine_auth.key_file), "engine_auth.key_file")
 
 
 def load_fleet(path: Path) -> FleetDocument:

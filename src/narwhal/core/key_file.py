@@ -1,4 +1,5 @@
-"""The controller key both ends of the quorum lease read: one private file, checked one way.
+"""Keys read from private files (the controller key both ends of the quorum lease read, the
+engines' API key, a tenant's key as deploy places it): one private file, checked one way.
 
 The router (`controller.quorum.key_file`) and every sidecar (`narwhal-attest serve
 --lease-key-file`) read the same key from a file, never from argv (visible to every user in
@@ -30,13 +31,13 @@ def read_key_file(path: Path, field: str) -> Secret:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise refuse(f"the key file {path} cannot be opened ({exc.strerror})",
-                     "write the controller key to it (e.g. `openssl rand -hex 24 > FILE; "
+                     "write the key to it (e.g. `openssl rand -hex 24 > FILE; "
                      "chmod 600 FILE`)") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise refuse(f"the key file {path} is not a regular file",
-                         "point it at a file holding the controller key")
+                         "point it at a file holding the key")
         mode = stat.S_IMODE(info.st_mode)
         if mode & 0o077:
             raise refuse(f"the key file {path} has mode {mode:04o}: others than its owner may "
@@ -54,7 +55,7 @@ def read_key_file(path: Path, field: str) -> Secret:
                      "write a key of letters and digits, e.g. `openssl rand -hex 24`") from None
     if not key:
         raise refuse(f"the key file {path} is empty",
-                     f"write the controller key to it: `openssl rand -hex 24 > {path}`")
+                     f"write the key to it: `openssl rand -hex 24 > {path}`")
     if len(key) < MIN_KEY_CHARS or any(not c.isprintable() or c.isspace() for c in key):
         raise refuse(f"the key in {path} is shorter than {MIN_KEY_CHARS} characters or holds "
                      "spaces or control characters",

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA = "narwhal.launch-record"
 VERSION = 1
+# The variable vLLM's OpenAI server reads its API key from (as `--api-key` would give it, but
+# out of argv): with it set, every /v1 route answers 401 without `Authorization: Bearer KEY`.
+ENGINE_API_KEY_ENV = "VLLM_API_KEY"
 
 
 class _Strict(BaseModel):

@@ -6,7 +6,7 @@ prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine'
     prepare --launch L --run-dir D [--runtime R]   launch record -> run plan (D/launch.json)
     check   --run-dir D                            the plan against the host now (D/checked.json)
     start   --run-dir D [--secrets S]              only a checked, unchanged plan (D/started.json)
-    capture --run-dir D [--timeout T]              the live cache layout (D/cache-layout.json)
+    capture --run-dir D [--secrets S] [--timeout T] the live cache layout (D/cache-layout.json)
     idle    --run-dir D                            its load gauges and counters (Gate D's proof)
     stop    --run-dir D                            what start started, if it still is that
     state   --run-dir D                            whether what start started still runs
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json, sha256_bytes
 from narwhal.core.errors import NarwhalError
+from narwhal.core.launch_record import ENGINE_API_KEY_ENV
 from narwhal.node.engine.errors import RuntimeError_
 
 if TYPE_CHECKING:
@@ -118,6 +119,22 @@ def _owned_container(text: str) -> tuple[str, str]:
     return container_id, created
 
 
+def _secrets(plan: dict[str, Any], folder: str | None) -> dict[str, str]:
+    """The plan's secret variables, each read from its 0600 file in `folder` (never argv)."""
+    secrets: dict[str, str] = {}
+    for name in plan["secret_environment"]:
+        if folder is None:
+            raise Refused(f"the plan needs the secret {name}: pass --secrets DIR")
+        path = Path(folder) / name
+        try:
+            secrets[name] = path.read_text().rstrip("\n")
+        except OSError as exc:
+            raise Refused(f"the plan needs the secret {name} and {path} cannot be read "
+                          f"({exc.strerror}): install the prepared run again "
+                          "(`narwhal install`)") from None
+    return secrets
+
+
 def do_start(args: argparse.Namespace) -> dict[str, Any]:
     from narwhal.node.engine import runtime as rt
 
@@ -130,12 +147,7 @@ def do_start(args: argparse.Namespace) -> dict[str, Any]:
                       "check` again before starting")
     if not checked.get("ok"):
         raise Refused("the last `check` of this plan failed; fix what it named and check again")
-    secrets: dict[str, str] = {}
-    for name in plan["secret_environment"]:
-        if args.secrets is None:
-            raise Refused(f"the plan needs the secret {name}: pass --secrets DIR")
-        secrets[name] = (Path(args.secrets) / name).read_text().rstrip("\n")
-    started, ran = rt.start(plan, secrets, run_dir / "engine.log", owned)
+    started, ran = rt.start(plan, _secrets(plan, args.secrets), run_dir / "engine.log", owned)
     _write(run_dir / "started.json", canonical_json(started.as_json()).encode() + b"\n")
     return {"engine": plan["engine"], **started.as_json(), "commands": ran}
 
@@ -145,7 +157,9 @@ def do_capture(args: argparse.Namespace) -> dict[str, Any]:
 
     run_dir = Path(args.run_dir)
     plan, _ = _plan(run_dir)
-    doc = capture(plan, _started(run_dir), run_dir / "engine.log", args.timeout)
+    key = _secrets(plan, args.secrets).get(ENGINE_API_KEY_ENV) \
+        if ENGINE_API_KEY_ENV in plan["secret_environment"] else None
+    doc = capture(plan, _started(run_dir), run_dir / "engine.log", args.timeout, key)
     data = canonical_json(doc).encode() + b"\n"
     _write(run_dir / "cache-layout.json", data)
     return {"engine": plan["engine"], "cache_layout_sha256": sha256_bytes(data),
@@ -201,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=do_start)
     p = sub.add_parser("capture", help="the live cache layout (cache-layout.json)")
     p.add_argument("--run-dir", required=True)
+    p.add_argument("--secrets", default=None, help="folder of 0600 secret files (the engine's "
+                   "API key, when its plan has one)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(handler=do_capture)
     p = sub.add_parser("idle", help="the engine's load gauges and counters now")

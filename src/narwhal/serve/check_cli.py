@@ -28,7 +28,7 @@ from narwhal.core.calibration import load_calibration
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import number
-from narwhal.core.fleet import beside, load_fleet
+from narwhal.core.fleet import beside, engine_key, load_fleet
 from narwhal.core.private_file import write_private_json
 from narwhal.serve.attestation import attested_engines
 from narwhal.serve.engine_client import clients
@@ -137,7 +137,8 @@ def _prepare(args: argparse.Namespace) -> tuple[CheckState, Path, Path | None]:
     """Everything the user wrote, checked before any engine is called (InputError: exit 2)."""
     fleet = load_fleet(args.fleet)
     check, _ = _options(args)
-    state = CheckState(fleet=fleet, fleet_path=args.fleet, options=check, clients={})
+    state = CheckState(fleet=fleet, fleet_path=args.fleet, options=check, clients={},
+                       engine_key=engine_key(fleet, args.fleet))
     if args.captures is not None:
         state.captures = load_captures(args.captures, fleet)
     if fleet.calibration is not None:
@@ -183,7 +184,8 @@ async def _run(state: CheckState, args: argparse.Namespace,
     _, cal_opts = _options(args)
     async with aiohttp.ClientSession() as session:
         state.clients = clients(((e.id, e.url) for e in state.engines), session,
-                                state.options.call_timeout_s, attested_engines(state.engines))
+                                state.options.call_timeout_s, attested_engines(state.engines),
+                                state.engine_key)
         if calibration_out is None:
             only = with_needs(args.only) if args.only else None
             return await run_gates(state, only, _progress), extra

@@ -20,6 +20,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from narwhal.core.profiles import Generation
+from narwhal.core.secret import Secret
 from narwhal.serve.attestation import MAX_DOCUMENT_BYTES, Attestation, judge
 from narwhal.serve.generation import GenerationUnreadable, parse_start_time, parse_version
 
@@ -116,16 +117,20 @@ class EngineClient:
     """Calls one engine at `base_url` (no trailing slash) on a shared aiohttp session."""
 
     def __init__(self, engine_id: str, base_url: str, session: aiohttp.ClientSession,
-                 timeout_s: float = 30.0, attestation: Attestation | None = None) -> None:
+                 timeout_s: float = 30.0, attestation: Attestation | None = None,
+                 key: Secret | None = None) -> None:
         self.id = engine_id
         self.base_url = base_url.rstrip("/")
         self.session = session
+        # the engines' API key (fleet: engine_auth), on every call to the engine and only there
+        self.headers = {"Authorization": f"Bearer {key.reveal()}"} if key is not None else {}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.attestation = attestation  # Gate E's fleet: the generation includes its digest
 
     async def _get(self, path: str) -> bytes:
         try:
-            async with self.session.get(self.base_url + path, timeout=self.timeout) as resp:
+            async with self.session.get(self.base_url + path, timeout=self.timeout,
+                                        headers=self.headers) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise EngineCallFailed(self.id, f"GET {path}", f"answered {resp.status}: {_snippet(body)}")
@@ -201,7 +206,8 @@ class EngineClient:
 
     async def _post(self, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
         try:
-            async with self.session.post(self.base_url + path, json=payload, timeout=self.timeout) as resp:
+            async with self.session.post(self.base_url + path, json=payload, timeout=self.timeout,
+                                         headers=self.headers) as resp:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise EngineCallFailed(self.id, f"POST {path}", _describe(exc)) from None
@@ -258,7 +264,7 @@ class EngineClient:
         usage: dict[str, Any] = {}
         try:
             async with self.session.post(self.base_url + "/v1/completions", json=payload,
-                                         timeout=self.timeout) as resp:
+                                         timeout=self.timeout, headers=self.headers) as resp:
                 if resp.status != 200:
                     raw = await resp.read()
                     elapsed = time.perf_counter() - started
@@ -316,11 +322,11 @@ async def handoff(producer: EngineClient, consumer: EngineClient, model: str, pr
 
 
 def clients(engines: Iterable[tuple[str, str]], session: aiohttp.ClientSession,
-            timeout_s: float = 30.0, attested: Mapping[str, Attestation] | None = None
-            ) -> dict[str, EngineClient]:
+            timeout_s: float = 30.0, attested: Mapping[str, Attestation] | None = None,
+            key: Secret | None = None) -> dict[str, EngineClient]:
     """One client per (engine id, base URL), in fleet order; `attested` gives Gate E's
-    sidecar and contract per engine of an attested fleet."""
-    return {eid: EngineClient(eid, url, session, timeout_s, (attested or {}).get(eid))
+    sidecar and contract per engine of an attested fleet, `key` the engines' API key."""
+    return {eid: EngineClient(eid, url, session, timeout_s, (attested or {}).get(eid), key)
             for eid, url in engines}
 
 

@@ -43,6 +43,8 @@ class Health:
             engine.ejected_reason = f"{engine.fail_streak} consecutive failures, last: {reason}"
             engine.ejections += 1
             _log.warning("engine %s ejected: %s", engine.id, engine.ejected_reason)
+        elif engine.ejected and not engine.ejections:  # held out since start: say why now
+            engine.ejected_reason = f"not admitted: {reason}"
 
     def suspect(self, engine: Engine) -> None:
         """A leg timed out: probe the engine now instead of waiting for the sweep."""
@@ -59,18 +61,22 @@ class Health:
             return not engine.ejected
         self._probing.add(engine)
         try:
-            req = request_bytes(b"GET", b"/health", engine.spec.host_header, b"", None)
+            req = request_bytes(b"GET", b"/health", engine.spec.host_header, b"", None,
+                                bearer=engine.spec.bearer)
             try:
                 status, _ = await exchange(engine.pool, req, self.policy.probe_timeout_s,
                                            self.deadlines)
                 reason = f"/health answered {status}"
             except (EngineUnreachable, LegFailed, LegTimedOut) as exc:
                 status, reason = 0, f"/health: {exc or type(exc).__name__}"
+            if status == 200 and (engine.ejected or not engine.context_len):
+                # a restarted engine may hold another context, or refuse the router's key
+                refused = await self._read_context(engine)
+                if refused:
+                    status, reason = 0, refused
             if status == 200:
                 if engine.ejected and engine.ejections:
                     _log.warning("engine %s readmitted: /health is 200", engine.id)
-                if engine.ejected or not engine.context_len:
-                    await self._read_context(engine)  # a restarted engine may hold another
                 engine.ejected = False
                 engine.ejected_reason = ""
                 self.ok(engine)
@@ -80,19 +86,27 @@ class Health:
         finally:
             self._probing.discard(engine)
 
-    async def _read_context(self, engine: Engine) -> None:
+    async def _read_context(self, engine: Engine) -> str:
         """max_model_len of the engine's served model from GET /v1/models (vLLM's cards carry
-        it); left 0, and the engines left to judge each request, when it cannot be read."""
-        req = request_bytes(b"GET", b"/v1/models", engine.spec.host_header, b"", None)
+        it); left 0, and the engines left to judge each request, when it cannot be read.
+        Returns why the engine is unusable when it refuses the router's engine key (401/403 on
+        a /v1 route: every leg would be refused too), else ""."""
+        req = request_bytes(b"GET", b"/v1/models", engine.spec.host_header, b"", None,
+                            bearer=engine.spec.bearer)
         try:
             status, payload = await exchange(engine.pool, req, self.policy.probe_timeout_s,
                                              self.deadlines)
+            if status in (401, 403):
+                engine.context_len = 0
+                return (f"/v1/models answered {status}: the engine refuses the router's engine "
+                        "key (fleet: engine_auth.key_file must hold the engine's VLLM_API_KEY)")
             cards = loads(payload).get("data") if status == 200 else None
             found = [c.get("max_model_len") for c in cards or () if isinstance(c, dict)]
             sizes = [n for n in found if type(n) is int and n > 0]
             engine.context_len = min(sizes) if sizes else 0
         except (EngineUnreachable, LegFailed, LegTimedOut, ValueError, AttributeError):
             engine.context_len = 0
+        return ""
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(e) for e in self.engines))

@@ -29,8 +29,9 @@ from narwhal.core import result_line
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import increasing_ints, number
-from narwhal.core.fleet import FleetDocument, beside, load_fleet
+from narwhal.core.fleet import FleetDocument, beside, engine_key, load_fleet
 from narwhal.core.profiles import now_utc
+from narwhal.core.secret import Secret
 from narwhal.serve.attestation import attested_engines
 from narwhal.serve.engine_client import EngineCallFailed, EngineClient
 from narwhal.serve.profiler import plan as sweep_plan
@@ -100,6 +101,7 @@ class Job:
     target: Target
     timeout_s: float
     per_host: int = 1
+    engine_key: Secret | None = None  # the engines' API key (fleet: engine_auth)
 
 
 def settle(args: argparse.Namespace) -> Job:
@@ -130,7 +132,8 @@ def settle(args: argparse.Namespace) -> Job:
     settings = SweepSettings(args.repeats, args.prefill_lengths, args.decode_concurrency,
                              args.decode_contexts, args.decode_tokens, args.cover)
     engines = tuple((e.id, e.url) for e in fleet.engines if not only or e.id in only)
-    return Job(fleet, engines, settings, target, args.timeout, args.per_host)
+    return Job(fleet, engines, settings, target, args.timeout, args.per_host,
+               engine_key(fleet, args.fleet))
 
 
 async def _facts(clients: dict[str, EngineClient], model: str
@@ -168,8 +171,8 @@ async def run(job: Job, progress: Reporter) -> tuple[list[EngineOutcome], list[d
     model = job.fleet.model
     async with aiohttp.ClientSession() as session:
         attested = attested_engines(job.fleet.engines)
-        clients = {eid: EngineClient(eid, url, session, job.timeout_s, attested.get(eid))
-                   for eid, url in job.engines}
+        clients = {eid: EngineClient(eid, url, session, job.timeout_s, attested.get(eid),
+                                     job.engine_key) for eid, url in job.engines}
         facts = await _facts(clients, model)
         outcomes: list[EngineOutcome] = []
         plans: dict[str, tuple[SweepPlan, EngineFacts]] = {}

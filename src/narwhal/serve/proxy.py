@@ -220,7 +220,8 @@ class Proxy:
 
     async def _forward(self, conn: ClientConnection, engine: Engine, path: bytes, body: bytes,
                        keep_alive: bool) -> None:
-        req = request_bytes(b"POST", path, engine.spec.host_header, b"", body)
+        req = request_bytes(b"POST", path, engine.spec.host_header, b"", body,
+                            bearer=engine.spec.bearer)
         try:
             status, payload = await exchange(engine.pool, req, self.limits.prefill_timeout_s,
                                              self.deadlines)
@@ -369,7 +370,8 @@ class Proxy:
         leg = Collector(lambda s: self._released(call, engine, s),
                         time.monotonic() + self.limits.first_token_timeout_s)
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
-                            call.leg_id + b"-release", call.release_body(kv))
+                            call.leg_id + b"-release", call.release_body(kv),
+                            bearer=engine.spec.bearer)
         dispatch(engine.pool, req, leg, self.deadlines, self._spawn)
 
     def _released(self, call: Call, engine: Engine, leg: Collector) -> None:
@@ -386,7 +388,7 @@ class Proxy:
     async def _count(self, call: Call, engine: Engine) -> None:
         """Exact prompt length from the engine's /tokenize, when it answers."""
         req = request_bytes(b"POST", b"/tokenize", engine.spec.host_header, b"",
-                            call.tokenize_body())
+                            call.tokenize_body(), bearer=engine.spec.bearer)
         try:
             status, payload = await exchange(engine.pool, req, self.limits.prefill_timeout_s,
                                              self.deadlines)
@@ -433,7 +435,8 @@ class Proxy:
         leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
                         now + self.limits.prefill_timeout_s)
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
-                            call.leg_id + b"-prefill", call.prefill_body())
+                            call.leg_id + b"-prefill", call.prefill_body(),
+                            bearer=engine.spec.bearer)
         if engine.prefill_sent >= engine.prefill_line > 0 and not fresh:
             line = self._lines.get(engine)
             if line is None:
@@ -579,7 +582,7 @@ class Proxy:
         self._book_decode(call, engine, kv is not None, True, relay)
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
-                            call.decode_body(kv))
+                            call.decode_body(kv), bearer=engine.spec.bearer)
         dispatch(engine.pool, req, relay, self.deadlines, self._spawn,
                  raw=isinstance(relay, R.PassRelay), fresh=fresh)
 

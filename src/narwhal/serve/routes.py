@@ -84,7 +84,7 @@ class Routes:
                 return
             if path in self._ops_paths and not self._ops.allows(req.auth):
                 self._refuse(conn, req, b"", 401, "this operational endpoint needs the operator "
-                             "key ('Authorization: Bearer <key>' from operations.key_env in the "
+                             "key ('Authorization: Bearer <key>' from operations.key_env or key_file in the "
                              "fleet document)", "invalid_api_key", "other",
                              extra=b"www-authenticate: Bearer\r\n")
                 return

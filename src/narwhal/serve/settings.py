@@ -2,7 +2,8 @@
 
 Everything a request needs that does not depend on the request is computed here at startup:
 engine addresses, pre-encoded request-line prefixes, the tenant key table, resolved journal
-path. A missing tenant key variable stops startup with the variable's name.
+path, the engines' API key as the header every leg carries. A missing tenant key variable or
+an unreadable key file stops startup naming it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.core.fleet import EngineContract, FleetDocument, RoleFlips, Serving, beside
+from narwhal.core.fleet import (
+    EngineContract,
+    FleetDocument,
+    RoleFlips,
+    Serving,
+    beside,
+    engine_key,
+)
 from narwhal.core.key_file import read_key_file
 from narwhal.core.secret import Secret
 
@@ -32,6 +40,7 @@ class EngineSpec:
     can_prefill: bool
     can_decode: bool
     host_header: bytes
+    bearer: bytes = b""  # the engines' API key (fleet: engine_auth), sent on every leg
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +175,7 @@ class RouterSettings:
     attestations: Mapping[str, tuple[str, EngineContract]] = field(default_factory=dict)
 
 
-def _engine(entry_id: str, url: str, role: str) -> EngineSpec:
+def _engine(entry_id: str, url: str, role: str, key: Secret | None = None) -> EngineSpec:
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or 80
@@ -179,36 +188,48 @@ def _engine(entry_id: str, url: str, role: str) -> EngineSpec:
         can_prefill=role in ("prefill", "both"),
         can_decode=role in ("decode", "both"),
         host_header=f"{host}:{port}".encode("ascii"),
+        bearer=key.reveal().encode("ascii") if key is not None else b"",
     )
 
 
-def _tenants(doc: FleetDocument, env: Mapping[str, str], source: str) -> Tenants:
+def _tenant_key(i: int, key_env: str, key_file: str, env: Mapping[str, str],
+                fleet_path: Path) -> tuple[str, str] | Problem:
+    """(key, where it came from) of tenant i: its 0600 file or its variable."""
+    if key_file.strip():
+        secret = read_key_file(beside(fleet_path, key_file), f"tenants[{i}].key_file")
+        return secret.reveal(), f"tenants[{i}].key_file"
+    value = env.get(key_env, "")
+    if not value:
+        return Problem(f"tenants[{i}].key_env",
+                       f"environment variable {key_env} is not set or empty",
+                       f"export {key_env}=<the tenant's bearer key> before starting narwhal-serve")
+    if len(value) < 16:
+        return Problem(f"tenants[{i}].key_env",
+                       f"the key in {key_env} is shorter than 16 characters",
+                       "use a long random key, e.g. `openssl rand -hex 24`")
+    return value, key_env
+
+
+def _tenants(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Tenants:
     table: dict[bytes, str] = {}
     secrets: list[Secret] = []
     problems: list[Problem] = []
     for i, tenant in enumerate(doc.tenants):
-        value = env.get(tenant.key_env, "")
-        if not value:
-            problems.append(Problem(
-                f"tenants[{i}].key_env",
-                f"environment variable {tenant.key_env} is not set or empty",
-                f"export {tenant.key_env}=<the tenant's bearer key> before starting narwhal-serve"))
+        got = _tenant_key(i, tenant.key_env, tenant.key_file, env, fleet_path)
+        if isinstance(got, Problem):
+            problems.append(got)
             continue
-        if len(value) < 16:
-            problems.append(Problem(
-                f"tenants[{i}].key_env", f"the key in {tenant.key_env} is shorter than 16 characters",
-                "use a long random key, e.g. `openssl rand -hex 24`"))
-            continue
+        value, where = got
         digest = hashlib.sha256(value.encode()).digest()
         if digest in table:
             problems.append(Problem(
-                f"tenants[{i}].key_env", f"{tenant.key_env} holds the same key as tenant {table[digest]!r}",
+                where, f"holds the same key as tenant {table[digest]!r}",
                 "give every tenant its own key"))
             continue
         table[digest] = tenant.name
-        secrets.append(Secret(value, tenant.key_env))
+        secrets.append(Secret(value, tenant.key_env or f"tenant {tenant.name} key"))
     if problems:
-        raise InputError(source, problems)
+        raise InputError(str(fleet_path), problems)
     return Tenants(by_key_digest=table, secrets=tuple(secrets),
                    weights={t.name: t.weight for t in doc.tenants})
 
@@ -219,23 +240,29 @@ def _same_names(cls: type, serving: Serving, **derived: Any) -> dict[str, Any]:
     return {**{n: getattr(serving, n) for n in names}, **derived}
 
 
-def _ops(doc: FleetDocument, env: Mapping[str, str], source: str, tenants: Tenants) -> OpsAccess:
+def _ops(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path,
+         tenants: Tenants) -> OpsAccess:
     ops = doc.operations
-    if not ops.key_env:
-        # No tenant keys: nobody is authenticated, so these are as open as the rest.
+    source = str(fleet_path)
+    if ops.key_file.strip():
+        secret = read_key_file(beside(fleet_path, ops.key_file), "operations.key_file")
+        value, where = secret.reveal(), "operations.key_file"
+    elif ops.key_env:
+        value, where = env.get(ops.key_env, ""), "operations.key_env"
+        if len(value) < 16:
+            raise InputError(source, [Problem(
+                where, f"environment variable {ops.key_env} is not set or holds "
+                "fewer than 16 characters",
+                f"export {ops.key_env}=<a long random key, e.g. `openssl rand -hex 24`>")])
+    else:
+        # No operator key: with no tenant keys nobody is authenticated, so these are as open
+        # as the rest.
         return OpsAccess(ops.open or not tenants.required, b"", None)
-    value = env.get(ops.key_env, "")
-    if len(value) < 16:
-        raise InputError(source, [Problem(
-            "operations.key_env", f"environment variable {ops.key_env} is not set or holds "
-            "fewer than 16 characters",
-            f"export {ops.key_env}=<a long random key, e.g. `openssl rand -hex 24`>")])
     digest = hashlib.sha256(value.encode()).digest()
     if digest in tenants.by_key_digest:
         raise InputError(source, [Problem(
-            "operations.key_env", f"{ops.key_env} holds a tenant's key",
-            "give the operator a key of its own")])
-    return OpsAccess(False, digest, Secret(value, ops.key_env))
+            where, "holds a tenant's key", "give the operator a key of its own")])
+    return OpsAccess(False, digest, Secret(value, ops.key_env or "operator key"))
 
 
 def _quorum(doc: FleetDocument, fleet_path: Path) -> QuorumPolicy | None:
@@ -250,17 +277,17 @@ def _quorum(doc: FleetDocument, fleet_path: Path) -> QuorumPolicy | None:
 
 def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> RouterSettings:
     """Resolve the document against the environment and the document's own folder."""
-    source = str(fleet_path)
     journal = beside(fleet_path, doc.journal.path)
     c = doc.controller
     lease = beside(fleet_path, c.lease_path) if c.lease_path.strip() \
         else fleet_path.resolve().with_name(fleet_path.name + ".lease")
     profiles = beside(fleet_path, doc.profiles.path) if doc.profiles is not None else None
     s = doc.serving
-    tenants = _tenants(doc, env, source)
+    tenants = _tenants(doc, env, fleet_path)
+    key = engine_key(doc, fleet_path)
     return RouterSettings(
         model=doc.model,
-        engines=tuple(_engine(e.id, e.url, e.role) for e in doc.engines),
+        engines=tuple(_engine(e.id, e.url, e.role, key) for e in doc.engines),
         ttft_s=doc.slo.ttft_s,
         tpot_s=doc.slo.tpot_s,
         limits=Limits(**_same_names(Limits, s, tokenize=s.prompt_length == "tokenize")),
@@ -277,7 +304,7 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
                                     _quorum(doc, fleet_path)),
         profiles_path=profiles,
         role_flips=doc.role_flips,
-        ops=_ops(doc, env, source, tenants),
+        ops=_ops(doc, env, fleet_path, tenants),
         attestations={e.id: (e.attestation_url, e.contract) for e in doc.engines
                       if e.attestation_url is not None and e.contract is not None},
     )

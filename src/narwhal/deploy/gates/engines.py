@@ -108,7 +108,7 @@ class Remote:
         run = f"{base}/runs/{install['prepared_run']}"
         self.host, self.t = host, t
         self.tool = f"{base}/venv/bin/{COMMAND}"  # as installed_tool names it; $HOME read once
-        self.launch, self.secrets = f"{run}/launch/{t.role}.json", f"{run}/secrets"
+        self.launch, self.secrets = f"{run}/launch/{t.role}.json", f"{run}/secrets/env"
         self.run_dir = f"{t.record.run_dir}/{t.role}"
 
     def call(self, sub: str, *args: str, timeout: float = 120.0) -> result_line.ResultLine:
@@ -148,7 +148,8 @@ def _capture(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
     """`narwhal-engine capture` of the running engine; its capture kept as evidence."""
     t = r.t
     progress(t.role, "capturing")
-    cap = r.call("capture", "--run-dir", r.run_dir, "--timeout", str(int(CAPTURE_TIMEOUT_S)),
+    cap = r.call("capture", "--run-dir", r.run_dir, "--secrets", r.secrets,
+                 "--timeout", str(int(CAPTURE_TIMEOUT_S)),
                  timeout=CAPTURE_TIMEOUT_S + 60)
     if not cap.ok:
         raise HostError(t.alias, f"{t.role}: capture failed: {cap.error}")

@@ -35,6 +35,8 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
             secret_names.append(name)
         else:
             env[name] = value
+    if inputs.engine_key is not None:  # vLLM's API key, from its 0600 file at start
+        secret_names.append(lr.ENGINE_API_KEY_ENV)
     args = ["--served-model-name", e.model_name, "--port", str(e.engine_port),
             "--tensor-parallel-size", str(plan.tensor_parallel_size),
             "--block-size", str(e.block_size)]
@@ -67,13 +69,37 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
     return doc
 
 
+# Where the router host's fleet (runs/<run>/router/fleet.json) finds the key files Gate B
+# places in runs/<run>/secrets/ (package/rolefiles.py): the keys never enter the document.
+ROUTER_KEY_FILE = "../secrets/NARWHAL_ROUTER_API_KEY"
+ENGINE_KEY_FILE = "../secrets/NARWHAL_ENGINE_KEY"
+TENANT = "default"
+
+
+def credentials(inputs: Inputs) -> dict[str, Any]:
+    """The fleet's credential sections from the `.env`: the router's tenant key
+    (NARWHAL_ROUTER_API_KEY: every client must send it) and the engines' API key
+    (NARWHAL_ENGINE_KEY: the router and the preflight tools send it to every engine). The
+    operational endpoints stay open to the router host's private path, as without keys:
+    Prometheus and the standby beside the router read them."""
+    out: dict[str, Any] = {}
+    if inputs.router.api_key is not None:
+        out["tenants"] = [{"name": TENANT, "key_file": ROUTER_KEY_FILE}]
+        out["operations"] = {"open": True}
+    if inputs.engine_key is not None:
+        out["engine_auth"] = {"key_file": ENGINE_KEY_FILE}
+    return out
+
+
 def fleet_draft(inputs: Inputs, plans: list[EnginePlan]) -> dict[str, Any]:
-    """A `narwhal.fleet` v1 draft: every engine `both` (kv_both), the SLO from the inputs.
-    Gate E completes it (attestation URLs); the router host reads it after Gate B."""
+    """A `narwhal.fleet` v1 draft: every engine `both` (kv_both), the SLO and the credential
+    sections from the inputs. Gate E completes it (attestation URLs); the router host reads
+    it after Gate B."""
     return {
         "schema": FLEET_SCHEMA, "schema_version": 1, "model": inputs.engines[0].model_name,
         "engines": [{"id": p.engine.role, "url": engine_url(p), "role": "both"} for p in plans],
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
         "journal": {"path": "journal.jsonl"},
+        **credentials(inputs),
     }
 

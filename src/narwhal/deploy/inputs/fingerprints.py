@@ -58,6 +58,11 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
                    **({"standby_url": inputs.router.standby_url}
                       if inputs.router.standby_url else {})},
         "workload": inputs.workload.model_dump(),
+        # which credentials are set, never their values: setting or removing one changes the
+        # launch records and the fleet Gate A writes (secret_environment, tenants,
+        # engine_auth). A key rotated in place is taken up by `narwhal install` then restarts.
+        "credentials": {"engine_key": inputs.engine_key is not None,
+                        "router_api_key": inputs.router.api_key is not None},
     }
 
 

@@ -7,7 +7,10 @@ withheld, and a value that would still carry an SSH credential (an SSH password,
 or a private key, a name like SSHPASS or SSH_AUTH_SOCK inside an engine environment) is
 refused naming the variable, before anything is sent. Credentials a role does need (an engine
 key, a Hugging Face token, an engine environment naming a secret) go to one file each, mode
-0600, under secrets/; the role file itself holds no secret.
+0600, under secrets/; the role file itself holds no secret. An engine host also gets, under
+secrets/env/, one file per secret variable its engine's launch record names (vLLM's API key
+from NARWHAL_ENGINE_KEY, each secret of NARWHAL_ENGINE_ENV): `narwhal-engine start` passes
+them to the engine through its environment, by those names.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from narwhal.core.errors import InputError, Problem
+from narwhal.core.launch_record import ENGINE_API_KEY_ENV
+from narwhal.core.secret import Secret
 from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
 from narwhal.deploy.inputs.envsource import read_env_file
 from narwhal.deploy.inputs.model import Inputs
@@ -88,6 +93,19 @@ def _secret_entry(entry: EnvEntry) -> bool:
     return False
 
 
+def engine_secret_environment(inputs: Inputs, role: str) -> dict[str, str]:
+    """Secret variable name -> value for the engine of `role` (none for other roles): what
+    its launch record lists in secret_environment, by the same rule (generated.py)."""
+    engine = next((e for e in inputs.engines if e.role == role), None)
+    if engine is None:
+        return {}
+    out = {name: v.reveal() for name, v in (engine.engine_env or {}).items()
+           if isinstance(v, Secret)}
+    if inputs.engine_key is not None:
+        out[ENGINE_API_KEY_ENV] = inputs.engine_key.reveal()
+    return out
+
+
 def role_files(inputs: Inputs, roles: list[str]) -> dict[str, RoleFiles]:
     """Every role's files, or every SSH credential a role would carry as problems."""
     text, _ = read_env_file(Path(inputs.source))
@@ -115,6 +133,8 @@ def role_files(inputs: Inputs, roles: list[str]) -> dict[str, RoleFiles]:
                 secrets[entry.key] = entry.value
             else:
                 lines.append(f"{entry.key}={shlex.quote(entry.value)}")
+        for name, value in engine_secret_environment(inputs, role).items():
+            secrets[f"env/{name}"] = value
         out[role] = RoleFiles(role, "\n".join(lines) + "\n", secrets, tuple(withheld))
     if found:
         raise InputError(str(inputs.source), found)

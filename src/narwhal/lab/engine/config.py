@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from narwhal.core.launch_record import ENGINE_API_KEY_ENV
 from narwhal.lab.engine.flags import DTYPE_ALIASES, NIXL_CONNECTORS, build_parser, normalize_argv
 
 DEFAULT_VLLM_VERSION = "0.32.0"
@@ -164,7 +165,7 @@ def parse_config(argv: list[str], env: Mapping[str, str]) -> EngineConfig:
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", DEFAULT_SIDE_CHANNEL_HOST),
         side_channel_port=_side_channel_port(parser, env),
         ucx_env={k: v for k, v in env.items() if k.startswith("UCX_")},
-        kv_scale=args.emu_kv_scale, args=args, serve=_serve(args), emu=_emu(args, env),
+        kv_scale=args.emu_kv_scale, args=args, serve=_serve(args, env), emu=_emu(args, env),
         env=dict(env),
     )
 
@@ -180,9 +181,11 @@ def _side_channel_port(parser: argparse.ArgumentParser, env: Mapping[str, str]) 
     return port
 
 
-def _serve(args: argparse.Namespace) -> ServeOptions:
+def _serve(args: argparse.Namespace, env: Mapping[str, str]) -> ServeOptions:
+    # vLLM takes its API key from --api-key, else from the environment (VLLM_API_KEY)
+    api_key = args.api_key or env.get(ENGINE_API_KEY_ENV) or None
     return ServeOptions(
-        host=args.host, port=args.port, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
+        host=args.host, port=args.port, api_key=api_key, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         max_logprobs=args.max_logprobs, stream_interval=args.stream_interval,
         gpu_memory_utilization=args.gpu_memory_utilization,

@@ -33,17 +33,24 @@ from narwhal.node.nixl_probe import ProbeTarget, probe
 COMPLETION_PROMPT = "The quick brown fox"
 
 
-def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+def _auth(key: str | None) -> dict[str, str]:
+    """The engine's API key as vLLM asks for it on its /v1 routes (none without a key)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _get(url: str, timeout: float = 10.0, key: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=_auth(key))  # noqa: S310 - loopback
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 - loopback
+        with urllib.request.urlopen(req, timeout=timeout) as reply:  # noqa: S310 - loopback
             return reply.status, reply.read(4 << 20)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(4096)
 
 
-def _post(url: str, body: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+def _post(url: str, body: dict[str, Any], key: str | None,
+          timeout: float = 60.0) -> dict[str, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **_auth(key)})
     with urllib.request.urlopen(req, timeout=timeout) as reply:  # noqa: S310 - loopback
         data: dict[str, Any] = json.loads(reply.read(4 << 20))
         return data
@@ -69,11 +76,12 @@ def wait_healthy(plan: dict[str, Any], started: Started, log_path: Path,
 
 
 def capture(plan: dict[str, Any], started: Started, log_path: Path,
-            timeout_s: float) -> dict[str, Any]:
+            timeout_s: float, key: str | None = None) -> dict[str, Any]:
+    """The capture document; `key` is the engine's API key when its plan sets one."""
     healthy_s = wait_healthy(plan, started, log_path, timeout_s)
     url = plan["url"]
     version = parse_version_reply(_get(f"{url}/version")[1])
-    status, models_body = _get(f"{url}/v1/models")
+    status, models_body = _get(f"{url}/v1/models", key=key)
     models = [m["id"] for m in json.loads(models_body).get("data", [])] if status == 200 else []
     metrics = _get(f"{url}/metrics")[1].decode("utf-8", "replace")
     cache_config = [c.labels for c in parse_cache_config_info(metrics)]
@@ -93,7 +101,8 @@ def capture(plan: dict[str, Any], started: Started, log_path: Path,
                       "engine_id": str(reply.metadata.get("engine_id", "")),
                       "metadata": reply.as_agent_metadata().model_dump(mode="json")})
     done = _post(f"{url}/v1/completions", {"model": plan["served_model_name"],
-                                           "prompt": COMPLETION_PROMPT, "max_tokens": 4})
+                                           "prompt": COMPLETION_PROMPT, "max_tokens": 4},
+                 key)
     text = str(((done.get("choices") or [{}])[0]).get("text", ""))
     config = json.loads((Path(plan["model_dir"]) / "config.json").read_text())
     return stamp(SCHEMA, VERSION, {

@@ -8,6 +8,7 @@ from pathlib import Path
 from narwhal.core.calibration import Calibration
 from narwhal.core.fleet import EngineEntry, FleetDocument
 from narwhal.core.profiles import Generation, ProfileStore
+from narwhal.core.secret import Secret
 from narwhal.serve.engine_client import EngineClient
 from narwhal.serve.preflight.captures import EngineCapture
 from narwhal.serve.preflight.options import CheckOptions
@@ -38,6 +39,7 @@ class CheckState:
     generations: dict[str, Generation] = field(default_factory=dict)
     captures: dict[str, EngineCapture] | None = None  # --captures: Gate C's evidence
     failed: dict[str, set[str]] = field(default_factory=dict)
+    engine_key: Secret | None = None  # the engines' API key (fleet: engine_auth)
 
     @property
     def engines(self) -> tuple[EngineEntry, ...]:
