@@ -32,12 +32,14 @@ GATES: tuple[Gate, ...] = (
 GATE_NAMES: tuple[str, ...] = tuple(g.name for g in GATES)
 
 # Activities that are recorded like gates but are not part of the ordered sequence.
-ACTIVITIES: tuple[str, ...] = ("access", "shell", "status", "load-trial")
+# `trust` is `narwhal hosts trust`: which key each host alias was pinned to, and replaced.
+ACTIVITIES: tuple[str, ...] = ("access", "trust", "shell", "status", "load-trial")
 
 # Which named inputs define which gate. Input names are the keys computed by
 # deploy.inputs.fingerprints; a moved input marks these gates (and all later gates) stale.
 GATE_INPUTS: dict[str, tuple[str, ...]] = {
-    "discover": ("hosts", "engine-image", "model", "launch-policy", "fabric", "ports", "ssh-keys"),
+    "discover": ("hosts", "engine-image", "model", "launch-policy", "fabric", "ports", "ssh-keys",
+                 "credentials"),
     "install": ("revision", "hosts", "launch-policy"),
     "engines": ("engine-image", "model", "launch-policy", "ports"),
     "fabric": ("fabric", "hosts", "transport", "workload"),

@@ -31,7 +31,7 @@ class Context:
     @classmethod
     def load(cls, args: argparse.Namespace) -> Context:
         inputs = load_inputs(args.env)
-        ledger = Ledger(args.runs, inputs.deployment, inputs.secrets())
+        ledger = Ledger(args.runs, inputs.deployment, inputs.secrets(), inputs.masked_env)
         return cls(inputs, ledger, args.runs, args.ssh_config)
 
     _sessions: Sessions | None = field(default=None, init=False, repr=False)

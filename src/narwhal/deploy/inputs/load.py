@@ -17,12 +17,14 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from narwhal.core.errors import InputError, Problem
+from narwhal.core.key_file import MIN_KEY_CHARS
 from narwhal.core.secret import Secret
 from narwhal.deploy.inputs import fields as f
 from narwhal.deploy.inputs.destination import FORMS, Destination, parse_destination
 from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
 from narwhal.deploy.inputs.envsource import read_env_file
 from narwhal.deploy.inputs.hostnames import HOST_FORMS
+from narwhal.deploy.inputs.masked import masked_env
 from narwhal.deploy.inputs.model import (
     DEFAULT_ROUTER_URL,
     EngineInputs,
@@ -236,7 +238,7 @@ class _Reader:
             first = engines[min(engines)]
             return RouterInputs(ssh=first.ssh, ssh_password=first.ssh_password,
                                 ssh_key=first.ssh_key, url=url, standby_url=standby,
-                                api_key=self._secret("ROUTER_API_KEY"))
+                                api_key=self._bearer_key("ROUTER_API_KEY"))
         dest = self.destination("NARWHAL_ROUTER_SSH", text)
         key = self.globals.get("ROUTER_SSH_KEY") or self.globals.get("SSH_KEY")
         if key is not None:
@@ -246,7 +248,7 @@ class _Reader:
             return None
         return RouterInputs(ssh=dest, ssh_password=self._secret("ROUTER_SSH_PASSWORD"),
                             ssh_key=key, url=url, standby_url=standby,
-                            api_key=self._secret("ROUTER_API_KEY"))
+                            api_key=self._bearer_key("ROUTER_API_KEY"))
 
     def _router_url(self, field: str) -> str | None:
         """NARWHAL_<field>: an address on the router host, http://HOST:PORT (None if unset)."""
@@ -264,6 +266,20 @@ class _Reader:
     def _secret(self, field: str) -> Secret | None:
         value = self.globals.get(field)
         return Secret(value, PREFIX + field) if value else None
+
+    def _bearer_key(self, field: str) -> Secret | None:
+        """A key that travels as `Authorization: Bearer KEY` and is read back from a 0600 file
+        (core/key_file.py): as long and as plain as that reader accepts, refused here first."""
+        key = self._secret(field)
+        if key is not None:
+            text = key.reveal()
+            if len(text) < MIN_KEY_CHARS or not text.isascii() \
+                    or any(not c.isprintable() or c.isspace() for c in text):
+                self.add(PREFIX + field, f"is shorter than {MIN_KEY_CHARS} characters or holds "
+                         "spaces, control or non-ASCII characters (value not shown)",
+                         "use a long random key, e.g. `openssl rand -hex 24`")
+                return None
+        return key
 
     def typed_global(self, field: str, adapter: Any, fix: str, default: Any = None) -> Any:
         return self.typed(PREFIX + field, adapter, fix, default)
@@ -322,6 +338,7 @@ def parse_inputs(text: str, source: Path) -> Inputs:
     optional = {attr: reader.typed(key, kind, f.FIXES[attr])
                 for key, (attr, kind) in OPTIONAL_TYPED.items()}
     workload = reader.workload()
+    engine_key = reader._bearer_key("ENGINE_KEY")
     if reader.problems or router is None:
         raise InputError(str(source), reader.problems)
     return Inputs(
@@ -329,8 +346,8 @@ def parse_inputs(text: str, source: Path) -> Inputs:
         engines=tuple(engines.values()), router=router,
         ssh_key=reader.globals.get("SSH_KEY"), known_hosts=known_hosts,
         connect_timeout_s=timeout, ttft_s=ttft, tpot_s=tpot,
-        engine_key=reader._secret("ENGINE_KEY"), hf_token=reader._secret("HF_TOKEN"),
-        workload=workload, **optional,
+        engine_key=engine_key, hf_token=reader._secret("HF_TOKEN"),
+        workload=workload, masked_env=masked_env(text), **optional,
     )
 
 

@@ -105,6 +105,9 @@ class Inputs(_Frozen):
     prometheus_listen_address: str | None = None
     shared_gpu_allowance: bool | None = None
     workload: Workload = Workload()
+    # The `.env` text as read, every secret masked (inputs/masked.py): what each ledger attempt
+    # keeps a copy of. Left out of dumps (`narwhal inputs --json` shows the values themselves).
+    masked_env: str = Field(default="", exclude=True, repr=False)
 
     def secrets(self) -> list[Secret]:
         """Every secret value held, for redaction and leak scans."""

@@ -26,21 +26,30 @@ from narwhal.deploy.ledger.revision import source_revision
 LEDGER_SCHEMA = "narwhal.ledger"
 START_SCHEMA = "narwhal.attempt-start"
 RUNBOOK_INDEX_SCHEMA = "narwhal.runbook-index"
-# The runbook's evidence names, each an attempt folder of ours: `runbook-index.json` maps one
-# to the other, so a reader (and the export) can follow the runbook's names.
-# deployment-env/<run>/ is not here: Gate B's prepared runs are real folders of that name.
+# The runbook's evidence names for attempt folders of ours (its "Evidence and recovery index"):
+# `runbook-index.json` maps each to the folder, so a reader (and the export) can follow the
+# runbook's names. The capacity trial is the `load-trial` activity (`narwhal trial`), not Gate
+# G. Gate B's prepared runs, runs/deployment-env/<run>/, are real folders of the runbook's
+# name; package/prepared.py indexes each through `name_in_runbook` all the same, so the index
+# lists every name the runbook gives.
 RUNBOOK_NAMES = {"discover": "discovery/{id}", "access": "access-{id}",
-                 "serve": "load-trial-{id}"}
+                 "load-trial": "load-trial-{id}"}
+# The workstation `.env` as this attempt read it, secrets masked (deploy/inputs/masked.py).
+MASKED_ENV = "env.masked"
 
 
 class Ledger:
     """One deployment's record."""
 
-    def __init__(self, runs: Path, deployment: str, secrets: Iterable[Secret] = ()) -> None:
+    def __init__(self, runs: Path, deployment: str, secrets: Iterable[Secret] = (),
+                 masked_env: str = "") -> None:
+        """`masked_env` is the `.env` the run read, secrets already masked: every attempt keeps
+        a copy, so its evidence says what it ran from even after the `.env` is edited."""
         self.runs = runs
         self.deployment = deployment
         self.root = runs / deployment
         self.writer = EvidenceWriter(Redactor(secrets))
+        self.masked_env = masked_env
 
     @property
     def index_path(self) -> Path:
@@ -123,8 +132,12 @@ class Ledger:
             entry.update(state="running", cause="", updated=iso(started))
             self.writer.replace_json(self.index_path, doc)
         attempt = Attempt(self, step, attempt_id, folder, start_doc)
-        self._name_for_runbook(step, attempt_id)
+        name = RUNBOOK_NAMES.get(step)
+        if name is not None:
+            self.name_in_runbook(name.format(id=attempt_id), f"{step}/{attempt_id}")
         try:
+            if self.masked_env:
+                attempt.add_artifact(MASKED_ENV, self.masked_env.encode())
             yield attempt
         except GateBlocked as exc:
             attempt.finish("blocked", exc.cause)
@@ -138,11 +151,9 @@ class Ledger:
         attempt.finish("passed")
         self._update(step, state="passed", cause="", fingerprint=fingerprint, last=attempt_id)
 
-    def _name_for_runbook(self, step: str, attempt_id: str) -> None:
-        """Record the runbook's name for this attempt folder in runbook-index.json."""
-        name = RUNBOOK_NAMES.get(step)
-        if name is None:
-            return
+    def name_in_runbook(self, name: str, folder: str) -> None:
+        """Record in runbook-index.json that the runbook's `name` is `folder` (relative to the
+        deployment), so its evidence names lead to ours; naming a folder again is harmless."""
         path = self.root / "runbook-index.json"
         with self.lock():
             try:
@@ -150,7 +161,7 @@ class Ledger:
             except FileNotFoundError:
                 doc = stamp(RUNBOOK_INDEX_SCHEMA, 1, {"deployment": self.deployment,
                                                       "names": {}})
-            doc["names"][name.format(id=attempt_id)] = f"{step}/{attempt_id}"
+            doc["names"][name] = folder
             self.writer.replace_json(path, doc)
 
     def attempt_folder(self, step: str, attempt_id: str) -> Path:

@@ -170,10 +170,24 @@ def prepare(ledger: Ledger, deployment: str, revision: str, lock: Lock,
         pkg.files.append(SendFile(f"@run/wheels/{narwhal.local.name}", narwhal.local,
                                   narwhal.sha256))
     run_id = run_id_for(revision, digest_parts)
-    base = ledger.root / "deployment-env"
-    folder, part = base / run_id, base / f".{run_id}.part-{os.getpid()}"
-    if folder.exists():
-        return run_id
+    folder = ledger.root / "deployment-env" / run_id
+    if not folder.exists():
+        _write_run(ledger, folder, plans, {
+            "run": run_id, "deployment": deployment, "revision": revision,
+            "remote_dir": f"~/{remote_dir(deployment, revision)}", "upstream": upstream,
+            "lock": {"python": lock.python, "platform": lock.platform,
+                     "wheels": len(lock.pins)}})
+    # Indexed here, however the run came to exist, so a run prepared before the index named
+    # prepared runs is named the next time it is used.
+    ledger.name_in_runbook(f"deployment-env/{run_id}", f"deployment-env/{run_id}")
+    return run_id
+
+
+def _write_run(ledger: Ledger, folder: Path, plans: list[tuple[HostPackage, dict[str, bytes]]],
+               header: dict[str, Any]) -> None:
+    """Write the run's files and manifest beside `folder`, then rename them into place at once,
+    so a half-written run is never taken for a prepared one."""
+    part = folder.parent / f".{folder.name}.part-{os.getpid()}"
     part.mkdir(parents=True, mode=0o700)
     packages = []
     for pkg, small in plans:
@@ -187,9 +201,7 @@ def prepare(ledger: Ledger, deployment: str, revision: str, lock: Lock,
         pkg.requirements = "@run/requirements.txt"
         packages.append(pkg)
     manifest = stamp(SCHEMA, 1, {
-        "run": run_id, "deployment": deployment, "revision": revision,
-        "remote_dir": f"~/{remote_dir(deployment, revision)}", "upstream": upstream,
-        "lock": {"python": lock.python, "platform": lock.platform, "wheels": len(lock.pins)},
+        **header,
         "hosts": [{"alias": p.alias, "roles": p.roles, "smoke": p.smoke,
                    "requirements": p.requirements,
                    "files": [f.as_json() for f in p.files]} for p in packages]})
@@ -198,7 +210,6 @@ def prepare(ledger: Ledger, deployment: str, revision: str, lock: Lock,
         os.replace(part, folder)
     except OSError:  # prepared at the same moment by another run: use that one
         shutil.rmtree(part, ignore_errors=True)
-    return run_id
 
 
 def changed_files(prepared: Prepared) -> list[str]:
