@@ -64,7 +64,8 @@ def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Ins
         cap = json.loads((attempt / f"cache-layout-{role}.json").read_text())
         record = LaunchRecord.model_validate_json((discover / f"launch-{role}.json").read_text())
         geometry = plan_geometry(cap["checkpoint_config"], launch_plan_from_args(
-            [record.model_dir, *record.vllm_args], name=role, vllm_version=cap["version"]))
+            [record.model_dir, *record.vllm_args], name=role, vllm_version=cap["version"],
+            environment=record.environment))
         assert [r["compatibility_hash"] for r in cap["ranks"]] == [
             geometry.compatibility_hash] * record.tensor_parallel_size  # every rank answered
         assert cap["version"] and record.served_model_name in cap["models"]

@@ -16,7 +16,8 @@ def assert_capture_is_predicted(layout: dict[str, Any], record: dict[str, Any],
     """The capture's rank has the predicted compatibility hash and side-channel metadata;
     returns the predicted geometry (for pair checks)."""
     geometry = plan_geometry(layout["checkpoint_config"], launch_plan_from_args(
-        [record["model_dir"], *record["vllm_args"]], name=name, vllm_version=layout["version"]))
+        [record["model_dir"], *record["vllm_args"]], name=name, vllm_version=layout["version"],
+        environment=record.get("environment") or {}))
     [rank] = layout["ranks"]
     assert rank["compatibility_hash"] == geometry.compatibility_hash
     assert metadata_mismatches(geometry.stages[0].metadata,

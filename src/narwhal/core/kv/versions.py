@@ -83,6 +83,47 @@ HASH_FACTOR_KEYS = (
 
 
 @dataclass(frozen=True)
+class LaunchEnvVar:
+    """One environment variable vLLM reads at startup that shapes the KV cache or the hash.
+
+    `values` maps each value vLLM accepts to the LaunchPlan value it means (None: the default,
+    nothing to set). With `field` None the variable shapes the cache in a way core/kv does not
+    model, so only its no-op values are accepted: any other would be predicted wrongly.
+    """
+
+    field: str | None
+    values: Mapping[str, object]
+    effect: str  # what it changes, quoted when a value is refused
+
+
+# The layouts vLLM's VLLM_KV_CACHE_LAYOUT accepts (reference §5.2; plan.py maps NHD/HND).
+_KV_CACHE_LAYOUT_VALUES = ("LBNHC", "LBHNC", "LHBNC", "NHD", "HND", "BLHNC", "BLNHC", "BHLNC")
+
+# Every variable of the reference (v0.29.0) that changes geometry, metadata or hash, by name;
+# v0.32.0 and v0.33.0 carry the table over (not re-read variable by variable). Others are
+# other programs' (or, like VLLM_CPU_KVCACHE_SPACE, only size the cache, which is predicted
+# from --kv-cache-memory-bytes alone) and are passed over.
+_LAUNCH_ENV_V0_29: Mapping[str, LaunchEnvVar] = {
+    "VLLM_KV_CACHE_LAYOUT": LaunchEnvVar(
+        "kv_cache_layout", {v: v for v in _KV_CACHE_LAYOUT_VALUES},
+        "the KV cache layout both sides of a transfer must share"),
+    "VLLM_SSM_CONV_STATE_LAYOUT": LaunchEnvVar(
+        "ssm_conv_state_layout", {"SD": "SD", "DS": "DS"},
+        "the Mamba conv state orientation; NIXL needs DS (reference §7.2)"),
+    # §3.4: "1" keeps HMA on for a chunked-local model, what an explicit "HMA on" plan says.
+    "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": LaunchEnvVar(
+        "disable_hybrid_kv_cache_manager", {"0": None, "1": False},
+        "whether a chunked-local model keeps the hybrid KV cache manager (hashed)"),
+    "VLLM_MLA_DISABLE": LaunchEnvVar(
+        None, {"0": None}, "turns MLA off: head size, layout and the hash change (§8)"),
+    "VLLM_PP_LAYER_PARTITION": LaunchEnvVar(
+        None, {}, "moves layers between pipeline stages, and so each stage's regions (§8)"),
+    "VLLM_MODEL_REDIRECT_PATH": LaunchEnvVar(
+        None, {}, "rewrites the model string the hash is taken over (§1.1)"),
+}
+
+
+@dataclass(frozen=True)
 class VllmFacts:
     """Everything version-specific the KV contract depends on."""
 
@@ -101,6 +142,8 @@ class VllmFacts:
     # v0.29: a pull-mode producer with PP>1 cannot be read (vllm-project/vllm#53360).
     pull_producer_pp_supported: bool = False
     layout_error_prints_both: bool = False
+    # The environment variables that shape the cache, read as this release reads them.
+    launch_env: Mapping[str, LaunchEnvVar] = field(default_factory=lambda: _LAUNCH_ENV_V0_29)
     notes: tuple[str, ...] = field(default=())
 
     def backend(self, name: str) -> Backend:
@@ -163,6 +206,9 @@ V0_32_0 = replace(
         "version string, so the hash of a CPU engine and a GPU engine differ only through "
         "attn_backend_name",
         "the CPU platform keeps HMA on with NixlConnector (is_hma_enabled true in the live hash)",
+        "the CPU platform sets VLLM_SSM_CONV_STATE_LAYOUT=DS itself when a Nixl connector is "
+        "configured (platforms/cpu.py); not modelled: the prediction reads the launch "
+        "environment only, so a CPU hybrid fleet sets DS there too",
     ),
 )
 

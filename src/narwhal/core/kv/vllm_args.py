@@ -5,13 +5,14 @@ is the one place that knows which `vllm serve` flags shape KV geometry and the c
 hash, in both spellings vLLM accepts (`--block-size 16`, `--block-size=16`, underscores for
 dashes, `-tp`). Flags that do not shape the cache (ports, served names, memory utilisation)
 are passed over; a shaping flag whose value cannot be read is refused naming it, never
-guessed.
+guessed. What vLLM reads from the launch environment instead is vllm_env.py's; the plan of a
+launch is both.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from narwhal.core.document_io import problems_from
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.kv.plan import LaunchPlan, SpeculativePlan
+from narwhal.core.kv.vllm_env import read_environment
 
 # flag -> (LaunchPlan field, kind)
 VALUE_FLAGS: dict[str, tuple[str, str]] = {
@@ -73,10 +75,9 @@ def _value(kind: str, text: str) -> Any:
     return text
 
 
-def launch_plan_from_args(args: Sequence[str], *, name: str, vllm_version: str,
-                          where: str = "vllm_args") -> LaunchPlan:
-    """The LaunchPlan of `vllm serve MODEL ARGS...` (args without `vllm serve`)."""
-    fields: dict[str, Any] = {"name": name, "vllm_version": vllm_version}
+def _read_args(args: Sequence[str], where: str) -> tuple[dict[str, Any], list[Problem]]:
+    """The LaunchPlan fields argv sets, and a problem for every flag that cannot be read."""
+    fields: dict[str, Any] = {}
     problems: list[Problem] = []
     items = list(args)
     i = 0
@@ -113,9 +114,26 @@ def launch_plan_from_args(args: Sequence[str], *, name: str, vllm_version: str,
                                         f"({str(exc).splitlines()[0]})", "fix the value"))
     if "model" not in fields and not problems:
         problems.append(Problem(where, "no model", "give the model path first"))
+    return fields, problems
+
+
+def launch_plan_from_args(args: Sequence[str], *, name: str, vllm_version: str,
+                          where: str = "vllm_args",
+                          environment: Mapping[str, str] | None = None,
+                          environment_where: str = "environment") -> LaunchPlan:
+    """The LaunchPlan of `vllm serve MODEL ARGS...` (args without `vllm serve`) started with
+    `environment`, since vLLM takes the KV layout and the Mamba conv state orientation from
+    there (vllm_env.py). A flag goes over the environment, as in vLLM. None reads argv alone:
+    only for the parallel sizes, never for a prediction of a launch record."""
+    env_fields, problems = read_environment(environment or {}, vllm_version=vllm_version,
+                                            where=environment_where)
+    arg_fields, arg_problems = _read_args(args, where)
+    problems = [*arg_problems, *problems]
     if problems:
         raise InputError(where, problems)
+    fields = {**env_fields, **arg_fields, "name": name, "vllm_version": vllm_version}
     try:
         return LaunchPlan.model_validate(fields)
     except ValidationError as exc:
-        raise InputError(where, problems_from(exc, LaunchPlan, reference="docs/kv-contract.md")) from None
+        raise InputError(where, problems_from(exc, LaunchPlan,
+                                              reference="docs/kv-contract.md")) from None

@@ -13,11 +13,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from narwhal.core.errors import NarwhalError
+from narwhal.core.errors import InputError, NarwhalError
 from narwhal.core.kv.arch import text_config
 from narwhal.core.kv.blocks import cdiv
 from narwhal.core.kv.geometry import Geometry, plan_geometry
 from narwhal.core.kv.plan import LaunchPlan, SpeculativePlan
+from narwhal.core.kv.vllm_env import plan_fields_from_environment
 from narwhal.lab.engine.config import GIB, EngineConfig, StartupError
 from narwhal.lab.engine.model_dir import ModelDir, resolve_max_model_len
 
@@ -65,25 +66,36 @@ def _attention_backend(cfg: EngineConfig) -> str | None:
     return backend
 
 
+def _environment_fields(cfg: EngineConfig) -> dict[str, Any]:
+    """The plan fields vLLM takes from its environment, read by core/kv as Gate C's
+    prediction reads a launch record's, so the emulator and the prediction share defaults."""
+    try:
+        return plan_fields_from_environment(cfg.env, vllm_version=cfg.vllm_version)
+    except InputError as exc:
+        raise StartupError("invalid environment: " + "; ".join(p.line() for p in exc.problems)
+                           ) from None
+
+
 def launch_plan(cfg: EngineConfig, max_model_len: int, available: int | None) -> LaunchPlan:
-    """core/kv's LaunchPlan for these flags; its validation errors name the flag."""
+    """core/kv's LaunchPlan for these flags and environment; its errors name the flag or
+    the variable."""
     args = cfg.args
     values: dict[str, Any] = {
+        **_environment_fields(cfg),
         "name": cfg.served_model_names[0], "vllm_version": cfg.vllm_version, "model": cfg.model,
         "dtype": cfg.dtype, "tensor_parallel_size": args.tensor_parallel_size,
         "pipeline_parallel_size": args.pipeline_parallel_size,
         "data_parallel_size": args.data_parallel_size, "block_size": args.block_size,
         "kv_cache_dtype": args.kv_cache_dtype, "attention_backend": _attention_backend(cfg),
-        "kv_cache_layout": cfg.env.get("VLLM_KV_CACHE_LAYOUT") or None,
         "transfer_mode": cfg.transfer_mode,
-        "disable_hybrid_kv_cache_manager": args.disable_hybrid_kv_cache_manager,
         "enable_prefix_caching": args.enable_prefix_caching,
         "mamba_cache_dtype": args.mamba_cache_dtype,
         "mamba_ssm_cache_dtype": args.mamba_ssm_cache_dtype,
         "mamba_cache_mode": args.mamba_cache_mode,
-        "ssm_conv_state_layout": cfg.env.get("VLLM_SSM_CONV_STATE_LAYOUT", "SD"),
         "max_model_len": max_model_len, "available_kv_bytes": available,
     }
+    if args.disable_hybrid_kv_cache_manager is not None:  # the flag goes over the environment
+        values["disable_hybrid_kv_cache_manager"] = args.disable_hybrid_kv_cache_manager
     try:
         if args.speculative_config is not None:
             values["speculative"] = SpeculativePlan.model_validate(args.speculative_config)

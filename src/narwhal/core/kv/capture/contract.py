@@ -20,10 +20,14 @@ from narwhal.core.launch_record import LaunchRecord
 
 def predicted(engine: str, record: LaunchRecord, capture: CacheLayout) -> Geometry:
     """core/kv's geometry for the launch record, at the vLLM version the engine reports and
-    the checkpoint config it serves (InputError when the record's arguments cannot be read)."""
+    the checkpoint config it serves. The record's environment counts as much as its arguments:
+    the engine takes its KV layout and Mamba conv state orientation from there (InputError
+    when either cannot be read)."""
     launch = launch_plan_from_args([record.model_dir, *record.vllm_args], name=engine,
                                    vllm_version=capture.version,
-                                   where=f"{engine}: vllm_args")
+                                   where=f"{engine}: vllm_args",
+                                   environment=record.environment,
+                                   environment_where=f"{engine}: environment")
     return plan_geometry(capture.checkpoint_config, launch)
 
 
