@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import socket
 import subprocess
 import time
@@ -650,7 +651,9 @@ def test_a_re_keyed_host_stops_deploy_before_any_gate_until_its_key_is_replaced(
 def test_the_exported_record_of_the_whole_deployment_names_nothing_private(
         attested: Installer, tmp_path: Path) -> None:
     """Every byte of the export of a deployment taken through A to G, with trials and their
-    reports: no lab address, host name, user name, home path or secret; and it still reads."""
+    reports: no lab address, host name, user name, home path, private path (model dir, run
+    dir, SSH key, runs folder) or secret; and it still reads. The lab is IPv4 only
+    (lab/network.py assigns no IPv6), so there are no compressed IPv6 spellings to look for."""
     op = attested.op
     out = tmp_path / "exported" / "lab"
     done = subprocess.run([NARWHAL, "record", "export", "--out", str(out), "--env", str(op.env),
@@ -666,6 +669,11 @@ def test_the_exported_record_of_the_whole_deployment_names_nothing_private(
     plain = {**{v: k for k, v in secrets_.items()}, "/root": "home path",
              **{ip: f"address of {h.name}" for h in op.plan.hosts
                 for ip in (h.mgmt_ip, h.fabric_ip)}, op.plan.ws_ip: "workstation address"}
+    # the lab's `.env` shell-quotes its values; a path is looked for as the product reads it
+    paths = {shlex.split(env[k])[0]: k for k in ("NARWHAL_MODEL_DIR", "NARWHAL_RUN_DIR",
+                                                 "NARWHAL_SSH_KEY") if env.get(k)}
+    paths |= {str(op.runs.resolve()): "runs folder", str(op.runs.absolute()): "runs folder"}
+    plain.update({p.rstrip("/"): what for p, what in paths.items()})
     words = {name: "host name" for name in {h.netns for h in op.plan.hosts}
              | {socket.gethostname()}}
     words.update({v.split("@")[0]: "user name" for k, v in env.items()

@@ -1,6 +1,8 @@
-"""Export the deployment record with addresses, host names, user names, home paths and
-secrets replaced by stable aliases, and a manifest of what was replaced (kinds, aliases and
-counts; the originals stay in the private alias map beside the record)."""
+"""Export the deployment record with addresses (every IPv4 and IPv6 spelling), hardware
+addresses, host names, user names, home paths, the paths the inputs name and secrets replaced
+by stable aliases, and a manifest of what was replaced (kinds, aliases and counts; the
+originals stay in the private alias map beside the record). What counts as private, and how
+it is found, is `scan`'s job."""
 
 from __future__ import annotations
 
@@ -18,21 +20,31 @@ from typing import Any
 from narwhal.core.documents import sha256_bytes, stamp
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.evidence import EvidenceWriter, Redactor, private_dir
+from narwhal.deploy.ledger.scan import (
+    HOME_RE,
+    IPV4_RE,
+    IPV6_RE,
+    MAC_RE,
+    address_key,
+    path_pattern,
+    private_ip,
+    private_mac,
+    private_paths,
+    read_address,
+)
 from narwhal.deploy.ledger.store import Ledger
 
-IPV4_RE = re.compile(rb"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?![0-9])")
-IPV6_RE = re.compile(rb"(?<![0-9A-Za-z:])(?:[0-9a-fA-F]{1,4}:){2,7}[0-9a-fA-F]{0,4}(?![0-9A-Za-z:])")
-HOME_RE = re.compile(rb"/home/[A-Za-z0-9_.-]+|/root(?![A-Za-z0-9_-])")
 ALIAS_FILE = "export-aliases.json"
 SKIP = {".lock", ALIAS_FILE}
+# A map written before a kind existed simply has no table for it and loads as it was.
+KINDS = ("secret", "address", "host", "user", "home", "path", "mac")
 
 
 class Aliaser:
     """Stable original -> alias map per kind, persisted privately between exports."""
 
     def __init__(self, stored: dict[str, dict[str, str]]) -> None:
-        self.map = {kind: dict(stored.get(kind, {})) for kind in
-                    ("secret", "address", "host", "user", "home")}
+        self.map = {kind: dict(stored.get(kind, {})) for kind in KINDS}
         self.counts: Counter[tuple[str, str]] = Counter()
 
     def alias(self, kind: str, original: str) -> str:
@@ -43,25 +55,25 @@ class Aliaser:
         return table[original]
 
 
-def _private_address(text: bytes) -> bool:
-    try:
-        addr = ipaddress.ip_address(text.decode())
-    except ValueError:
-        return False
-    return addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_reserved \
-        or addr.is_multicast or addr.is_unspecified or addr in ipaddress.ip_network("100.64.0.0/10")
-
-
 class Scrubber:
-    """Applies every replacement to one file's bytes; patterns are compiled once per export."""
+    """Applies every replacement to one file's bytes; patterns are compiled once per export.
+
+    Order matters: secrets first (they may hold anything), then paths longest first and
+    homes, then addresses the inputs name, any other private address, hardware addresses, and
+    last host and user names, which could otherwise match inside a path or an address."""
 
     def __init__(self, inputs: Inputs, aliaser: Aliaser,
-                 discovered_hosts: frozenset[str] = frozenset()) -> None:
+                 discovered_hosts: frozenset[str] = frozenset(), runs: Path | None = None) -> None:
         self.aliaser = aliaser
         self.secrets = {s.reveal().encode(): s.name or "unnamed" for s in inputs.secrets()}
+        self.spelt = private_paths(inputs, runs)
+        self.paths = path_pattern(self.spelt)
         dests = [inputs.router.ssh, *[e.ssh for e in inputs.engines]]
         addresses = {d.host for d in dests if _is_ip(d.host)}
         addresses |= {e.ip for e in inputs.engines if e.ip}
+        # another spelling of a named address (`::ffff:10.0.0.5`, `FD00:0::5`) is that address
+        self.named = {address_key(a): name for name in addresses
+                      if (a := read_address(name)) is not None}
         hosts = {d.host for d in dests if not _is_ip(d.host)} | {socket.gethostname()} \
             | set(discovered_hosts)
         users = {d.user for d in dests if d.user} | {getpass.getuser()}
@@ -69,7 +81,8 @@ class Scrubber:
         # private address the record mentions that the inputs did not name.
         known: list[tuple[str, str, re.Pattern[bytes]]] = []
         for kind, names, before, after in (
-                ("address", addresses, rb"(?<![0-9A-Za-z.:])", rb"(?![0-9A-Za-z:]|\.[0-9])"),
+                # a zoned form (`fe80::5%eth0`) is left whole for the generic scan
+                ("address", addresses, rb"(?<![0-9A-Za-z.:])", rb"(?![0-9A-Za-z:%]|\.[0-9])"),
                 # a host name followed by "-" is still that host (ids such as
                 # `<hostname>-<pid>-<nonce>`): better aliased once too often than leaked
                 ("host", hosts, rb"(?<![A-Za-z0-9_-])", rb"(?![A-Za-z0-9_])"),
@@ -85,12 +98,15 @@ class Scrubber:
         for value, name in self.secrets.items():
             if value in data:
                 data = data.replace(value, f"<{self.aliaser.alias('secret', name)}>".encode())
-        data = HOME_RE.sub(lambda m: f"<{self.aliaser.alias('home', m[0].decode())}>".encode(),
-                           data)
+        if self.paths is not None:
+            data = self.paths.sub(self._bracketed("path", self.spelt), data)
+        data = HOME_RE.sub(self._bracketed("home"), data)
         for kind, name, pattern in self.addresses:
             data = pattern.sub(self._named(kind, name), data)
-        for generic in (IPV4_RE, IPV6_RE):
+        # IPv6 first: its IPv4-embedding forms must be read whole, not as an IPv4 tail
+        for generic in (IPV6_RE, IPV4_RE):
             data = generic.sub(self._address, data)
+        data = MAC_RE.sub(self._mac, data)
         for kind, name, pattern in self.words:
             data = pattern.sub(self._named(kind, name), data)
         return data
@@ -98,11 +114,34 @@ class Scrubber:
     def _named(self, kind: str, name: str) -> Callable[[re.Match[bytes]], bytes]:
         return lambda _match: self.aliaser.alias(kind, name).encode()
 
+    def _bracketed(self, kind: str, spelt: dict[str, str] | None = None,
+                   ) -> Callable[[re.Match[bytes]], bytes]:
+        """`<kind-n>` for the match, keyed by what it spells when that is known."""
+        def replace(match: re.Match[bytes]) -> bytes:
+            text = match[0].decode()
+            return f"<{self.aliaser.alias(kind, (spelt or {}).get(text, text))}>".encode()
+        return replace
+
     def _address(self, match: re.Match[bytes]) -> bytes:
-        text = match[0]
-        if not _private_address(text):
-            return text
-        return self.aliaser.alias("address", text.decode()).encode()
+        text, tail = match[0], b""
+        addr = read_address(text.decode())
+        if addr is None and text.endswith(b":") and not text.endswith(b"::"):
+            # `listening on fd00::1: ready`: the colon ends the sentence, not the address
+            text, tail = text[:-1], b":"
+            addr = read_address(text.decode())
+        if addr is None:
+            return match[0]
+        key = address_key(addr)
+        if key in self.named:
+            return self.aliaser.alias("address", self.named[key]).encode() + tail
+        if not private_ip(addr):
+            return match[0]
+        return self.aliaser.alias("address", key).encode() + tail
+
+    def _mac(self, match: re.Match[bytes]) -> bytes:
+        if not private_mac(match[0]):
+            return match[0]
+        return self.aliaser.alias("mac", match[0].decode().lower()).encode()
 
 
 def _is_ip(text: str) -> bool:
@@ -134,7 +173,7 @@ def export(ledger: Ledger, inputs: Inputs, out: Path) -> dict[str, Any]:
     alias_path = ledger.root / ALIAS_FILE
     stored = json.loads(alias_path.read_text()) if alias_path.exists() else {}
     aliaser = Aliaser(stored)
-    scrub = Scrubber(inputs, aliaser, discovered_hostnames(ledger))
+    scrub = Scrubber(inputs, aliaser, discovered_hostnames(ledger), ledger.runs)
     writer = EvidenceWriter(Redactor(inputs.secrets()))
     private_dir(out)
     files: dict[str, Any] = {}
