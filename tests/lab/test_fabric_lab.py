@@ -207,14 +207,51 @@ def test_load_on_an_engine_during_the_samples_voids_them(fleet: Installer) -> No
     assert "engine-1" in traffic["found"] and "engine-2" not in traffic["found"]
 
 
+def _rdma_path_proved(fleet: Installer, env: Path) -> None:
+    """Gate C then Gate D on the RDMA transport: each engine is started on the HCA port
+    ib_write_bw measures (its run plan's UCX environment and container devices), the links
+    carry that environment, and a moved TRANSFER_DEVICES makes exactly Gates C and D stale."""
+    code, doc = fleet.op.json_command("fabric", *FAST, env=env)
+    assert code != 0 and "another KV path" in doc["cause"], doc  # the engines run on TCP
+    code, doc = fleet.op.json_command("engines", env=env)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    engines_plan = json.loads((fleet.op.last_attempt("engines") / "plan.json").read_text())
+    for e in engines_plan["engines"]:
+        assert e["transfer"]["net_devices"] == ["rxe0:1"], e
+        run_plan = json.loads(ssh(fleet.op.plan, fleet.lab_host(e["host"]),
+                                  f"cat {e['run_dir']}/launch.json").stdout)
+        argv = run_plan["argv"]
+        assert "UCX_NET_DEVICES=rxe0:1" in argv and "UCX_TLS=rc,ud,self" in argv, argv
+        assert "/dev/infiniband/uverbs0" in argv, argv  # the container is given the HCA
+    code, doc = _fabric(fleet, env=env)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    attempt = fleet.op.last_attempt("fabric")
+    links = json.loads((attempt / "links.json").read_text())
+    for link in links.values():
+        assert link["test_parameters"]["tool"] == "ib_write_bw"
+        for end in ("source", "destination"):
+            assert link["transport"][end]["ucx"]["UCX_NET_DEVICES"] == "rxe0:1", link
+    moved = fleet.op.variant("rdma-moved", NARWHAL_TRANSFER_TRANSPORT="ucx_rdma",
+                             NARWHAL_TRANSFER_NET_DEVICES="rxe0:1",
+                             NARWHAL_TRANSFER_DEVICES="'[\"rxe0\",\"rxe1\"]'")
+    code, doc = fleet.op.json_command("status", "--offline", env=moved)
+    gates = {r["gate"]: r for r in doc["gates"]}
+    assert {g for g, r in gates.items() if "transport" in r.get("reason", "")} == {
+        "engines", "fabric"}, doc["gates"]
+    assert gates["engines"]["state"] == gates["fabric"]["state"] == "stale", doc["gates"]
+
+
 def test_with_roce_on_every_host_a_shaped_edge_shows_in_ib_write_bw(
         fleet: Installer, faults: Faults) -> None:
     for host in ("eng1", "eng2", "eng3"):
         faults.rdma(host)
     env = fleet.op.variant("rdma", NARWHAL_TRANSFER_TRANSPORT="ucx_rdma",
-                           NARWHAL_TRANSFER_NET_DEVICES="rxe0:1")
+                           NARWHAL_TRANSFER_NET_DEVICES="rxe0:1",
+                           NARWHAL_TRANSFER_DEVICES="'[\"rxe0\"]'")
+    _rdma_path_proved(fleet, env)
     faults.shape("eng1", "eng2", "10mbit")
-    code, doc = _fabric(fleet, env=env)  # the transport moved: every edge is measured again
+    # every edge again, now with the shaped one: their fingerprints did not move
+    code, doc = _fabric(fleet, *[a for e in sorted(EDGES) for a in ("--resample", e)], env=env)
     assert code != 0 and doc["verdict"] == "blocked", doc
     attempt = fleet.op.last_attempt("fabric")
     # a client names the server after its own --bind_source_ip; servers end with theirs

@@ -41,7 +41,9 @@ GATE_INPUTS: dict[str, tuple[str, ...]] = {
     "discover": ("hosts", "engine-image", "model", "launch-policy", "fabric", "ports", "ssh-keys",
                  "credentials"),
     "install": ("revision", "hosts", "launch-policy"),
-    "engines": ("engine-image", "model", "launch-policy", "ports"),
+    # transport: the KV transfer path an engine is started on (UCX_TLS, UCX_NET_DEVICES, its
+    # container's RDMA devices) is the one Gate D measures (deploy/gates/transfer.py)
+    "engines": ("engine-image", "model", "launch-policy", "ports", "transport"),
     "fabric": ("fabric", "hosts", "transport", "workload"),
     "attest": ("ports",),
     # The workload reaches Gate F only through its profiled range: a prompt length inside what

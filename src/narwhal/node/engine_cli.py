@@ -3,7 +3,8 @@
 Run on the engine host from the installed venv (Gate B), by Gate C over SSH; each subcommand
 prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine's run dir:
 
-    prepare --launch L --run-dir D [--runtime R]   launch record -> run plan (D/launch.json)
+    prepare --launch L --run-dir D [--runtime R] [--transfer P]
+                                                   launch record -> run plan (D/launch.json)
     check   --run-dir D                            the plan against the host now (D/checked.json)
     start   --run-dir D [--secrets S]              only a checked, unchanged plan (D/started.json)
     capture --run-dir D [--secrets S] [--timeout T] the live cache layout (D/cache-layout.json)
@@ -27,6 +28,7 @@ from narwhal.core import result_line
 from narwhal.core.documents import canonical_json, sha256_bytes
 from narwhal.core.errors import NarwhalError
 from narwhal.core.launch_record import ENGINE_API_KEY_ENV
+from narwhal.core.transfer_path import TransferPath
 from narwhal.node.engine.errors import RuntimeError_
 
 if TYPE_CHECKING:
@@ -80,14 +82,24 @@ def _started(run_dir: Path) -> Started:
     return Started(s["runtime"], s["id"], s["created"])
 
 
+def _rdma_nodes(root: str = "/dev/infiniband") -> list[str]:
+    """This host's RDMA device nodes, which an RDMA path's container is given."""
+    try:
+        return [f"{root}/{name}" for name in sorted(os.listdir(root))]
+    except OSError:
+        return []
+
+
 def do_prepare(args: argparse.Namespace) -> dict[str, Any]:
     from narwhal.node.engine import runplan
 
     record, record_sha = runplan.load_record(Path(args.launch))
     runtime = args.runtime or record.runtime
+    path = TransferPath.model_validate_json(args.transfer).on_host(_rdma_nodes()) \
+        if args.transfer else None
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data = runplan.plan_bytes(runplan.build(record, record_sha, runtime))
+    data = runplan.plan_bytes(runplan.build(record, record_sha, runtime, path))
     _write(run_dir / "launch.json", data)
     return {"engine": record.engine, "plan_sha256": sha256_bytes(data), "runtime": runtime}
 
@@ -202,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launch", required=True)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--runtime", choices=["docker", "podman", "native"], default=None)
+    p.add_argument("--transfer", default=None, metavar="PATH_JSON",
+                   help="the KV transfer path Gate C derived (core/transfer_path.py)")
     p.set_defaults(handler=do_prepare)
     p = sub.add_parser("check", help="the plan against the host now (checked.json)")
     p.add_argument("--run-dir", required=True)

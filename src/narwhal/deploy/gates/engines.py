@@ -33,6 +33,7 @@ from narwhal.deploy.gates.install import install_dir
 from narwhal.deploy.gates.owned_processes import owned_containers
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.transfer import started_paths, transfer_paths
 from narwhal.deploy.hosts.base import Host, RunResult
 from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
 from narwhal.deploy.inputs.model import Inputs
@@ -87,11 +88,14 @@ def plan(inputs: Inputs, ledger: Ledger) -> tuple[list[EngineTarget], dict[str, 
     install = passed_artifact(ledger, "engines", INSTALL_PLAN).json()
     targets = targets_for(inputs, ledger, "engines")
     groups = start_groups(targets)
+    paths = transfer_paths(inputs, [(t.role, t.alias, t.record) for t in targets])
     doc = {"install": {"prepared_run": install["prepared_run"],
                        "remote_dir": install["remote_dir"]},
            "engines": [{"engine": t.role, "host": t.alias, "run_dir": f"{t.record.run_dir}/"
                         f"{t.role}", "gpus": [d.uuid for d in t.record.devices],
-                        "launch_record_sha256": t.launch_sha256} for t in targets],
+                        "launch_record_sha256": t.launch_sha256,
+                        # the KV transfer path the engine is started on (Gate D measures it)
+                        "transfer": paths[t.role].model_dump(mode="json")} for t in targets],
            "start_groups": [[t.role for t in g] for g in groups],
            # what a start may remove when a container holds its engine's name: only these
            "owned_containers": owned_containers(ledger, "engines")}
@@ -102,8 +106,9 @@ class Remote:
     """Paths and commands of one engine on its host (narwhal-engine from Gate B's venv)."""
 
     def __init__(self, host: Host, install: dict[str, Any], t: EngineTarget,
-                 owned: list[str] | None = None) -> None:
+                 owned: list[str] | None = None, transfer: dict[str, Any] | None = None) -> None:
         self.owned = owned or []  # ID:CREATED of the containers the record owns on this host
+        self.transfer = transfer  # the KV transfer path `prepare` builds the plan on
         base = install_dir(host, str(install["remote_dir"]))
         run = f"{base}/runs/{install['prepared_run']}"
         self.host, self.t = host, t
@@ -168,7 +173,8 @@ def _prepare_and_check(r: Remote, progress: Progress) -> list[Problem]:
     """`prepare` and `check` of one engine: the plan against its host now."""
     t = r.t
     progress(t.role, "checking")
-    prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir)
+    path = ["--transfer", canonical_json(r.transfer)] if r.transfer is not None else []
+    prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir, *path)
     if not prepared.ok:
         return [Problem(f"{t.alias}: {t.role}: prepare", prepared.error,
                         "the error names the file: the launch record Gate B installed, or "
@@ -236,7 +242,8 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
         host = sessions.get(t.alias)
         with attempt.bind(host):
             r = remotes[t.role] = Remote(host, install, t,
-                                         doc.get("owned_containers", {}).get(t.alias))
+                                         doc.get("owned_containers", {}).get(t.alias),
+                                         started_paths(doc).get(t.role))
             return _prepare_and_check(r, progress)
 
     problems: list[Problem] = []

@@ -31,6 +31,7 @@ from narwhal.core.errors import (
     Problem,
 )
 from narwhal.core.kv.capture.contract import predicted
+from narwhal.core.transfer_path import TransferPath
 from narwhal.deploy.fabric import diagnose as dx
 from narwhal.deploy.fabric import iperf, matrix
 from narwhal.deploy.fabric.budget import EdgeBudget, budget_document
@@ -40,6 +41,7 @@ from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, Remote, tar
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.transfer import path_mismatches, started_paths, transfer_paths
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
 from narwhal.deploy.hosts.trust import pinned_fingerprints
@@ -48,6 +50,9 @@ from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
 
 CONTRACT = Reads("engines", "contract.json")
+# Which KV path each engine was started on (read to refuse measuring another; not a staleness
+# input: an engine restarted on the same path keeps the fabric)
+ENGINES_PLAN = Reads("engines", "plan.json")
 SPEC = GateSpec("fabric", Spread.PER_EDGE, reads=(INSTALL_PLAN, CONTRACT))
 Progress = Callable[[str, str], None]
 SERVER_READY_S = 5.0
@@ -81,6 +86,7 @@ class FabricPlan:
     interface: dict[str, str] = field(default_factory=dict)  # host -> fabric interface
     run_dir: dict[str, str] = field(default_factory=dict)  # host -> Gate C's run dir there
     rdma: dict[str, Rdma | None] = field(default_factory=dict)  # host -> its HCA (ucx_rdma)
+    paths: dict[str, TransferPath] = field(default_factory=dict)  # engine -> its KV path
 
     def tool(self, e: EdgeBudget) -> Tool:
         """ib_write_bw when both ends transfer over RDMA, else iperf3 (TCP)."""
@@ -129,6 +135,13 @@ def plan(inputs: Inputs, ledger: Ledger, options: FabricOptions) -> FabricPlan:
             raise InputError("transport", [Problem(
                 f"NARWHAL_NODE_{e.n}_TRANSFER_NET_DEVICES", "is empty, but the transport is "
                 "ucx_rdma", "name the HCA port, e.g. mlx5_0:1")])
+    p.paths = transfer_paths(inputs, [(t.role, t.alias, t.record) for t in targets])
+    started = started_paths(passed_artifact(ledger, "fabric", ENGINES_PLAN).json())
+    moved = path_mismatches([(e.edge, e.source, e.destination) for e in edges], p.paths,
+                            started, {t.role: t.alias for t in targets})
+    if moved:
+        raise GateBlocked("fabric", f"{len(moved)} engine end(s) run on another KV path than "
+                          f"the one this gate would measure: {moved[0].line()}", moved)
     unknown = [e for e in options.resample if e not in {x.edge for x in edges}]
     if unknown:
         raise InputError("--resample", [Problem(
@@ -369,12 +382,16 @@ def _json_or_text(raw: str) -> Any:
 
 
 def transports(inputs: Inputs, p: FabricPlan) -> dict[str, dict[str, Any]]:
+    """Each host's end of its links: the transport settings and the UCX environment its
+    engines move KV with (the path measured; a moved path moves the link's fingerprint)."""
     by_role = {e.role: e for e in inputs.engines}
     out: dict[str, dict[str, Any]] = {}
     for t in p.targets:
         e = by_role[t.role]
+        path = p.paths.get(t.role)
         out.setdefault(t.alias, {"transport": e.transfer_transport,
-                                 "net_devices": e.transfer_net_devices})
+                                 "net_devices": e.transfer_net_devices,
+                                 "ucx": path.environment() if path is not None else {}})
     return out
 
 

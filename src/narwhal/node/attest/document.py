@@ -89,7 +89,10 @@ def build(run_dir: Path, deployment: str) -> Attested:
         "compatibility_hash": capture.ranks[0].compatibility_hash,
         "transfer": {"mode": "pull", "role": "kv_both",
                      "handshake": "NIXL side channel; the consumer checks the producer's "
-                                  "compatibility hash before reading"},
+                                  "compatibility hash before reading",
+                     # the UCX transports and devices the engine was started with: the path
+                     # Gate D measured (None for a plan made before paths were recorded)
+                     "path": plan.get("transfer")},
     }
     doc = stamp(SCHEMA, VERSION, body)
     doc["digest"] = digest(doc)

@@ -15,6 +15,7 @@ from typing import Any
 
 from narwhal.core import launch_record as lr
 from narwhal.core.documents import canonical_json, sha256_bytes, stamp
+from narwhal.core.transfer_path import TransferPath, conflicts
 
 SCHEMA = "narwhal.engine-run-plan"
 VERSION = 1
@@ -30,10 +31,24 @@ def container_name(record: lr.LaunchRecord) -> str:
     return f"{CONTAINER_PREFIX}{record.engine}"
 
 
-def environment(record: lr.LaunchRecord, runtime: str) -> dict[str, str]:
+class PathRefused(ValueError):
+    """The launch environment would move the KV another way than the path Gate D measures."""
+
+
+def environment(record: lr.LaunchRecord, runtime: str,
+                path: TransferPath | None = None) -> dict[str, str]:
+    """The engine's environment: the launch record's, the UCX port range, and the transfer
+    path's UCX_TLS and UCX_NET_DEVICES (without a path, the fabric interface alone)."""
     env = dict(record.environment)
     low, high = record.ports.ucx_tcp
     env.setdefault("UCX_TCP_PORT_RANGE", f"{low}-{high}")
+    if path is not None:
+        clash = conflicts(path, env)
+        if clash:
+            raise PathRefused(f"the launch environment sets {'; '.join(clash)}: remove it from "
+                              "NARWHAL_ENGINE_ENV (the transport settings choose the path, "
+                              "and Gate D measures that one)")
+        env.update(path.environment())
     env.setdefault("UCX_NET_DEVICES", record.fabric_interface)
     if runtime == "native" and record.devices:  # a process sees every GPU unless told
         uuids = ",".join(d.uuid for d in record.devices)
@@ -68,13 +83,24 @@ def serve_args(record: lr.LaunchRecord) -> list[str]:
             json.dumps(record.kv_transfer_config, sort_keys=True, separators=(",", ":"))]
 
 
-def container_argv(record: lr.LaunchRecord, env: dict[str, str]) -> list[str]:
+def transfer_args(path: TransferPath | None) -> list[str]:
+    """An RDMA path's device nodes, and the locked memory its registrations need."""
+    if path is None or not path.device_nodes:
+        return []
+    args = [a for node in path.device_nodes for a in ("--device", node)]
+    return [*args, "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
+
+
+def container_argv(record: lr.LaunchRecord, env: dict[str, str],
+                   path: TransferPath | None = None) -> list[str]:
     """`docker|podman run -d ...`: host network (the side channel and UCX bind the fabric
-    address), the model read-only at its own path, the run dir, exactly the record's GPUs."""
+    address), the model read-only at its own path, the run dir, exactly the record's GPUs
+    and the transfer path's devices."""
     argv = [record.runtime, "run", "-d", "--name", container_name(record), "--network", "host",
             "--ipc", "host", "--label", f"narwhal.engine={record.engine}",
             "-v", f"{record.model_dir}:{record.model_dir}:ro",
-            "-v", f"{record.run_dir}:{record.run_dir}", *device_args(record)]
+            "-v", f"{record.run_dir}:{record.run_dir}", *device_args(record),
+            *transfer_args(path)]
     for name in sorted(env):
         argv += ["-e", f"{name}={env[name]}"]
     for name in record.secret_environment:  # passed through from the runtime's environment
@@ -82,10 +108,13 @@ def container_argv(record: lr.LaunchRecord, env: dict[str, str]) -> list[str]:
     return [*argv, record.image.id, *serve_args(record)]
 
 
-def build(record: lr.LaunchRecord, record_sha256: str, runtime: str) -> dict[str, Any]:
-    """The stamped run plan. runtime: the launch record's container runtime, or `native`."""
-    env = environment(record, runtime)
-    argv = (container_argv(record, env) if runtime != "native"
+def build(record: lr.LaunchRecord, record_sha256: str, runtime: str,
+          path: TransferPath | None = None) -> dict[str, Any]:
+    """The stamped run plan. runtime: the launch record's container runtime, or `native`;
+    path: the KV transfer path Gate C derived (PathRefused when the environment contradicts
+    it)."""
+    env = environment(record, runtime, path)
+    argv = (container_argv(record, env, path) if runtime != "native"
             else [*(record.entrypoint or ("vllm", "serve")), *serve_args(record)])
     return stamp(SCHEMA, VERSION, {
         "engine": record.engine, "launch_record_sha256": record_sha256, "runtime": runtime,
@@ -101,6 +130,7 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str) -> dict[str
         "ports": record.ports.model_dump(),
         "side_channel": {"host": env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", record.fabric_address),
                          "port": record.ports.nixl_side_channel},
+        "transfer": path.model_dump(mode="json") if path is not None else None,
         "url": f"http://127.0.0.1:{record.ports.engine}"})
 
 
