@@ -18,6 +18,7 @@ VERSION = 1
 # The variable vLLM's OpenAI server reads its API key from (as `--api-key` would give it, but
 # out of argv): with it set, every /v1 route answers 401 without `Authorization: Bearer KEY`.
 ENGINE_API_KEY_ENV = "VLLM_API_KEY"
+HF_TOKEN_ENV = "HF_TOKEN"  # noqa: S105 - the variable's name huggingface_hub reads, not a token
 
 
 class _Strict(BaseModel):

@@ -1,4 +1,4 @@
-"""Every value has a grammar: staging, observability and the JSON launch fields.
+"""Every value has a grammar: checkpoint names, observability and the JSON launch fields.
 
 Issue 13 item 6, defects 3 and 4: MODEL_REPO_ID, MODEL_REVISION, NARWHAL_GRAFANA_BIND_ADDRESS,
 NARWHAL_PROMETHEUS_LISTEN_ADDRESS and NARWHAL_SHARED_GPU_ALLOWANCE took anything, and shell
@@ -13,20 +13,22 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import InputError
-from narwhal.deploy.inputs import parse_inputs
+from narwhal.deploy.inputs import parse_inputs, refs
 from tests.envtext import valid_env
 
 HOSTILE = ["$(reboot)", ";reboot", "`reboot`", "a b", "x|y", "x&y", "x>y"]
 KV_CONFIG = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both",
                         "kv_connector_extra_config": {"backends": ["UCX"], "num_threads": 4}})
 
+REPO_BAD = [*HOSTILE, "Qwen", "a/b/c", "-Qwen/x", "Qwen/x-", "Qwen/x.", "Qwen/.x", "Qwen/a..b",
+            "Qwen/a--b", "/x", "Qwen/", "Qwen/" + "x" * 97, "Qwén/x"]
+REVISION_BAD = [*HOSTILE, "-main", "main/", "/main", "a..b", "a//b", ".hidden", "x/.y",
+                "topic.lock", "v1.", "a@{1}", "a~1", "a^", "a:b", "x" * 256]
+REPO_GOOD = ["Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-8B-Instruct",
+             "openai-community/gpt2", "a/" + "x" * 96]
+REVISION_GOOD = ["main", "v1.0.2", "refs/pr/12", "release_2024-06",
+                 "0123456789abcdef0123456789abcdef01234567"]
 BAD: list[tuple[str, str]] = [
-    *[("MODEL_REPO_ID", v) for v in [*HOSTILE, "Qwen", "a/b/c", "-Qwen/x", "Qwen/x-", "Qwen/x.",
-                                     "Qwen/.x", "Qwen/a..b", "Qwen/a--b", "/x", "Qwen/",
-                                     "Qwen/" + "x" * 97, "Qwén/x"]],
-    *[("MODEL_REVISION", v) for v in [*HOSTILE, "-main", "main/", "/main", "a..b", "a//b",
-                                      ".hidden", "x/.y", "topic.lock", "v1.", "a@{1}", "a~1",
-                                      "a^", "a:b", "x" * 256]],
     *[("NARWHAL_GRAFANA_BIND_ADDRESS", v) for v in [*HOSTILE, "999.1.1.1", "localhost:3000",
                                                     "[::1]", "fe80::1%$(id)"]],
     *[("NARWHAL_PROMETHEUS_LISTEN_ADDRESS", v) for v in [*HOSTILE, "9090", "0.0.0.0:0",
@@ -35,15 +37,6 @@ BAD: list[tuple[str, str]] = [
     *[("NARWHAL_SHARED_GPU_ALLOWANCE", v) for v in [*HOSTILE, "yes", "1", "True", "on"]],
 ]
 GOOD: list[tuple[str, str]] = [
-    ("MODEL_REPO_ID", "Qwen/Qwen2.5-0.5B-Instruct"),
-    ("MODEL_REPO_ID", "meta-llama/Llama-3.1-8B-Instruct"),
-    ("MODEL_REPO_ID", "openai-community/gpt2"),
-    ("MODEL_REPO_ID", "a/" + "x" * 96),
-    ("MODEL_REVISION", "main"),
-    ("MODEL_REVISION", "v1.0.2"),
-    ("MODEL_REVISION", "refs/pr/12"),
-    ("MODEL_REVISION", "release_2024-06"),
-    ("MODEL_REVISION", "0123456789abcdef0123456789abcdef01234567"),
     ("NARWHAL_GRAFANA_BIND_ADDRESS", "127.0.0.1"),
     ("NARWHAL_GRAFANA_BIND_ADDRESS", "0.0.0.0"),
     ("NARWHAL_GRAFANA_BIND_ADDRESS", "::1"),
@@ -80,15 +73,39 @@ def test_what_an_operator_writes_is_accepted(key: str, value: str) -> None:
 
 
 def test_accepted_values_are_typed_in_the_inputs() -> None:
-    inputs = parse_inputs(valid_env(MODEL_REPO_ID="Qwen/Qwen2.5-0.5B-Instruct",
-                                    MODEL_REVISION="main",
-                                    NARWHAL_GRAFANA_BIND_ADDRESS="127.0.0.1",
+    inputs = parse_inputs(valid_env(NARWHAL_GRAFANA_BIND_ADDRESS="127.0.0.1",
                                     NARWHAL_PROMETHEUS_LISTEN_ADDRESS="[::1]:9090",
                                     NARWHAL_SHARED_GPU_ALLOWANCE="true"), Path(".env"))
-    assert (inputs.model_repo_id, inputs.model_revision) == ("Qwen/Qwen2.5-0.5B-Instruct", "main")
     assert inputs.grafana_bind_address == "127.0.0.1"
     assert inputs.prometheus_listen_address == "[::1]:9090"
     assert inputs.shared_gpu_allowance is True
+
+
+@pytest.mark.parametrize("value", REPO_BAD)
+def test_a_repo_id_outside_the_hubs_grammar_is_refused_for_checkpoint_staging(value: str) -> None:
+    with pytest.raises(ValueError):
+        refs.hf_repo_id(value)
+
+
+@pytest.mark.parametrize("value", REVISION_BAD)
+def test_a_revision_outside_gits_grammar_is_refused_for_checkpoint_staging(value: str) -> None:
+    with pytest.raises(ValueError):
+        refs.git_revision(value)
+
+
+@pytest.mark.parametrize(("repo", "revision"), zip(REPO_GOOD, REVISION_GOOD[:4], strict=True))
+def test_what_an_operator_names_a_checkpoint_with_reads_as_written(repo: str,
+                                                                     revision: str) -> None:
+    assert refs.hf_repo_id(repo) == repo and refs.git_revision(revision) == revision
+    assert refs.git_revision(REVISION_GOOD[4]) == REVISION_GOOD[4]
+
+
+@pytest.mark.parametrize("key", ["MODEL_REPO_ID", "MODEL_REVISION"])
+def test_checkpoint_staging_variables_are_refused_until_something_stages_checkpoints(
+        key: str) -> None:
+    lines = _problems(**{key: "main" if key == "MODEL_REVISION" else "Qwen/Qwen2.5-0.5B"})
+    assert len(lines) == 1 and lines[0].startswith(f"{key}: ") and "stage" in lines[0], lines
+    assert "NARWHAL_MODEL_DIR" in lines[0]
 
 
 SHELL = [";", "|", "&", "$", "`", "$(", ">", "<", "\n", "\r", "\x00", "\u2028"]

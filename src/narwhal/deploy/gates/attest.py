@@ -57,10 +57,17 @@ class Sidecar:
     capture: CacheLayout
     bind: str
     port: int
+    # NARWHAL_NODE_<n>_ATTESTATION_URL: where the router host reaches this sidecar when that is
+    # not the address it binds (a name, a NAT); the fleet and the lease URLs then use it
+    reached_at: str | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.bind}:{self.port}/v1/attestation"
+        return self.reached_at or f"http://{self.bind}:{self.port}/v1/attestation"
+
+    @property
+    def lease_url(self) -> str:
+        return self.url.removesuffix("/v1/attestation") + "/v1/lease"
 
     @property
     def run_dir(self) -> str:
@@ -83,15 +90,22 @@ class AttestPlan:
                                            for role, d in sorted(self.previous.items())}}
 
 
+def sidecars_reached_at(inputs: Inputs) -> dict[str, str]:
+    """engine -> NARWHAL_NODE_<n>_ATTESTATION_URL, for the engines that set one."""
+    return {e.role: e.attestation_url for e in inputs.engines if e.attestation_url}
+
+
 def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> AttestPlan:
     install = passed_artifact(ledger, "attest", INSTALL_PLAN).json()
     passed_artifact(ledger, "attest", LINKS)  # blocked until Gate D passed
     draft = passed_artifact(ledger, "attest", DRAFT).json()
+    reached_at = sidecars_reached_at(inputs)
     sidecars = []
     for t in targets_for(inputs, ledger, "attest"):
         art = passed_artifact(ledger, "attest", Reads("engines", f"cache-layout-{t.role}.json"))
         capture = parse_cache_layout(art.json(), f"engines: cache-layout-{t.role}.json")
-        sidecars.append(Sidecar(t, capture, t.record.fabric_address, t.record.ports.attest))
+        sidecars.append(Sidecar(t, capture, t.record.fabric_address, t.record.ports.attest,
+                                reached_at.get(t.role)))
     return AttestPlan(sidecars, install, router_host, draft, previous_attestations(ledger))
 
 
@@ -285,5 +299,5 @@ def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]], deployment: 
     if len(p.sidecars) >= MIN_QUORUM:
         fleet["controller"] = {**p.draft.get("controller", {}), "quorum": {
             "deployment": deployment, "key_file": key_file,
-            "lease_urls": [f"http://{s.bind}:{s.port}/v1/lease" for s in p.sidecars]}}
+            "lease_urls": [s.lease_url for s in p.sidecars]}}
     return fleet

@@ -37,6 +37,10 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
             env[name] = value
     if inputs.engine_key is not None:  # vLLM's API key, from its 0600 file at start
         secret_names.append(lr.ENGINE_API_KEY_ENV)
+    # NARWHAL_HF_TOKEN: what huggingface_hub inside vLLM reads for a gated repo's files,
+    # unless the engine environment names its own
+    if inputs.hf_token is not None and lr.HF_TOKEN_ENV not in (e.engine_env or {}):
+        secret_names.append(lr.HF_TOKEN_ENV)
     args = ["--served-model-name", e.model_name, "--port", str(e.engine_port),
             "--tensor-parallel-size", str(plan.tensor_parallel_size),
             "--block-size", str(e.block_size)]

@@ -69,6 +69,10 @@ class ServePlan:
     fleet_sha256: str
     bind: tuple[str, int]  # the primary router's address on the router host
     standby: tuple[str, int] | None = None  # the warm standby's, when there is one
+    # NARWHAL_PROMETHEUS_LISTEN_ADDRESS: what Prometheus binds, and where it is reached from
+    # the router host (an empty or wildcard host there is reached on loopback)
+    prometheus_listen: str = f"{PROMETHEUS_AT[0]}:{PROMETHEUS_AT[1]}"
+    grafana_bind: str | None = None  # NARWHAL_GRAFANA_BIND_ADDRESS, in Grafana's server.ini
 
     @property
     def router_url(self) -> str:
@@ -83,8 +87,14 @@ class ServePlan:
         return [self.bind, *([self.standby] if self.standby else [])]
 
     @property
+    def prometheus_at(self) -> tuple[str, int]:
+        """Where the router host reaches Prometheus (the SSH forward's far end too)."""
+        return monitoring.reached_at(self.prometheus_listen)
+
+    @property
     def prometheus_url(self) -> str:
-        return f"http://{PROMETHEUS_AT[0]}:{PROMETHEUS_AT[1]}"
+        host, port = self.prometheus_at
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
     def targets(self) -> list[monitoring.Target]:
         return monitoring.targets(self.fleet, *(f"{h}:{port}" for h, port in self.addresses))
@@ -92,7 +102,9 @@ class ServePlan:
     def document(self) -> dict[str, Any]:
         return {"router_host": self.router, "router_url": self.router_url,
                 "standby_url": self.standby_url,
-                "prometheus_url": self.prometheus_url, "fleet_sha256": self.fleet_sha256,
+                "prometheus_url": self.prometheus_url,
+                "prometheus_listen": self.prometheus_listen, "grafana_bind": self.grafana_bind,
+                "fleet_sha256": self.fleet_sha256,
                 "targets": [{"job": t.job, "address": t.address, "engine": t.engine}
                             for t in self.targets()]}
 
@@ -102,7 +114,9 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> ServePlan:
     art = passed_artifact(ledger, "serve", FLEET)
     bind = url_bind(inputs.router.url or DEFAULT_ROUTER_URL)
     standby = url_bind(inputs.router.standby_url) if inputs.router.standby_url else None
-    return ServePlan(router_host, install, art.json(), art.sha256, bind, standby)
+    listen = inputs.prometheus_listen_address or f"{PROMETHEUS_AT[0]}:{PROMETHEUS_AT[1]}"
+    return ServePlan(router_host, install, art.json(), art.sha256, bind, standby, listen,
+                     inputs.grafana_bind_address)
 
 
 def fetch_json(host: Host, fetch_tool: str, url: str,
@@ -348,6 +362,7 @@ def start_monitoring(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServeP
             f"{rh.monitoring}/dashboards"),
         "dashboards/narwhal-fleet.json": monitoring.grafana_dashboard(float(slo["ttft_s"]),
                                                                        float(slo["tpot_s"])),
+        "grafana-server.ini": monitoring.grafana_server_ini(p.grafana_bind),
     }
     rh.host.run(cl.private_dir(f"{rh.monitoring}/dashboards"), check=True)
     for name, text in files.items():
@@ -364,10 +379,10 @@ def start_monitoring(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServeP
         if row["host"] == p.router:
             retire(rh.host, [row], progress, "prometheus")
     progress("monitoring", f"starting Prometheus at {p.prometheus_url}")
-    addr = f"{PROMETHEUS_AT[0]}:{PROMETHEUS_AT[1]}"
     ref = attempt.start_process(rh.host, [
         PROMETHEUS, f"--config.file={rh.monitoring}/prometheus.json",
-        f"--storage.tsdb.path={rh.monitoring}/tsdb-{attempt.id}", f"--web.listen-address={addr}"],
+        f"--storage.tsdb.path={rh.monitoring}/tsdb-{attempt.id}",
+        f"--web.listen-address={p.prometheus_listen}"],
         f"{rh.monitoring}/prometheus-{attempt.id}.log", serves="prometheus")
     want = {(t.job, t.address) for t in p.targets()}
     seen: dict[tuple[str, str], str] = {}
@@ -377,7 +392,8 @@ def start_monitoring(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServeP
             raise GateBlocked("serve", "Prometheus exited", [Problem(
                 f"{p.router}: prometheus", rh.log_tail(f"{rh.monitoring}/prometheus-"
                                                        f"{attempt.id}.log"),
-                f"is {addr} free on the router host?")])
+                f"is {p.prometheus_listen} free on the router host? (it is "
+                "NARWHAL_PROMETHEUS_LISTEN_ADDRESS)")])
         got = rh.get(f"{p.prometheus_url}/api/v1/query?query=up")
         if got is None or got[0] != 200:
             return False
@@ -475,7 +491,7 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
     p, router = start_routers(rh, attempt, ledger, p, progress)  # p: the primary first
     bound = bound_engines(rh, attempt, p, progress)
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
-    with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
+    with forwarded(host, [p.bind, p.prometheus_at]) as (router_port, prometheus_port):
         # The completion goes first, before Prometheus starts: its series are then in the
         # first scrape, and the dashboard's panels have data as soon as every target is up.
         progress("private path", "through the SSH forward: /ready and one completion")

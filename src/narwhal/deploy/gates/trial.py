@@ -31,7 +31,6 @@ from typing import Any
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import GateBlocked, HostError, Problem
 from narwhal.deploy.gates.serve import (
-    PROMETHEUS_AT,
     RouterHost,
     ServePlan,
     forwarded,
@@ -167,7 +166,7 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
     tokens = profiled_tokens(host, rh, inputs.workload.prompt_tokens)
     out: list[dict[str, Any]] = []
     data: list[report.RateData] = []
-    with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
+    with forwarded(host, [p.bind, p.prometheus_at]) as (router_port, prometheus_port):
         base = f"http://127.0.0.1:{router_port}"
         prometheus = f"http://127.0.0.1:{prometheus_port}"
         words = words_for(base, p.fleet["model"], tokens, api_key)

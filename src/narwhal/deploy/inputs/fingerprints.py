@@ -56,13 +56,19 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
         "router": {"url": inputs.router.url,
                    **({"standby_url": inputs.router.standby_url}
-                      if inputs.router.standby_url else {})},
+                      if inputs.router.standby_url else {}),
+                   # Gate G starts Prometheus there and writes Grafana's server.ini with it
+                   **({"prometheus_listen": inputs.prometheus_listen_address}
+                      if inputs.prometheus_listen_address else {}),
+                   **({"grafana_bind": inputs.grafana_bind_address}
+                      if inputs.grafana_bind_address else {})},
         "workload": inputs.workload.model_dump(),
         # which credentials are set, never their values: setting or removing one changes the
         # launch records and the fleet Gate A writes (secret_environment, tenants,
         # engine_auth). A key rotated in place is taken up by `narwhal install` then restarts.
         "credentials": {"engine_key": inputs.engine_key is not None,
-                        "router_api_key": inputs.router.api_key is not None},
+                        "router_api_key": inputs.router.api_key is not None,
+                        "hf_token": inputs.hf_token is not None},
     }
 
 

@@ -39,6 +39,7 @@ from narwhal.deploy.inputs.vocabulary import (
     ENGINE_FIELDS,
     GLOBAL_ONLY,
     NODE_ONLY,
+    NOT_YET,
     OPTIONAL_TYPED,
     OTHER_KNOWN,
     REQUIRED_ENGINE_FIELDS,
@@ -98,6 +99,8 @@ class _Reader:
                     self.nodes.setdefault(int(number), {})[field] = value
             elif key.startswith(PREFIX) and key[len(PREFIX):] in {*ENGINE_FIELDS, *GLOBAL_ONLY}:
                 self.globals[key[len(PREFIX):]] = value
+            elif key in NOT_YET:
+                self.add(key, *NOT_YET[key])
             elif key not in OTHER_KNOWN:
                 self._unknown(key)
 

@@ -99,8 +99,6 @@ class Inputs(_Frozen):
     tpot_s: float = 0.125
     engine_key: Secret | None = None
     hf_token: Secret | None = None
-    model_repo_id: str | None = None
-    model_revision: str | None = None
     grafana_bind_address: str | None = None
     prometheus_listen_address: str | None = None
     shared_gpu_allowance: bool | None = None

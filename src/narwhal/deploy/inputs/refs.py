@@ -1,6 +1,7 @@
 """Names that point at a checkpoint: a Hugging Face repo id and a revision within it.
 
-MODEL_REPO_ID and MODEL_REVISION reach a download command on an engine host. Each gets the
+Kept for checkpoint staging (MODEL_REPO_ID and MODEL_REVISION, refused by the `.env` until a
+download command on the engine hosts takes them: vocabulary.NOT_YET). Each gets the
 grammar its owner enforces, narrowed to a safe charset, so `$(reboot)`, `;reboot`, backticks
 and spaces are refused here rather than quoted later:
 

@@ -42,9 +42,6 @@ NARWHAL_UCX_TCP_PORT_RANGE=30000-30100
 # KV_BUFFER_DEVICE (cuda|cpu: where NIXL stages KV; cpu for CPU engines).
 # JSON elements hold no shell characters (; | & $ ` < >); credentials go in the secrets below.
 
-# Checkpoint staging (optional): a Hugging Face repo id and a branch, tag or 40-hex commit.
-# MODEL_REPO_ID=Qwen/Qwen2.5-0.5B-Instruct
-# MODEL_REVISION=main
 # Observability (optional): Grafana's bind IP, Prometheus' HOST:PORT, shared GPUs (true|false).
 # NARWHAL_GRAFANA_BIND_ADDRESS=127.0.0.1
 # NARWHAL_PROMETHEUS_LISTEN_ADDRESS=127.0.0.1:9090

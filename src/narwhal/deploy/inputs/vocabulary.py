@@ -56,16 +56,21 @@ GLOBAL_ONLY: set[str] = {
     "TTFT_S", "TPOT_S", "ENGINE_KEY", "HF_TOKEN", "GRAFANA_BIND_ADDRESS",
     "PROMETHEUS_LISTEN_ADDRESS", "SHARED_GPU_ALLOWANCE",
 }
-# Variables outside the NARWHAL_ namespace that the runbook uses (checkpoint staging).
-OTHER_KNOWN: set[str] = {"MODEL_REPO_ID", "MODEL_REVISION"}
+# Variables outside the NARWHAL_ namespace that the .env may hold.
+OTHER_KNOWN: set[str] = set()
+# Variables the runbook names that nothing acts on yet: refused with why, rather than
+# accepted and ignored (a field that does nothing is a promise nobody keeps).
+NOT_YET: dict[str, tuple[str, str]] = {
+    name: ("is not used: Narwhal does not stage checkpoints from a hub yet, so the checkpoint "
+           "is whatever Gate A finds in NARWHAL_MODEL_DIR",
+           "copy the checkpoint to NARWHAL_MODEL_DIR on every engine host and remove this line")
+    for name in ("MODEL_REPO_ID", "MODEL_REVISION")}
 # Optional single-valued variables: full name -> (Inputs attribute, field type). Each is checked
 # with its type's grammar and reported under its own name.
 OPTIONAL_TYPED: dict[str, tuple[str, Any]] = {
     "NARWHAL_GRAFANA_BIND_ADDRESS": ("grafana_bind_address", f.IpText),
     "NARWHAL_PROMETHEUS_LISTEN_ADDRESS": ("prometheus_listen_address", f.ListenAddress),
     "NARWHAL_SHARED_GPU_ALLOWANCE": ("shared_gpu_allowance", f.Boolean),
-    "MODEL_REPO_ID": ("model_repo_id", f.HfRepoId),
-    "MODEL_REVISION": ("model_revision", f.GitRevision),
 }
 
 

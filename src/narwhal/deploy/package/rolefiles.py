@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from narwhal.core.errors import InputError, Problem
-from narwhal.core.launch_record import ENGINE_API_KEY_ENV
+from narwhal.core.launch_record import ENGINE_API_KEY_ENV, HF_TOKEN_ENV
 from narwhal.core.secret import Secret
 from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
 from narwhal.deploy.inputs.envsource import read_env_file
@@ -103,6 +103,8 @@ def engine_secret_environment(inputs: Inputs, role: str) -> dict[str, str]:
            if isinstance(v, Secret)}
     if inputs.engine_key is not None:
         out[ENGINE_API_KEY_ENV] = inputs.engine_key.reveal()
+    if inputs.hf_token is not None:
+        out.setdefault(HF_TOKEN_ENV, inputs.hf_token.reveal())
     return out
 
 
