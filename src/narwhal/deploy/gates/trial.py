@@ -1,6 +1,7 @@
 """Gate G, the capacity trial (`narwhal trial`): load through the private path, reconciled.
 
-Needs Gate G's service passed. One recorded activity, `load-trial`, whose attempt folder is
+Needs Gate G passed and fresh (serve_refusal): a trial of a service no passed gate vouches
+for would record some other fleet's capacity as this one's. One recorded activity, `load-trial`, whose attempt folder is
 the trial's evidence (runs/<deployment>/load-trial/<id>/). Through SSH forwards from the
 workstation to the router and Prometheus on the router host, for each rate in turn:
 1. drain: the router's /narwhal/state shows nothing in flight (the next rate never starts on
@@ -42,15 +43,29 @@ from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
+from narwhal.deploy.ledger.status import GateStatus
 from narwhal.deploy.trial import client, report
 from narwhal.deploy.trial.reconcile import journal_rows, reconcile_rows
 from narwhal.deploy.trial.schedule import schedule
 from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
 
 ACTIVITY = "load-trial"
+COMMAND = "trial"  # how its errors are labelled: `narwhal trial: ...`
 DRAIN_S = 60.0
 VALID = ("within SLO", "capacity miss")
 Progress = Callable[[str, str], None]
+
+
+def serve_refusal(serve: GateStatus) -> str:
+    """Why the trial must not start on Gate G as `narwhal status --offline` computes it ("" when
+    passed and fresh): a trial measures the service Gate G vouched for, so a serve gate that is
+    pending, failed, blocked or stale (its inputs moved) would have it measure something else
+    and record that as the fleet's capacity. One line naming the state and the way out."""
+    if serve.state == "passed":
+        return ""
+    why = f" ({serve.reason})" if serve.reason else ""
+    return (f"gate {serve.letter} ({serve.gate}) is {serve.state}{why}; run `narwhal serve` "
+            "(or `narwhal deploy`) until it passes, then the trial again; nothing was sent")
 
 
 def _get_json(url: str) -> dict[str, Any] | None:
@@ -71,7 +86,7 @@ def drain(base: str) -> float:
         if state is not None and state.get("inflight") == 0:
             return time.monotonic() - started
         time.sleep(0.2)
-    raise GateBlocked("serve", f"the router did not drain within {DRAIN_S:.0f} s", [Problem(
+    raise GateBlocked(COMMAND, f"the router did not drain within {DRAIN_S:.0f} s", [Problem(
         "router inflight", "requests still in flight", "wait, or read /narwhal/state")])
 
 
