@@ -113,12 +113,12 @@ def _table(doc: dict[str, Any]) -> None:
     table = Table(title=f"capacity trial {doc['attempt']} (SLO TTFT {doc['slo']['ttft_s']} s, "
                         f"TPOT {doc['slo']['tpot_s']} s)")
     for column in ("rate/s", "verdict", "attainment", "goodput/s", "TTFT p50/p99 s",
-                   "TPOT p50/p99 s", "late sends", "reconciled"):
+                   "TPOT p50/p99 s", "late sends", "client-limited", "reconciled"):
         table.add_column(column)
     for r in doc["rates"]:
         table.add_row(f"{r['rate']:g}", r["verdict"], f"{r['attainment']:.0%}",
                       f"{r['goodput_per_s']}", f"{r['ttft_p50_s']}/{r['ttft_p99_s']}",
                       f"{r['tpot_p50_s']}/{r['tpot_p99_s']}", str(r["late_sends"]),
-                      str(r["reconciled"]["ok"]))
+                      str(r.get("client_limited", 0)), str(r["reconciled"]["ok"]))
     Console().print(table)
     Console().print(f"report: {doc['report']}")
