@@ -68,11 +68,11 @@ def _said(args: argparse.Namespace, verdict: str, cause: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
-    refused = trial.serve_refusal(serve_row(ctx))
-    if refused:  # before any session opens: nothing sent, nothing recorded
-        _said(args, "refused", refused)
-        return EXIT_FAILED
     try:
+        refused = trial.serve_refusal(serve_row(ctx))
+        if refused:  # before any session opens: nothing sent, nothing recorded
+            _said(args, "refused", refused)
+            return EXIT_FAILED
         doc = _trial(ctx, args)
     except GateBlocked as exc:
         report_blocked(trial.COMMAND, args, exc)
