@@ -4,7 +4,13 @@ gates they make stale and the work the runbook's rows name."""
 from __future__ import annotations
 
 from narwhal.core.gates import GATES
-from narwhal.deploy.gates.live_check import ROUTER_REPEAT, LinkChange, Live
+from narwhal.deploy.gates.live_check import (
+    PROMETHEUS_REPEAT,
+    ROUTER_REPEAT,
+    LinkChange,
+    Live,
+    prometheus_reason,
+)
 from narwhal.deploy.ledger.status import GateStatus, with_live_changes
 
 
@@ -41,6 +47,37 @@ def test_a_moved_link_makes_the_fabric_and_the_preflight_stale_and_keeps_the_eng
 def test_nothing_moved_changes_no_row_and_says_so_in_json() -> None:
     assert with_live_changes(_rows(), DOC, [], router="", links=[]) == _rows()
     live = Live()
-    assert not (live.engines or live.router or live.links)
+    assert not (live.engines or live.router or live.links or live.prometheus)
     assert live.as_dict() == {"engines_changed": [], "links_moved": [],
-                              "router": {"down": False, "reason": "", "repeat": []}}
+                              "router": {"down": False, "reason": "", "repeat": []},
+                              "prometheus": {"down": False, "reason": "", "repeat": []}}
+
+
+def test_a_prometheus_that_is_gone_makes_only_gate_g_stale_naming_it_and_the_fix() -> None:
+    why = prometheus_reason("http://127.0.0.1:9090", "router", 41, running=False, answers=False)
+    rows = {r.gate: r for r in with_live_changes(_rows(), DOC, [], prometheus=why)}
+    assert {g for g, r in rows.items() if r.state != "passed"} == {"serve"}
+    assert rows["serve"].state == "stale" and rows["serve"].repeat == ("serve",)
+    reason = rows["serve"].reason
+    assert reason.startswith("prometheus not serving: Prometheus at http://127.0.0.1:9090 on "
+                             "router is gone (pid 41")
+    assert "`narwhal serve`" in reason and "`narwhal deploy`" in reason
+    both = {r.gate: r for r in with_live_changes(_rows(), DOC, [], router="pid 7 is gone",
+                                                 prometheus=why)}
+    assert both["serve"].reason.startswith("router not serving: pid 7 is gone; prometheus not "
+                                           "serving: ")
+
+
+def test_prometheus_is_serving_only_while_its_process_runs_and_answers() -> None:
+    at = ("http://127.0.0.1:9090", "router", 41)
+    assert prometheus_reason(*at, running=True, answers=True) == ""
+    assert prometheus_reason(*at, running=None, answers=True) == ""  # no process recorded
+    assert "does not answer" in prometheus_reason(*at, running=True, answers=False)
+    assert "pid 41 still runs" in prometheus_reason(*at, running=True, answers=False)
+    assert "does not answer" in prometheus_reason(*at, running=None, answers=False)
+    gone = prometheus_reason(*at, running=False, answers=True)  # something else answers there
+    assert "is gone (pid 41" in gone and "something else answers" in gone
+    live = Live(prometheus=gone)
+    assert live.as_dict()["prometheus"] == {"down": True, "reason": gone,
+                                            "repeat": list(PROMETHEUS_REPEAT)}
+    assert "narwhal serve" in PROMETHEUS_REPEAT[0] and "narwhal deploy" in PROMETHEUS_REPEAT[0]

@@ -89,3 +89,20 @@ def test_a_target_down_is_a_scrape_failure_unless_the_router_has_that_engine_out
     assert not scrape_holds(None, 4, {"e2"})  # Prometheus did not answer
     router_down = {"up": {**snap["up"], "narwhal-router r:1": "0"}, "engines": snap["engines"]}
     assert not scrape_holds(router_down, 4, {"e2", ""})  # no engine id: never excused
+
+
+def test_the_connection_budget_is_large_and_leaves_the_process_its_own_descriptors() -> None:
+    from narwhal.deploy.trial.client import MAX_CONNECTIONS, connection_budget
+
+    assert connection_budget(1024) == 960  # a default soft limit: still far past any old cap
+    assert connection_budget(1_048_576) == MAX_CONNECTIONS
+    assert connection_budget(10) == 1
+
+
+def test_a_rate_held_back_by_the_budget_is_client_limited_before_anything_else() -> None:
+    rows = [Record(f"t-{n}", float(n), n + 2.0, 200, 3.0, (n + 5.0,), 100, "", n >= 10)
+            for n in range(20)]
+    s = summarise(1.0, rows, 20.0, 0.5, 0.05)
+    assert s["client_limited"] == 10 and s["late_sends"] == 10  # the budget's waits apart
+    assert verdict(s, True, True) == "client-limited"
+    assert verdict({**s, "client_limited": 0}, True, True) == "client saturated"

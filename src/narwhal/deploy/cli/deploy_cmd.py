@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         if gate.name == "preflight":
             live.links = []  # measured again (gate D), and the live KV paths exercised
         if gate.name == "serve":
-            live.router = ""
+            live.router = live.prometheus = ""  # adopted or started again, and checked
     return _finished(args, ctx, steps, time.monotonic() - t0, say,
                      "checked" if access else "skipped (--offline)")
 

@@ -20,7 +20,7 @@ from narwhal.deploy.gates import engines, fabric, live_check, preflight, restart
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import installed_tool
-from narwhal.deploy.gates.live_check import ROUTER_REPEAT, Live
+from narwhal.deploy.gates.live_check import PROMETHEUS_REPEAT, ROUTER_REPEAT, Live
 from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.ledger.export import export
@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def read_live(ctx: Context) -> Live:
     """What moved that the record cannot see, read from the hosts (recorded as activity
     `status`): the attested engines (asked from the router host, the peer that relies on
-    their sidecars), the router Gate G left serving, and the links Gate D measured (asked of
-    both ends). Empty, with the reason, when the live check cannot run."""
+    their sidecars), the router and Prometheus Gate G left serving, and the links Gate D
+    measured (asked of both ends). Empty, with the reason, when the live check cannot run."""
     if restarts.attested_fleet(ctx.ledger) is None and passed_attempt(ctx.ledger, "fabric") is None:
         return Live()
     try:
@@ -78,6 +78,7 @@ def read_live(ctx: Context) -> Live:
                 running = engines.running_probe(sessions, ctx.ledger, ctx.inputs, attempt)
                 live.engines = restarts.changed_engines(ctx.ledger, router, tool, running)
                 live.router = live_check.router_down(ctx.ledger, router, tool)
+                live.prometheus = live_check.prometheus_down(ctx.ledger, router, tool)
             live.links = live_check.moved_links(ctx.inputs, ctx.ledger, sessions, attempt)
             attempt.add_artifact("live-check.json", json.dumps(
                 {"router_host": alias, **live.as_dict()}, indent=1).encode() + b"\n")
@@ -114,7 +115,8 @@ def recorded_rows(ctx: Context) -> list[GateStatus]:
 
 def with_live(ctx: Context, rows: list[GateStatus], live: Live) -> list[GateStatus]:
     """The rows with what the live check found moved (restarts.py, live_check.py)."""
-    return with_live_changes(rows, ctx.ledger.load(), live.engines, live.router, live.links)
+    return with_live_changes(rows, ctx.ledger.load(), live.engines, live.router, live.links,
+                             live.prometheus)
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -149,6 +151,9 @@ def run_status(args: argparse.Namespace) -> int:
                               for c in live.links]))
     if live.router:
         console.print(f"[yellow]router: {live.router}[/]; repeat: {ROUTER_REPEAT[0]}")
+    if live.prometheus:
+        console.print(f"[yellow]prometheus: {live.prometheus}[/]; repeat: "
+                      f"{PROMETHEUS_REPEAT[0]}")
     if live.skipped:
         console.print(f"[yellow]{live.skipped}[/]")
     return EXIT_OK

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
-from narwhal.core.errors import GateBlocked
+from narwhal.core.errors import GateBlocked, NarwhalError
 from narwhal.core.flag_types import number
 from narwhal.deploy.cli.context import Context, add_common
 from narwhal.deploy.cli.gate_command import router_alias
 from narwhal.deploy.cli.gate_output import Progress, report_blocked
+from narwhal.deploy.cli.ledger_cmd import recorded_rows
 from narwhal.deploy.gates import serve, trial
+from narwhal.deploy.ledger.status import GateStatus
 
 
 def rates_list(text: str) -> list[float]:
@@ -47,23 +50,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
+def serve_row(ctx: Context) -> GateStatus:
+    """Gate G as `narwhal status --offline` computes it: the record and the inputs now (a
+    passed gate whose inputs or upstream moved is stale). No host is asked."""
+    if not ctx.ledger.exists():
+        return GateStatus("serve", "G", "pending", 0, "", "no deployment record yet", ())
+    return next(r for r in recorded_rows(ctx) if r.gate == "serve")
+
+
+def _said(args: argparse.Namespace, verdict: str, cause: str) -> None:
+    """One line on stderr, labelled as the trial's; with --json also one document on stdout."""
+    if args.json:
+        print(json.dumps({"activity": trial.ACTIVITY, "verdict": verdict, "cause": cause},
+                         indent=1))
+    print(f"narwhal {trial.COMMAND}: {cause}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
-    progress = Progress(args.json)
     try:
-        sessions = ctx.sessions()
-        router = router_alias(sessions)
-        p = serve.plan(ctx.inputs, ctx.ledger, router)
-        host = sessions.get(router)
-        with ctx.ledger.attempt(trial.ACTIVITY, fingerprint={}, hosts={router: ["router"]},
-                                deployment_revision=ctx.inputs.revision) as attempt:
-            with attempt.bind(host):
-                doc = trial.run_trial(ctx.inputs, host, attempt, p, args.rates,
-                                      trial.Size(args.requests, args.duration), args.seed,
-                                      args.max_tokens, progress)
-            doc["attempt"] = attempt.id
+        refused = trial.serve_refusal(serve_row(ctx))
+        if refused:  # before any session opens: nothing sent, nothing recorded
+            _said(args, "refused", refused)
+            return EXIT_FAILED
+        doc = _trial(ctx, args)
     except GateBlocked as exc:
-        report_blocked("trial", args, exc)
+        report_blocked(trial.COMMAND, args, exc)
+        return EXIT_FAILED
+    except NarwhalError as exc:  # a host or the record failed inside the trial: say whose
+        _said(args, "failed", str(exc))
+        return exc.exit_code
+    except OSError as exc:  # a local port or file the trial needed
+        _said(args, "failed", f"{type(exc).__name__}: {exc}")
         return EXIT_FAILED
     finally:
         ctx.close()
@@ -75,16 +93,32 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if valid else EXIT_FAILED
 
 
+def _trial(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    """The trial itself, recorded as one `load-trial` attempt."""
+    sessions = ctx.sessions()
+    router = router_alias(sessions)
+    p = serve.plan(ctx.inputs, ctx.ledger, router)
+    host = sessions.get(router)
+    with ctx.ledger.attempt(trial.ACTIVITY, fingerprint={}, hosts={router: ["router"]},
+                            deployment_revision=ctx.inputs.revision) as attempt:
+        with attempt.bind(host):
+            doc = trial.run_trial(ctx.inputs, host, attempt, p, args.rates,
+                                  trial.Size(args.requests, args.duration), args.seed,
+                                  args.max_tokens, Progress(args.json))
+        doc["attempt"] = attempt.id
+    return doc
+
+
 def _table(doc: dict[str, Any]) -> None:
     table = Table(title=f"capacity trial {doc['attempt']} (SLO TTFT {doc['slo']['ttft_s']} s, "
                         f"TPOT {doc['slo']['tpot_s']} s)")
     for column in ("rate/s", "verdict", "attainment", "goodput/s", "TTFT p50/p99 s",
-                   "TPOT p50/p99 s", "late sends", "reconciled"):
+                   "TPOT p50/p99 s", "late sends", "client-limited", "reconciled"):
         table.add_column(column)
     for r in doc["rates"]:
         table.add_row(f"{r['rate']:g}", r["verdict"], f"{r['attainment']:.0%}",
                       f"{r['goodput_per_s']}", f"{r['ttft_p50_s']}/{r['ttft_p99_s']}",
                       f"{r['tpot_p50_s']}/{r['tpot_p99_s']}", str(r["late_sends"]),
-                      str(r["reconciled"]["ok"]))
+                      str(r.get("client_limited", 0)), str(r["reconciled"]["ok"]))
     Console().print(table)
     Console().print(f"report: {doc['report']}")

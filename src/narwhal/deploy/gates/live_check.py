@@ -1,10 +1,14 @@
-"""What `narwhal status` reads live besides the engines: the router Gate G left serving, and
-the directed links Gate D measured.
+"""What `narwhal status` reads live besides the engines: the router and the Prometheus Gate G
+left serving, and the directed links Gate D measured.
 
 The record cannot see either move. The runbook's repeat rows name the work:
 - "Router restart with the same fleet document": a router that no longer answers is started
   again on the fleet Gate F checked (`narwhal serve`), and before it accepts traffic it binds
   each saved profile to its engine's live generation; nothing before Gate G is repeated;
+- Prometheus: Gate G passed only with every target `up` in a Prometheus it started (owned by
+  pid and kernel start time, at the address its plan names); one that is gone, or runs but no
+  longer answers its query API, leaves the fleet unwatched (no alert fires, the trial's scrape
+  fails), so Gate G is stale until `narwhal serve` starts it again;
 - "Fabric route, host assignment, or transport": a directed link whose measured facts (either
   end's interface, address or MTU, the kernel's route each way, the tool's version, the
   pinned host keys) differ
@@ -33,6 +37,7 @@ from narwhal.deploy.hosts.trust import pinned_fingerprints
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
+from narwhal.deploy.ledger.evidence import read_rows
 
 LINKS = Reads("fabric", "links.json")
 # The link record's fields read from the hosts: the interfaces, routes and tool, and the
@@ -65,6 +70,7 @@ class Live:
 
     engines: list[EngineChange] = field(default_factory=list)
     router: str = ""  # why the router Gate G left serving is not serving now
+    prometheus: str = ""  # why the Prometheus Gate G started is not serving now
     links: list[LinkChange] = field(default_factory=list)
     skipped: str = ""  # why (part of) the live check could not run
 
@@ -72,12 +78,17 @@ class Live:
         return {"engines_changed": [c.as_dict() for c in self.engines],
                 "router": {"down": bool(self.router), "reason": self.router,
                            "repeat": list(ROUTER_REPEAT) if self.router else []},
+                "prometheus": {"down": bool(self.prometheus), "reason": self.prometheus,
+                               "repeat": list(PROMETHEUS_REPEAT) if self.prometheus else []},
                 "links_moved": [c.as_dict() for c in self.links]}
 
 
 ROUTER_REPEAT = ("router: `narwhal serve` on the fleet gate F checked (a primary that serves is "
                  "adopted, a missing standby started); before it accepts traffic a new router "
                  "binds each saved profile to its engine's live generation",)
+PROMETHEUS_REPEAT = ("prometheus: `narwhal serve` (or `narwhal deploy`) starts Prometheus again "
+                     "with a fresh TSDB and checks every target up; the router serving is "
+                     "adopted, nothing before Gate G is repeated",)
 
 
 def _role(state: tuple[int, dict[str, Any]] | None) -> str:
@@ -116,6 +127,43 @@ def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
             f"the standby at {urls[1]} took over as primary and nothing stands by at {other}"
             if took_over else f"the standby at {other} does not answer"))
     return ""
+
+
+def prometheus_reason(url: str, host: str, pid: int | None, running: bool | None,
+                      answers: bool) -> str:
+    """Why the Prometheus Gate G started is not serving ("" when it is): gone (its pid ended,
+    or is another process now; whatever else answers at its address is not what Gate G
+    checked), or running without answering its query API. `running` is None when the record
+    names no process for it (a record from before Gate G owned one): the answer decides."""
+    where = f"Prometheus at {url} on {host}"
+    if running is False:
+        return f"{where} is gone (pid {pid}, started by gate G, no longer runs" + (
+            "; something else answers at that address)" if answers else ")")
+    if answers:
+        return ""
+    return f"{where} does not answer its query API" + (
+        f" (pid {pid} still runs)" if running else "")
+
+
+def prometheus_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
+    """Why the Prometheus Gate G's last passed attempt started is not serving now, asked on
+    the router host: its process (pid and kernel start time) and its `up` query. "" when it
+    serves, or before Gate G passed."""
+    attempt_id = passed_attempt(ledger, "serve")
+    if attempt_id is None:
+        return ""
+    folder = ledger.attempt_folder("serve", attempt_id)
+    try:
+        url = str(json.loads((folder / "plan.json").read_text())["prometheus_url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""  # a record from before Gate G planned Prometheus's address: nothing to ask
+    rows = [r for r in read_rows(folder / "owned.jsonl")
+            if r.get("kind") == "process" and r.get("serves") == "prometheus"]
+    running = alive(router, rows[-1]) if rows else None
+    got = fetch_json(router, fetch_tool, f"{url}/api/v1/query?query=up", 5)
+    answers = got is not None and got[0] == 200 and got[1].get("status") == "success"
+    return prometheus_reason(url, router.alias, int(rows[-1]["pid"]) if rows else None,
+                             running, answers)
 
 
 def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,

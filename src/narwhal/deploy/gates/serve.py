@@ -233,6 +233,7 @@ def start_routers(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan
     if stray:  # ours, but not what the plan keeps: a hung router, a standby no longer named
         retire(rh.host, stray, progress, "router")
         seen = {b: rh.get(f"{url_of(b)}/narwhal/state") for b in p.addresses}
+    record_adoptions(attempt, [r for r in ours if r not in older and r not in stray], keep)
     done: dict[str, Any]
     if primary is not None:
         controller = controller_of(seen[primary])
@@ -255,6 +256,15 @@ def start_routers(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan
             pid = _start_one(rh, attempt, p, standby_at, primary, progress)
             done["standby"] = {"url": url_of(standby_at), "action": "started", "pid": pid}
     return served, done
+
+
+def record_adoptions(attempt: Attempt, ours: list[dict[str, Any]],
+                     kept: set[int | None]) -> None:
+    """Each router an earlier attempt started that this one keeps serving with (by the pid it
+    says it has), recorded as adopted: recovering that earlier attempt must not end it."""
+    for row in ours:
+        if int(row["pid"]) in kept:
+            attempt.adopt_process(row, f"serve/{row['attempt']}")
 
 
 def _free(p: ServePlan, bind: tuple[str, int],

@@ -1,13 +1,15 @@
 """Gate G, the capacity trial (`narwhal trial`): load through the private path, reconciled.
 
-Needs Gate G's service passed. One recorded activity, `load-trial`, whose attempt folder is
+Needs Gate G passed and fresh (serve_refusal): a trial of a service no passed gate vouches
+for would record some other fleet's capacity as this one's. One recorded activity, `load-trial`, whose attempt folder is
 the trial's evidence (runs/<deployment>/load-trial/<id>/). Through SSH forwards from the
 workstation to the router and Prometheus on the router host, for each rate in turn:
 1. drain: the router's /narwhal/state shows nothing in flight (the next rate never starts on
    the previous one's tail);
 2. the open-loop schedule (seeded Poisson arrivals, the workload's prompt length), every
-   request with its own x-request-id, streamed and recorded (send time and lag, status, TTFT,
-   token times, bytes);
+   request sent at its time however many are in flight (within the client's stated connection
+   budget, counted apart as client-limited when hit) with its own x-request-id, streamed and
+   recorded (send time and lag, status, TTFT, token times, bytes);
 3. the router's journal, read from the router host, reconciled with what was sent: every
    sent id exactly once, no id of the trial the client did not send;
 4. a Prometheus snapshot through the tunnel (`up` of every target);
@@ -15,7 +17,7 @@ workstation to the router and Prometheus on the router host, for each rate in tu
    which says capacity only when nothing else explains a miss (verdict.py).
 Then the report (report.py): report.html and its pictures in the same folder, readable offline.
 Exit 0 when every rate's record holds (whatever the SLO attainment), 1 when a rate's record
-does not (client saturated, records that do not reconcile, a scrape failure).
+does not (client-limited or saturated, records that do not reconcile, a scrape failure).
 """
 
 from __future__ import annotations
@@ -41,15 +43,29 @@ from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
+from narwhal.deploy.ledger.status import GateStatus
 from narwhal.deploy.trial import client, report
 from narwhal.deploy.trial.reconcile import journal_rows, reconcile_rows
-from narwhal.deploy.trial.schedule import schedule
+from narwhal.deploy.trial.schedule import Planned, schedule
 from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
 
 ACTIVITY = "load-trial"
+COMMAND = "trial"  # how its errors are labelled: `narwhal trial: ...`
 DRAIN_S = 60.0
-VALID = ("within SLO", "capacity miss")
+VALID = ("within SLO", "capacity miss")  # every other verdict: the record does not hold
 Progress = Callable[[str, str], None]
+
+
+def serve_refusal(serve: GateStatus) -> str:
+    """Why the trial must not start on Gate G as `narwhal status --offline` computes it ("" when
+    passed and fresh): a trial measures the service Gate G vouched for, so a serve gate that is
+    pending, failed, blocked or stale (its inputs moved) would have it measure something else
+    and record that as the fleet's capacity. One line naming the state and the way out."""
+    if serve.state == "passed":
+        return ""
+    why = f" ({serve.reason})" if serve.reason else ""
+    return (f"gate {serve.letter} ({serve.gate}) is {serve.state}{why}; run `narwhal serve` "
+            "(or `narwhal deploy`) until it passes, then the trial again; nothing was sent")
 
 
 def _get_json(url: str) -> dict[str, Any] | None:
@@ -70,7 +86,7 @@ def drain(base: str) -> float:
         if state is not None and state.get("inflight") == 0:
             return time.monotonic() - started
         time.sleep(0.2)
-    raise GateBlocked("serve", f"the router did not drain within {DRAIN_S:.0f} s", [Problem(
+    raise GateBlocked(COMMAND, f"the router did not drain within {DRAIN_S:.0f} s", [Problem(
         "router inflight", "requests still in flight", "wait, or read /narwhal/state")])
 
 
@@ -155,60 +171,39 @@ class Size:
         return self.requests or 40
 
 
+@dataclass(frozen=True)
+class Route:
+    """What every rate of one trial goes through: the router host, the plan as it serves now,
+    and the workstation's ends of the SSH forwards to the router and Prometheus."""
+
+    host: Host
+    rh: RouterHost
+    plan: ServePlan
+    base: str
+    prometheus: str
+    api_key: str | None
+
+
 def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
               size: Size, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
     rh = RouterHost(host, p.install)
     p = serving(rh, p)  # after a takeover the primary answers at the standby's address
     slo = p.fleet["slo"]
-    ttft_s, tpot_s = float(slo["ttft_s"]), float(slo["tpot_s"])
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
     tag = f"trial-{attempt.id}-{os.urandom(3).hex()}"
     tokens = profiled_tokens(host, rh, inputs.workload.prompt_tokens)
     out: list[dict[str, Any]] = []
     data: list[report.RateData] = []
     with forwarded(host, [p.bind, p.prometheus_at]) as (router_port, prometheus_port):
-        base = f"http://127.0.0.1:{router_port}"
-        prometheus = f"http://127.0.0.1:{prometheus_port}"
-        words = words_for(base, p.fleet["model"], tokens, api_key)
+        route = Route(host, rh, p, f"http://127.0.0.1:{router_port}",
+                      f"http://127.0.0.1:{prometheus_port}", api_key)
+        words = words_for(route.base, p.fleet["model"], tokens, api_key)
         for rate in rates:
-            progress(f"rate {rate:g}/s", "draining the router")
-            waited = drain(base)
-            offset = journal_size(host, rh)
-            requests = size.at(rate)
-            planned = schedule(rate, requests, seed, words, max_tokens, f"{tag}-r{rate:g}")
-            progress(f"rate {rate:g}/s", f"{requests} requests, open loop")
-            records, seconds, cpu = asyncio.run(client.run(base, p.fleet["model"], planned,
-                                                           api_key))
-            drain(base)
-            time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
-            journal = journal_since(host, rh, offset)
-            rows, unreadable = journal_rows(journal, f"{tag}-r{rate:g}")
-            rec = reconcile_rows([x.request_id for x in planned], rows, unreadable)
-            snapshot = scrape(prometheus)
-            state = _get_json(f"{base}/narwhal/state") or {}
-            out_now = {str(e.get("id")) for e in state.get("engines", [])
-                       if not e.get("admitted") or e.get("held_reason")}
-            scraped = scrape_holds(snapshot, len(p.targets()), out_now)
-            attempt.add_artifact(f"rate-{rate:g}-router-state.json",
-                                 canonical_json(state).encode() + b"\n")
-            summary = summarise(rate, records, seconds, ttft_s, tpot_s)
-            summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(cpu, 3),
-                           reconciled=rec.as_dict(),
-                           scrape=snapshot or {"error": "Prometheus did not answer"},
-                           router_engines=[{k: e.get(k) for k in (
-                               "id", "admitted", "ejected_reason", "ejections", "held_reason")}
-                               for e in state.get("engines", [])])
-            summary["verdict"] = verdict(summary, rec.ok, scraped)
-            name = f"rate-{rate:g}"
-            attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(records))
-            attempt.add_artifact(f"{name}-journal.jsonl", b"".join(
-                canonical_json(r).encode() + b"\n" for r in rows))
-            attempt.add_artifact(f"{name}-summary.json", canonical_json(summary).encode() + b"\n")
-            progress(f"rate {rate:g}/s", f"{summary['verdict']}: attainment "
-                     f"{summary['attainment']:.0%}, goodput {summary['goodput_per_s']}/s, "
-                     f"reconciled {rec.ok}")
+            rate_tag = f"{tag}-r{rate:g}"
+            planned = schedule(rate, size.at(rate), seed, words, max_tokens, rate_tag)
+            summary, rate_data = run_rate(route, attempt, rate, planned, rate_tag, progress)
             out.append(summary)
-            data.append(report.RateData(summary, [r.as_dict() for r in records], rows))
+            data.append(rate_data)
     doc = {"slo": slo, "seed": seed, "requests_per_rate": size.requests,
            "duration_s": size.duration_s, "tag": tag, "rates": out}
     attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
@@ -220,6 +215,45 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
         attempt.add_artifact(name, content)
     doc["report"] = str(attempt.folder / report.REPORT)
     return doc
+
+
+def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned], tag: str,
+             progress: Progress) -> tuple[dict[str, Any], report.RateData]:
+    """One rate: drained before and after, sent open loop, reconciled with the journal,
+    scraped, summarised with its verdict; every record kept as the rate's artifacts."""
+    name, slo, p = f"rate-{rate:g}", route.plan.fleet["slo"], route.plan
+    progress(f"rate {rate:g}/s", "draining the router")
+    waited = drain(route.base)
+    offset = journal_size(route.host, route.rh)
+    progress(f"rate {rate:g}/s", f"{len(planned)} requests, open loop")
+    sent = asyncio.run(client.run(route.base, p.fleet["model"], planned, route.api_key))
+    drain(route.base)
+    time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
+    rows, unreadable = journal_rows(journal_since(route.host, route.rh, offset), tag)
+    rec = reconcile_rows([x.request_id for x in planned], rows, unreadable)
+    snapshot = scrape(route.prometheus)
+    state = _get_json(f"{route.base}/narwhal/state") or {}
+    out_now = {str(e.get("id")) for e in state.get("engines", [])
+               if not e.get("admitted") or e.get("held_reason")}
+    attempt.add_artifact(f"{name}-router-state.json", canonical_json(state).encode() + b"\n")
+    summary = summarise(rate, sent.records, sent.seconds, float(slo["ttft_s"]),
+                        float(slo["tpot_s"]))
+    summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(sent.cpu_share, 3),
+                   connection_budget=sent.budget, reconciled=rec.as_dict(),
+                   scrape=snapshot or {"error": "Prometheus did not answer"},
+                   router_engines=[{k: e.get(k) for k in (
+                       "id", "admitted", "ejected_reason", "ejections", "held_reason")}
+                       for e in state.get("engines", [])])
+    summary["verdict"] = verdict(summary, rec.ok,
+                                 scrape_holds(snapshot, len(p.targets()), out_now))
+    attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(sent.records))
+    attempt.add_artifact(f"{name}-journal.jsonl", b"".join(
+        canonical_json(r).encode() + b"\n" for r in rows))
+    attempt.add_artifact(f"{name}-summary.json", canonical_json(summary).encode() + b"\n")
+    progress(f"rate {rate:g}/s", f"{summary['verdict']}: attainment "
+             f"{summary['attainment']:.0%}, goodput {summary['goodput_per_s']}/s, "
+             f"reconciled {rec.ok}, client-limited {summary['client_limited']}")
+    return summary, report.RateData(summary, [r.as_dict() for r in sent.records], rows)
 
 
 def fabric_heatmap(attempt: Attempt) -> bytes | None:

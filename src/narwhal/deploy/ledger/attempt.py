@@ -132,6 +132,15 @@ class Attempt:
                    **({"serves": serves} if serves else {})})
         return ref
 
+    def adopt_process(self, row: dict[str, Any], started_by: str) -> None:
+        """Record that this attempt serves with a process an earlier attempt started (its
+        owned row: host, pid, kernel start time), so recovering that earlier attempt keeps it
+        and recovering this one never ends what it did not create (ledger/recover.py)."""
+        self._own({"kind": "adopted", "host": row["host"], "pid": int(row["pid"]),
+                   "start_ticks": int(row["start_ticks"]), "argv0": row.get("argv0", ""),
+                   "started_by": started_by,
+                   **({"serves": row["serves"]} if row.get("serves") else {})})
+
     def own_container(self, host: Host, runtime: str, container_id: str, created: str) -> None:
         """Own a container this attempt created, by full id and the runtime's creation time
         (as `<runtime> inspect --format '{{.Id}} {{.Created}}'` prints it), so recovery can

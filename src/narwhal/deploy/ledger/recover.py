@@ -5,13 +5,18 @@ matches and it is empty by then; a tree a command made (a clone, a venv) whole, 
 inode matches; a process only if its pid still has the same kernel start
 time; a container only if its id still has the same creation time. Everything else is kept
 and reported. The failed attempt's evidence is never touched.
+
+A process a later attempt adopted (Gate G adopts the primary router an earlier attempt
+started, and records it as an "adopted" row of its own owned.jsonl) is kept: it is that later
+attempt's service now, and undoing the earlier, failed attempt must not take it down. The
+adopting attempt's own recovery keeps it too, since it did not create it (kept_because).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from narwhal.core.errors import HostError, LedgerError
@@ -22,6 +27,7 @@ from narwhal.deploy.ledger.evidence import read_rows
 from narwhal.deploy.ledger.store import Ledger
 
 STOP_WAIT_S = 5.0
+ProcessKey = tuple[str, int, int]  # host alias, pid, kernel start time: one process, exactly
 
 
 def target_attempt(ledger: Ledger, gate: str, attempt_id: str | None) -> str:
@@ -40,6 +46,48 @@ def target_attempt(ledger: Ledger, gate: str, attempt_id: str | None) -> str:
         raise LedgerError(f"attempt {chosen} of gate {gate} passed; recovery only undoes "
                           "failed or interrupted attempts")
     return chosen
+
+
+def _process_key(row: Mapping[str, Any]) -> ProcessKey | None:
+    try:
+        return str(row["host"]), int(row["pid"]), int(row["start_ticks"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def adopted_later(owned: Mapping[str, Sequence[Mapping[str, Any]]], attempts: Sequence[str],
+                  chosen: str) -> dict[ProcessKey, str]:
+    """Every process an attempt after `chosen` adopted, with the last attempt that adopted
+    it (`owned`: each attempt's owned.jsonl rows, `attempts` in the record's order)."""
+    out: dict[ProcessKey, str] = {}
+    for attempt_id in attempts[attempts.index(chosen) + 1:]:
+        for row in owned.get(attempt_id, ()):
+            if row.get("kind") == "adopted" and (key := _process_key(row)) is not None:
+                out[key] = attempt_id
+    return out
+
+
+def kept_because(item: Mapping[str, Any], gate: str,
+                 adopted: Mapping[ProcessKey, str]) -> str:
+    """Why recovery keeps an owned item before asking its host ("" when its kind's action
+    decides): a row that only records an adoption (this attempt did not create the process),
+    or a process a later attempt adopted and serves with now."""
+    if item.get("kind") == "adopted":
+        return (f"kept: adopted from {item.get('started_by') or 'an earlier attempt'}, not "
+                "created by this attempt")
+    key = _process_key(item) if item.get("kind") == "process" else None
+    if key is not None and key in adopted:
+        return (f"kept: adopted by the later attempt {gate}/{adopted[key]}, which serves with "
+                f"it (the next `narwhal {gate}` adopts or replaces it)")
+    return ""
+
+
+def _later_adoptions(ledger: Ledger, gate: str, chosen: str) -> dict[ProcessKey, str]:
+    index = ledger.load()
+    attempts = list((index["gates"].get(gate) or index["activities"].get(gate))["attempts"])
+    owned = {a: read_rows(ledger.attempt_folder(gate, a) / "owned.jsonl")
+             for a in attempts[attempts.index(chosen) + 1:]}
+    return adopted_later(owned, attempts, chosen)
 
 
 def _file(host: Host, item: dict[str, Any]) -> str:
@@ -120,10 +168,14 @@ def recover(ledger: Ledger, gate: str, host_for: Callable[[str], Host],
     """Undo one attempt; returns one row per owned item with what was done."""
     chosen = target_attempt(ledger, gate, attempt_id)
     owned = read_rows(ledger.attempt_folder(gate, chosen) / "owned.jsonl")
+    adopted = _later_adoptions(ledger, gate, chosen)
     report: list[dict[str, Any]] = []
     with ledger.attempt("recover", fingerprint={}, hosts={},
                         retry_of=f"{gate}/{chosen}") as record:
         for item in reversed(owned):
+            if kept := kept_because(item, gate, adopted):
+                report.append({**item, "result": kept})
+                continue
             action = ACTIONS.get(item.get("kind", ""))
             if action is None:
                 report.append({**item, "result": "kept: unknown kind"})

@@ -74,13 +74,14 @@ def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None,
 
 def with_live_changes(rows: list[GateStatus], doc: dict[str, Any],
                       changes: Sequence[Any], router: str = "",
-                      links: Sequence[Any] = ()) -> list[GateStatus]:
+                      links: Sequence[Any] = (), prometheus: str = "") -> list[GateStatus]:
     """The rows with what the live check found: an engine that must be captured again makes
     Gate C stale, any engine its sidecar no longer vouches for makes Gate E stale, each naming
     the engines; a directed link that moved makes Gate D stale, naming the edges, and the full
-    preflight (Gate F) is repeated after it; a router that does not answer makes Gate G stale.
+    preflight (Gate F) is repeated after it; a router that does not answer, or a Prometheus
+    that is gone or does not answer (the fleet unwatched), makes Gate G stale, naming which.
     The later passed gates are to repeat, as for a moved input."""
-    if not changes and not router and not links:
+    if not changes and not router and not links and not prometheus:
         return rows
     causes: dict[str, str] = {}
     if changes:
@@ -96,8 +97,11 @@ def with_live_changes(rows: list[GateStatus], doc: dict[str, Any],
         causes["fabric"] = "link moved since measured: " + "; ".join(
             f"{c.edge} ({', '.join(c.moved)})" for c in links)
         causes["preflight"] = "the live KV paths over the moved links are to be exercised"
-    if router:
-        causes["serve"] = f"router not serving: {router}"
+    serve = [f"router not serving: {router}"] if router else []
+    serve += [f"prometheus not serving: {prometheus}; `narwhal serve` (or `narwhal deploy`) "
+              "starts it again"] if prometheus else []
+    if serve:
+        causes["serve"] = "; ".join(serve)
     out, stale_from = [], ""
     for row in rows:
         if row.gate in causes and row.state in ("passed", "stale"):

@@ -1,8 +1,13 @@
 """The open-loop load client: each planned request sent at its time, streamed, and recorded.
 
-Sends are bounded by an in-flight cap: a request that waits for a slot is sent late, and its
-lag (actual send minus planned time) is what the verdict reads as "client saturated". The
-client also reports the share of one CPU it used, since on a busy workstation a client that
+Open loop means a request leaves at its scheduled time however many earlier ones are still in
+flight: a fleet slower than the arrival rate then shows as a capacity miss at that rate, with
+in flight growing, instead of as a client that held requests back and called it lateness.
+The one bound is the connection budget (one connection, so one file descriptor, per request
+in flight): stated, large (connection_budget), and counted apart. A request that finds it
+full waits and is recorded `client_limited`, and the verdict says "client-limited", not late
+and not capacity. Lag (actual send minus planned time) beyond that is the event loop's own,
+and the client reports the share of one CPU it used, since on a busy workstation a client that
 cannot keep up looks exactly like a slow fleet.
 """
 
@@ -12,14 +17,15 @@ import asyncio
 import json
 import resource
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
 from narwhal.deploy.trial.schedule import Planned
 from narwhal.deploy.trial.verdict import Record
 
-MAX_INFLIGHT = 32
+MAX_CONNECTIONS = 8192  # the most requests in flight at once, whatever the descriptor limit
+RESERVED_DESCRIPTORS = 64  # kept for the process besides: its files, SSH forwards, the loop
 MAX_BODY = 4 << 20  # a response larger than this is cut and recorded as an error
 WORDS = ("sea", "harbour", "lamp", "north", "stone", "river", "cloud", "orchard", "copper",
          "winter", "signal", "marble", "ember", "valley", "anchor", "thistle")
@@ -31,10 +37,43 @@ def prompt(p: Planned) -> str:
     return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(p.prompt_words))
 
 
+def connection_budget(descriptors: int) -> int:
+    """How many requests may be in flight at once: the descriptor limit less what the process
+    needs besides, up to MAX_CONNECTIONS. Past it a send would fail with EMFILE, which the
+    records would show as the fleet's errors; waiting instead is counted as client-limited."""
+    return max(1, min(MAX_CONNECTIONS, descriptors - RESERVED_DESCRIPTORS))
+
+
+def descriptor_limit() -> int:
+    """The process's descriptor limit, its soft limit first raised toward the hard one (as far
+    as the budget can use): a default soft limit of 1024 would cap the client, not the fleet."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MAX_CONNECTIONS + RESERVED_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, raised), hard))
+            soft = max(soft, raised)
+        except (ValueError, OSError):
+            pass  # the soft limit stands; the budget follows it
+    return want if soft == resource.RLIM_INFINITY else soft
+
+
+class Sent(NamedTuple):
+    """One rate's sending: the records, seconds from the first planned send to the last
+    answer, the client's CPU share of one core over that time, and the budget it sent under."""
+
+    records: list[Record]
+    seconds: float
+    cpu_share: float
+    budget: int
+
+
 async def _one(session: aiohttp.ClientSession, url: str, model: str, p: Planned,
                start: float, slots: asyncio.Semaphore, headers: dict[str, str],
                timeout_s: float) -> Record:
     loop = asyncio.get_running_loop()
+    limited = slots.locked()  # at its scheduled time the budget was full: it waits, counted
     async with slots:
         sent = loop.time() - start
         times: list[float] = []
@@ -59,19 +98,22 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, p: Planned,
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:200]
         first = times[0] - sent if times else None
-        return Record(p.request_id, p.at_s, sent, status, first, tuple(times), size, error)
+        return Record(p.request_id, p.at_s, sent, status, first, tuple(times), size, error,
+                      limited)
 
 
 async def run(base_url: str, model: str, planned: list[Planned], api_key: str | None,
-              timeout_s: float = 120.0) -> tuple[list[Record], float, float]:
-    """Send the schedule; (records, seconds from the first planned send to the last answer,
-    the client's CPU share of one core over that time)."""
+              timeout_s: float = 120.0, budget: int | None = None) -> Sent:
+    """Send the schedule, each request at its time whatever is in flight, within `budget`
+    connections (default: connection_budget of this process's descriptor limit)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = f"{base_url}/v1/completions"
-    slots = asyncio.Semaphore(MAX_INFLIGHT)
+    budget = budget or connection_budget(descriptor_limit())
+    slots = asyncio.Semaphore(budget)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     wall0 = time.monotonic()
-    connector = aiohttp.TCPConnector(limit=MAX_INFLIGHT)
+    # the connector's own limit is the budget too: it never queues a request the budget let go
+    connector = aiohttp.TCPConnector(limit=budget)
     async with aiohttp.ClientSession(connector=connector) as session:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -86,7 +128,7 @@ async def run(base_url: str, model: str, planned: list[Planned], api_key: str | 
     wall = time.monotonic() - wall0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    return records, wall, (cpu / wall if wall > 0 else 0.0)
+    return Sent(records, wall, (cpu / wall if wall > 0 else 0.0), budget)
 
 
 def records_jsonl(records: list[Record]) -> bytes:

@@ -218,13 +218,15 @@ def page(title: str, slo: dict[str, Any], rates: Sequence[RateData],
     """The HTML text; `pictures` maps each section to its PNG file name (None: no data)."""
     verdicts = "; ".join(f"{r.summary['rate']:g}/s {r.summary['verdict']}" for r in rates)
     header = ("rate/s", "verdict", "attainment", "goodput/s", "TTFT p50", "TTFT p99",
-              "TPOT p50", "TPOT p99", "late sends", "client CPU", "reconciled")
+              "TPOT p50", "TPOT p99", "late sends", "client-limited", "client CPU",
+              "reconciled")
     body_rows = []
     for r in rates:
         s = r.summary
         cells = (f"{s['rate']:g}", s["verdict"], f"{float(s['attainment']):.0%}",
                  s["goodput_per_s"], s["ttft_p50_s"], s["ttft_p99_s"], s["tpot_p50_s"],
-                 s["tpot_p99_s"], s["late_sends"], s.get("client_cpu_share"),
+                 s["tpot_p99_s"], s["late_sends"], s.get("client_limited"),
+                 s.get("client_cpu_share"),
                  (s.get("reconciled") or {}).get("ok"))
         body_rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
     when = datetime.fromtimestamp(generated).astimezone().isoformat(timespec="seconds")

@@ -1,7 +1,9 @@
 """One rate's summary and its verdict, in the order a miss must be explained.
 
 A rate says "capacity" only when nothing else explains a miss. First the record itself: a
-client that could not keep its schedule or used nearly all of its one CPU doing so ("client
+client that hit its stated connection budget ("client-limited": requests waited for a
+connection, so the offered load was not sent; client.py), a client that could not keep its
+schedule otherwise or used nearly all of its one CPU doing so ("client
 saturated": its timings are its own, not the fleet's), a journal that does not
 reconcile with what was sent ("records do not reconcile"), a Prometheus that stopped answering
 ("scrape failure"), requests the router refused as invalid (a 4xx other than 429: the
@@ -32,6 +34,7 @@ class Record:
     token_times_s: tuple[float, ...]
     bytes: int
     error: str = ""
+    client_limited: bool = False  # waited for the client's connection budget before sending
 
     @property
     def lag_s(self) -> float:
@@ -51,7 +54,8 @@ class Record:
         return {"request_id": self.request_id, "planned_s": round(self.planned_s, 6),
                 "sent_s": round(self.sent_s, 6), "status": self.status,
                 "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "tokens": len(self.token_times_s),
-                "bytes": self.bytes, "error": self.error or None}
+                "bytes": self.bytes, "error": self.error or None,
+                "client_limited": self.client_limited}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -66,7 +70,8 @@ def summarise(rate: float, records: list[Record], seconds: float, ttft_s: float,
     ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
     tpots = [t for r in records if (t := r.tpot_s) is not None]
     good = sum(r.attains(ttft_s, tpot_s) for r in records)
-    late = sum(r.lag_s > MAX_LAG_S for r in records)
+    # a wait for the budget is counted apart: lateness is what the client could not explain
+    late = sum(r.lag_s > MAX_LAG_S and not r.client_limited for r in records)
     return {
         "rate": rate, "requests": len(records), "seconds": round(seconds, 3),
         "ok": sum(r.status == 200 and not r.error for r in records),
@@ -74,13 +79,16 @@ def summarise(rate: float, records: list[Record], seconds: float, ttft_s: float,
         "goodput_per_s": round(good / seconds, 4) if seconds > 0 else 0.0,
         "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p99_s": _pct(ttfts, 0.99),
         "tpot_p50_s": _pct(tpots, 0.5), "tpot_p99_s": _pct(tpots, 0.99),
-        "late_sends": late, "lag_p99_s": _pct([r.lag_s for r in records], 0.99),
+        "late_sends": late, "client_limited": sum(r.client_limited for r in records),
+        "lag_p99_s": _pct([r.lag_s for r in records], 0.99),
         "statuses": {str(s): sum(r.status == s for r in records)
                      for s in sorted({r.status for r in records})},
     }
 
 
 def verdict(summary: dict[str, Any], reconciled_ok: bool, scrape_ok: bool) -> str:
+    if summary.get("client_limited"):
+        return "client-limited"  # the budget held sends back: this rate was not offered
     if summary["requests"] and summary["late_sends"] / summary["requests"] > MAX_LATE_SHARE:
         return "client saturated"
     if float(summary.get("client_cpu_share") or 0.0) > MAX_CLIENT_CPU:
