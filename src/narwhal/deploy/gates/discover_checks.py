@@ -17,6 +17,8 @@ from narwhal.deploy.inputs.model import EngineInputs, Inputs
 
 MIN_PYTHON = (3, 11)
 ENGINE_TOOLS = ("git", "make", "curl")
+SSHPASS_FIX = ("apt-get install sshpass, or use key auth (NARWHAL_SSH_KEY) instead of the "
+               "password(s)")
 
 
 @dataclass
@@ -78,6 +80,26 @@ def host_problems(alias: str, facts: Mapping[str, Any], role: str) -> list[Probl
                 problems.append(_p(alias, tool, f"{tool} is not installed",
                                    f"install {tool} on the host"))
     return problems
+
+
+def password_fields(inputs: Inputs) -> list[str]:
+    """The .env variables that make a login use a password: each one is typed through sshpass
+    on the workstation."""
+    secrets = [e.ssh_password for e in inputs.engines] + [inputs.router.ssh_password]
+    return list(dict.fromkeys(s.name for s in secrets if s is not None))
+
+
+def workstation_problems(facts: Mapping[str, Any] | None,
+                         passwords: Sequence[str]) -> list[Problem]:
+    """Without sshpass on the workstation no password login can start (each such host fails
+    to connect), so this is said once, naming every variable that needs it. Nothing is judged
+    when the workstation could not be inspected: that is its own problem already."""
+    if not passwords or facts is None:
+        return []
+    if ((facts.get("tools") or {}).get("sshpass") or {}).get("path"):
+        return []
+    return [_p("workstation", ", ".join(passwords),
+               "sshpass is not installed, and password SSH needs it", SSHPASS_FIX)]
 
 
 def _select_gpus(engine: EngineInputs, host: str, gpus: list[dict[str, Any]],
@@ -289,9 +311,11 @@ def _checkpoints(plans: Sequence[EnginePlan],
 
 
 def all_problems(inputs: Inputs, facts: Mapping[str, Mapping[str, Any]],
-                 host_of: Mapping[str, str]) -> tuple[list[Problem], list[EnginePlan]]:
-    """Every problem of the fleet in one pass, and the per-engine plans (valid when none)."""
-    problems: list[Problem] = []
+                 host_of: Mapping[str, str], workstation: Mapping[str, Any] | None = None,
+                 ) -> tuple[list[Problem], list[EnginePlan]]:
+    """Every problem of the fleet in one pass, and the per-engine plans (valid when none).
+    `facts` are the hosts'; the workstation's (None: not inspected) are judged on their own."""
+    problems = workstation_problems(workstation, password_fields(inputs))
     roles = {alias: ("engine" if any(h == alias for h in host_of.values()) else "router")
              for alias in facts}
     for alias, doc in facts.items():
