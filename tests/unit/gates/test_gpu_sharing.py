@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from narwhal.core.errors import InputError
 from narwhal.core.gpu_sharing import Allocation, share_groups, sharings
 from narwhal.core.launch_record import LaunchRecord
 from narwhal.deploy.gates.discover_checks import all_problems
@@ -93,10 +94,33 @@ def test_two_logins_to_one_machine_are_one_machine_and_two_hosts_are_two() -> No
     assert len(machines(ANOTHER_LOGIN, two)) == 2
 
 
-def test_one_engine_naming_one_gpu_twice_is_refused_by_discovery() -> None:
+def test_one_engine_naming_one_gpu_twice_is_refused_before_and_after_discovery() -> None:
+    with pytest.raises(InputError, match="NARWHAL_NODE_1_GPU_IDS: names a GPU twice"):
+        parse_inputs(_env(ANOTHER_ADDRESS, "0,00", "1"), Path(".env"))
     lines = _discover(_env(ANOTHER_ADDRESS, f"0,{UUIDS[0]}", "1"))
     assert any(f"NARWHAL_NODE_1_GPU_IDS: {UUIDS[0]} names GPU 0 a second time" in ln
                for ln in lines), lines
+
+
+@pytest.mark.parametrize(("gpu_1", "gpu_2", "more"), [
+    ("0", "0", {}),
+    ("0", "00", {}),  # before: two spellings, so the .env check saw two GPUs
+    (UUIDS[0], UUIDS[0].upper(), {}),  # nvidia-smi prints lower case
+    ("0", "0", {"NARWHAL_GPU_MEMORY_UTILIZATION": "0.4"}),  # before: let through here, then
+])                                                          # refused by discovery
+def test_what_the_env_check_finds_discovery_finds_and_the_allowance_settles_both(
+        gpu_1: str, gpu_2: str, more: dict[str, str]) -> None:
+    """Same login, the same GPU written the same way: the .env check refuses it without the
+    allowance, as discovery does; with it, both let it through (before: the .env check
+    ignored NARWHAL_SHARED_GPU_ALLOWANCE and refused what discovery allows)."""
+    with pytest.raises(InputError) as caught:
+        parse_inputs(_env("root@10.213.0.11", gpu_1, gpu_2, **more), Path(".env"))
+    assert "NARWHAL_NODE_2_GPU_IDS: GPU" in str(caught.value)
+    assert "is also allocated to engine-1" in str(caught.value)
+    assert "NARWHAL_SHARED_GPU_ALLOWANCE=true" in str(caught.value)
+    allowed = _env("root@10.213.0.11", gpu_1, gpu_2, NARWHAL_SHARED_GPU_ALLOWANCE="true", **more)
+    assert _discover(allowed) == []
+    assert any(SHARED.format(UUIDS[0]) in ln for ln in _discover(allowed, allowance=False))
 
 
 def test_the_rule_links_engines_by_gpu_on_one_machine_only() -> None:
