@@ -5,6 +5,7 @@
       HostError             a command or transfer on a host failed (alias, command, exit)
         HostUnreachable     the host could not be contacted within the connect timeout
         HostKeyChanged      the pinned host key differs from what the host presents
+        ClientToolMissing   the workstation lacks the program that reaches the host (sshpass)
         TransferMismatch    a file arrived with a different sha256 than was sent
       GateBlocked           a gate cannot pass; recorded in the ledger before state changes
       LedgerError           the deployment record is missing, corrupt or would be overwritten
@@ -75,6 +76,16 @@ class HostKeyChanged(HostError):
             "(console or provider), then run `narwhal hosts trust --replace "
             f"{alias}`",
         )
+
+
+class ClientToolMissing(HostError):
+    """The workstation lacks a program needed to reach the host (sshpass for a password login),
+    so no host was contacted: the fix is on the workstation, not the host."""
+
+    def __init__(self, alias: str, tool: str, needed_by: str) -> None:
+        self.tool = tool
+        super().__init__(alias, f"{tool} is not installed on the workstation ({needed_by} "
+                         "needs it)", command=tool)
 
 
 class TransferMismatch(HostError):

@@ -174,6 +174,9 @@ class HostFacts(_Strict):
     schema_version: Literal[1]
     role: Literal["engine", "router", "workstation"]
     hostname: str
+    # HMAC-SHA256 keyed by /etc/machine-id (never the id itself): equal for every login and
+    # address of one OS install, so GPU sharing is judged per machine; null: the host has none.
+    machine_id_hmac: Sha256Hex | None
     kernel: str
     os_release: OsRelease
     python: PythonFacts

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import importlib.util
 import ipaddress
 import json
@@ -75,6 +76,9 @@ SKIP_DIRS = (".cache", ".git")
 IF_INET6_SCOPES = {0x00: "global", 0x10: "host", 0x20: "link", 0x40: "site"}
 BUS_ID = re.compile(r"^([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$")
 USER = re.compile(r'\("((?:[^"\\]|\\.)*)",pid=(\d+),fd=\d+\)')
+MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+MACHINE_ID_LABEL = b"narwhal.machine"
 
 
 # --- the request and the result line -----------------------------------------------------
@@ -232,6 +236,16 @@ def parse_os_release(text: str) -> dict[str, str | None]:
             value = re.sub(r"\\(.)", r"\1", value[1:-1])
         values[key] = value
     return {k: values.get(k) for k in ("ID", "VERSION_ID", "PRETTY_NAME")}
+
+
+def machine_id_digest(text: str | None) -> str | None:
+    """HMAC-SHA256 of Narwhal's label keyed by the machine id, as systemd makes an
+    application-specific id (machine-id(5) asks that the id itself not leave the host); None
+    when the text is no id: absent, empty (an image before its first boot), `uninitialized`."""
+    value = (text or "").strip().lower()
+    if not MACHINE_ID.fullmatch(value):
+        return None
+    return hmac.new(value.encode(), MACHINE_ID_LABEL, hashlib.sha256).hexdigest()
 
 
 def normalise_bus_id(text: str) -> str:
@@ -536,6 +550,16 @@ def os_release_facts(root: str = "/") -> dict[str, str | None]:
         if text is not None:
             return parse_os_release(text)
     return {"ID": None, "VERSION_ID": None, "PRETTY_NAME": None}
+
+
+def machine_facts() -> str | None:
+    """The digest of this OS install's machine id: equal for every login and address that
+    reaches it, which is how discovery tells that two SSH destinations are one machine."""
+    for path in MACHINE_ID_FILES:
+        digest = machine_id_digest(read_text(path))
+        if digest is not None:
+            return digest
+    return None
 
 
 def pci_accelerator_vendors(sys_root: str = "/sys") -> set[str]:
@@ -945,7 +969,7 @@ def host_facts(request: dict[str, Any]) -> dict[str, Any]:
     uname = os.uname()
     return {
         "schema": FACTS_SCHEMA, "schema_version": VERSION, "role": request["role"],
-        "hostname": socket.gethostname(),
+        "hostname": socket.gethostname(), "machine_id_hmac": machine_facts(),
         "kernel": f"{uname.sysname} {uname.release} {uname.machine}",
         "os_release": os_release_facts(), "python": python_facts(), "tools": tools,
         "accelerators": accelerator_facts(tools), "device_nodes": device_nodes(),

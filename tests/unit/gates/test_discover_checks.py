@@ -155,3 +155,55 @@ def test_a_host_that_could_not_be_inspected_gets_the_fix_for_its_cause() -> None
     assert rekeyed.field == "node-3: ssh" and "--replace node-3" in rekeyed.fix
     down = _host_error("node-1", HostUnreachable("node-1", "no route"))
     assert "reachable over SSH" in down.fix
+
+
+def _workstation(sshpass: str | None) -> dict[str, Any]:
+    return {"hostname": "ws", "python": {"version": "3.11.7", "has_venv": True},
+            "tools": {"sshpass": {"path": sshpass, "version": "1.09" if sshpass else None}}}
+
+
+def _workstation_lines(env: dict[str, str | None], sshpass: str | None) -> list[str]:
+    inputs = parse_inputs(valid_env(**{**BASE, **env}), Path(".env"))
+    facts = {"node-1": _facts(1, "10.20.0.11"), "node-2": _facts(2, "10.20.0.12")}
+    problems, _ = all_problems(inputs, facts, {"engine-1": "node-1", "engine-2": "node-2"},
+                               workstation=_workstation(sshpass))
+    return [p.line() for p in problems]
+
+
+def test_password_ssh_without_sshpass_on_the_workstation_blocks_naming_the_variables() -> None:
+    """Every password login goes through sshpass on the workstation; without it each one fails
+    to connect, so Gate A says so once, naming the variables that need it and the way out."""
+    lines = _workstation_lines({"NARWHAL_ROUTER_SSH_PASSWORD": "router-horse-battery"}, None)
+    assert lines == ["workstation: NARWHAL_NODE_2_SSH_PASSWORD, NARWHAL_ROUTER_SSH_PASSWORD: "
+                     "sshpass is not installed, and password SSH needs it; apt-get install "
+                     "sshpass, or use key auth (NARWHAL_SSH_KEY) instead of the password(s)"]
+
+
+@pytest.mark.parametrize(("env", "sshpass"), [
+    ({}, "/usr/bin/sshpass"),  # a password login, and sshpass to make it
+    ({"NARWHAL_NODE_2_SSH_PASSWORD": None}, None),  # keys only: sshpass is not needed
+])
+def test_sshpass_is_asked_of_the_workstation_only_where_a_password_needs_it(
+        env: dict[str, str | None], sshpass: str | None) -> None:
+    assert _workstation_lines(env, sshpass) == []
+
+
+def test_a_missing_ssh_client_tool_is_a_named_host_problem_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: Popen's FileNotFoundError escaped Gate A as a traceback."""
+    from narwhal.core.errors import HostError
+    from narwhal.core.secret import Secret
+    from narwhal.deploy.gates.discover import _host_error
+    from narwhal.deploy.hosts.ssh import SshHost
+    from narwhal.deploy.inputs.destination import parse_destination
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sshpass (and no ssh) on PATH
+    host = SshHost("node-2", parse_destination("ops@10.213.0.12"), known_hosts=tmp_path / "kh",
+                   control_dir=tmp_path, password=Secret("pw", "NARWHAL_NODE_2_SSH_PASSWORD"))
+    with pytest.raises(HostError) as caught:
+        host.run(["true"])
+    problem = _host_error("node-2", caught.value)
+    assert problem.line() == (
+        "node-2: ssh: node-2: sshpass is not installed on the workstation "
+        "(NARWHAL_NODE_2_SSH_PASSWORD needs it); apt-get install sshpass, or use key auth "
+        "(NARWHAL_SSH_KEY) instead of the password(s)")

@@ -545,3 +545,30 @@ def test_a_folder_that_cannot_be_listed_is_an_error_not_a_smaller_digest(
     facts = hp.model_facts(str(root), True)
     assert facts["error"] == "sub: cannot list (Permission denied)"
     assert facts["model_tree_sha256"] is None
+
+
+# --- machine identity ---------------------------------------------------------------------
+
+
+def test_the_machine_id_is_reported_keyed_never_as_itself() -> None:
+    """One digest per OS install, whichever login or address read it; machine-id(5) asks that
+    the id itself not leave the host, so it is HMAC'd under Narwhal's label as systemd's
+    app-specific ids are."""
+    import hmac
+
+    machine_id = "4c4c4544004b4a1080335ac04f4d3332"
+    digest = hp.machine_id_digest(machine_id + "\n")
+    assert digest == hmac.new(machine_id.encode(), b"narwhal.machine", hashlib.sha256).hexdigest()
+    assert machine_id not in str(digest) and hp.machine_id_digest(machine_id.upper()) == digest
+    # absent, empty (an image before first boot), systemd's first-boot marker, not an id
+    for text in (None, "", "uninitialized\n", "not-a-machine-id", machine_id[:-1]):
+        assert hp.machine_id_digest(text) is None
+
+
+def test_the_document_carries_the_machine_digest_from_etc_machine_id(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {"/etc/machine-id": "", "/var/lib/dbus/machine-id": "0123456789abcdef" * 2 + "\n"}
+    monkeypatch.setattr(hp, "read_text", lambda path: files.get(path))
+    assert hp.machine_facts() == hp.machine_id_digest("0123456789abcdef" * 2)
+    files.clear()
+    assert hp.machine_facts() is None

@@ -19,7 +19,13 @@ from typing import Any
 
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json, sha256_bytes, stamp
-from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
+from narwhal.core.errors import (
+    ClientToolMissing,
+    ContractError,
+    GateBlocked,
+    HostError,
+    Problem,
+)
 from narwhal.core.host_facts import parse_host_facts
 from narwhal.deploy.gates import discover_checks as checks
 from narwhal.deploy.gates.generated import fleet_draft, launch_record
@@ -117,6 +123,10 @@ def _host_error(alias: str, exc: Exception) -> Problem:
                if "python3 is not installed" in text else
                "run discovery from one Narwhal checkout; the probe and its reader must match")
         return Problem(f"{alias}: probe", text, fix)
+    if isinstance(exc, ClientToolMissing):
+        fix = checks.SSHPASS_FIX if exc.tool == "sshpass" else \
+            "install the OpenSSH client on the workstation"
+        return Problem(f"{alias}: ssh", text, fix)
     fix = ("verify the new key out of band, then `narwhal hosts trust --replace " + alias + "`"
            if "key" in type(exc).__name__.lower() else
            "check the host is up and reachable over SSH (`narwhal hosts check`)")
@@ -151,7 +161,7 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
                              canonical_json(outcome.value).encode() + b"\n")
     host_of = {role: h.alias for h in physical_hosts(inputs) for role in h.roles}
     engine_facts = {a: f for a, f in facts.items() if a != "workstation"}
-    found, plans = checks.all_problems(inputs, engine_facts, host_of)
+    found, plans = checks.all_problems(inputs, engine_facts, host_of, facts.get("workstation"))
     problems += found
     if problems:
         attempt.add_artifact("problems.json", canonical_json(

@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.core.errors import Problem
+from narwhal.core.gpu_sharing import ALLOWANCE_FIX, Allocation, forbidden, machine_key, resolve
 from narwhal.deploy.inputs.model import EngineInputs, Inputs
 
 MIN_PYTHON = (3, 11)
 ENGINE_TOOLS = ("git", "make", "curl")
+SSHPASS_FIX = ("apt-get install sshpass, or use key auth (NARWHAL_SSH_KEY) instead of the "
+               "password(s)")
 
 
 @dataclass
@@ -25,6 +28,7 @@ class EnginePlan:
 
     engine: EngineInputs
     host: str
+    machine: str = ""  # the physical machine as measured (gpu_sharing.machine_key)
     gpus: list[dict[str, Any]] = field(default_factory=list)
     accelerator: str = "none"  # the GPUs' vendor, as the host's driver tool reported it
     tensor_parallel_size: int = 1
@@ -33,10 +37,15 @@ class EnginePlan:
     image: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
 
+    def allocation(self) -> Allocation:
+        """This engine's GPUs for the sharing rule: its measured machine, the GPUs' UUIDs."""
+        return Allocation(self.engine.role, self.machine or f"host:{self.host}",
+                          tuple(str(g.get("uuid")) for g in self.gpus))
+
     def as_json(self) -> dict[str, Any]:
         e = self.engine
         return {
-            "engine": e.role, "host": self.host,
+            "engine": e.role, "host": self.host, "machine": self.machine,
             "accelerator": self.accelerator,
             "gpus": [{k: g.get(k) for k in ("index", "uuid", "pci_bus_id", "name",
                                              "memory_total_mib", "numa_node", "render_node")}
@@ -80,22 +89,50 @@ def host_problems(alias: str, facts: Mapping[str, Any], role: str) -> list[Probl
     return problems
 
 
+def password_fields(inputs: Inputs) -> list[str]:
+    """The .env variables that make a login use a password: each one is typed through sshpass
+    on the workstation."""
+    secrets = [e.ssh_password for e in inputs.engines] + [inputs.router.ssh_password]
+    return list(dict.fromkeys(s.name for s in secrets if s is not None))
+
+
+def workstation_problems(facts: Mapping[str, Any] | None,
+                         passwords: Sequence[str]) -> list[Problem]:
+    """Without sshpass on the workstation no password login can start (each such host fails
+    to connect), so this is said once, naming every variable that needs it. Nothing is judged
+    when the workstation could not be inspected: that is its own problem already."""
+    if not passwords or facts is None:
+        return []
+    if ((facts.get("tools") or {}).get("sshpass") or {}).get("path"):
+        return []
+    return [_p("workstation", ", ".join(passwords),
+               "sshpass is not installed, and password SSH needs it", SSHPASS_FIX)]
+
+
 def _select_gpus(engine: EngineInputs, host: str, gpus: list[dict[str, Any]],
                  problems: list[Problem]) -> list[dict[str, Any]]:
+    """The host's GPUs that GPU_IDS names, each resolved to the GPU itself (an index or a
+    UUID, however spelt), so that every later comparison is by the driver's UUID."""
     if engine.gpu_ids is None:
         return gpus
-    by_key: dict[str, dict[str, Any]] = {}
-    for g in gpus:
-        by_key[str(g.get("index"))] = g
-        by_key[str(g.get("uuid"))] = g
-    chosen = [by_key[i] for i in engine.gpu_ids if i in by_key]
-    missing = [i for i in engine.gpu_ids if i not in by_key]
+    chosen: dict[str, dict[str, Any]] = {}
+    missing = []
+    for entry in engine.gpu_ids:
+        gpu = resolve(entry, gpus)
+        if gpu is None:
+            missing.append(entry)
+        elif str(gpu.get("uuid")) in chosen:
+            problems.append(_p(host, _var(engine, "GPU_IDS"),
+                               f"{entry} names GPU {gpu.get('index')} a second time",
+                               "name each GPU once"))
+        else:
+            chosen[str(gpu.get("uuid"))] = gpu
     if missing:
         found = ", ".join(f"{g.get('index')} ({g.get('uuid')})" for g in gpus) or "none"
         problems.append(_p(host, _var(engine, "GPU_IDS"),
                            f"GPU(s) {', '.join(missing)} do not exist on this host; it has: "
                            f"{found}", "name GPUs by the indexes or UUIDs listed"))
-    return chosen
+    return list(chosen.values())
 
 
 def _fabric(engine: EngineInputs, host: str, facts: Mapping[str, Any],
@@ -191,7 +228,9 @@ def _model(engine: EngineInputs, host: str, facts: Mapping[str, Any], plan: Engi
 def engine_plan(engine: EngineInputs, host: str, facts: Mapping[str, Any],
                 problems: list[Problem]) -> EnginePlan:
     """One engine's allocation and resources checked against its host; problems appended."""
-    plan = EnginePlan(engine, host)
+    # Two sessions (logins, addresses) that measured one machine id are one machine.
+    plan = EnginePlan(engine, host, machine_key(facts.get("machine_id_hmac"),
+                                                engine.ssh.machine))
     acc = facts.get("accelerators") or {}
     if acc.get("error"):
         problems.append(_p(host, "accelerators", f"GPU inspection failed: {acc['error']}",
@@ -220,26 +259,15 @@ def engine_plan(engine: EngineInputs, host: str, facts: Mapping[str, Any],
 def fleet_problems(plans: Sequence[EnginePlan],
                    rows_by_host: Mapping[str, Sequence[Sequence[Any]]],
                    shared_gpus: bool = False) -> list[Problem]:
-    """Relations across engines: sizes, disjoint GPUs (unless NARWHAL_SHARED_GPU_ALLOWANCE
-    lets colocated engines share one; Gate C then starts them one after another), one product
-    and shape, equal image and checkpoint everywhere (a difference names the host and the
-    first differing path)."""
+    """Relations across engines: sizes, disjoint GPUs on each measured machine (unless
+    NARWHAL_SHARED_GPU_ALLOWANCE lets colocated engines share one; Gate C then starts them one
+    after another), one product and shape, equal image and checkpoint everywhere (a difference
+    names the host and the first differing path)."""
     problems: list[Problem] = []
     if len(plans) < 2:
         problems.append(Problem("engines", f"{len(plans)} engine(s); disaggregated serving "
                                 "needs at least 2", "add NARWHAL_NODE_<n>_SSH for another engine"))
-    used: dict[tuple[str, str], str] = {}
-    for plan in plans:
-        for gpu in plan.gpus:
-            key = (plan.host, str(gpu.get("uuid")))
-            if key in used and used[key] != plan.engine.role and not shared_gpus:
-                problems.append(_p(plan.host, _var(plan.engine, "GPU_IDS"),
-                                   f"GPU {gpu.get('index')} ({gpu.get('uuid')}) is also "
-                                   f"allocated to {used[key]}",
-                                   "give colocated engines disjoint GPUs, or set "
-                                   "NARWHAL_SHARED_GPU_ALLOWANCE=true to let them share "
-                                   "(they start one after another)"))
-            used.setdefault(key, plan.engine.role)
+    problems += _shared_gpus(plans, shared_gpus)
     products = {str(g.get("name")) for p in plans for g in p.gpus}
     if len(products) > 1:
         problems.append(Problem("engines", f"mixed GPU products: {', '.join(sorted(products))}",
@@ -253,6 +281,21 @@ def fleet_problems(plans: Sequence[EnginePlan],
     problems += _same_everywhere(plans, "image", "id", "ENGINE_IMAGE",
                                  "load the same image (by digest) on every host")
     problems += _checkpoints(plans, rows_by_host)
+    return problems
+
+
+def _shared_gpus(plans: Sequence[EnginePlan], allowance: bool) -> list[Problem]:
+    """GPUs two engines hold on one measured machine (gpu_sharing's rule, by UUID), even when
+    each reached it through its own SSH login or address."""
+    by_role = {p.engine.role: p for p in plans}
+    problems = []
+    for s in forbidden([p.allocation() for p in plans], allowance):
+        plan, holder = by_role[s.engine], by_role[s.holder]
+        index = next(g.get("index") for g in plan.gpus if str(g.get("uuid")) == s.gpu)
+        where = "" if holder.host == plan.host else f" on {holder.host} (the same machine)"
+        problems.append(_p(plan.host, _var(plan.engine, "GPU_IDS"),
+                           f"GPU {index} ({s.gpu}) is also allocated to {s.holder}{where}",
+                           ALLOWANCE_FIX))
     return problems
 
 
@@ -289,9 +332,11 @@ def _checkpoints(plans: Sequence[EnginePlan],
 
 
 def all_problems(inputs: Inputs, facts: Mapping[str, Mapping[str, Any]],
-                 host_of: Mapping[str, str]) -> tuple[list[Problem], list[EnginePlan]]:
-    """Every problem of the fleet in one pass, and the per-engine plans (valid when none)."""
-    problems: list[Problem] = []
+                 host_of: Mapping[str, str], workstation: Mapping[str, Any] | None = None,
+                 ) -> tuple[list[Problem], list[EnginePlan]]:
+    """Every problem of the fleet in one pass, and the per-engine plans (valid when none).
+    `facts` are the hosts'; the workstation's (None: not inspected) are judged on their own."""
+    problems = workstation_problems(workstation, password_fields(inputs))
     roles = {alias: ("engine" if any(h == alias for h in host_of.values()) else "router")
              for alias in facts}
     for alias, doc in facts.items():

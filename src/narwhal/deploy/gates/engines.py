@@ -13,13 +13,14 @@ launch record, and every ordered producer -> consumer pair by core/kv's pair rul
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from narwhal.core import result_line
 from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
 from narwhal.core.documents import canonical_json, stamp
 from narwhal.core.errors import ContractError, GateBlocked, HostError, InputError, Problem
+from narwhal.core.gpu_sharing import Allocation, share_groups
 from narwhal.core.kv.capture.contract import (
     capture_findings,
     engine_findings,
@@ -52,24 +53,30 @@ Progress = Callable[[str, str], None]
 @dataclass(frozen=True)
 class EngineTarget:
     role: str
-    alias: str  # the physical host
+    alias: str  # the SSH session (one per login) that reaches the engine's host
     record: LaunchRecord
     launch_sha256: str
+    machine: str = ""  # the machine Gate A measured (discovery.json); "": the session's own
 
-    @property
-    def gpus(self) -> frozenset[tuple[str, str]]:
-        return frozenset((self.alias, d.uuid) for d in self.record.devices)
+    def allocation(self) -> Allocation:
+        return Allocation(self.role, self.machine or f"host:{self.alias}",
+                          tuple(d.uuid for d in self.record.devices))
+
+
+def with_machines(targets: list[EngineTarget], discovery: dict[str, Any]) -> list[EngineTarget]:
+    """Each engine with the machine Gate A measured for it, so that two logins or addresses
+    of one machine are one machine here too (a record from before it was measured: none)."""
+    machines = {str(e.get("engine")): str(e.get("machine") or "")
+                for e in discovery.get("engines") or []}
+    return [replace(t, machine=machines.get(t.role, "")) for t in targets]
 
 
 def start_groups(targets: list[EngineTarget]) -> list[list[EngineTarget]]:
-    """Engines that share a GPU (directly or through others) in one group, started one after
-    another; groups are started at once."""
-    groups: list[list[EngineTarget]] = []
-    for t in targets:
-        touching = [g for g in groups if any(t.gpus & o.gpus for o in g)]
-        merged = [o for g in touching for o in g] + [t]
-        groups = [g for g in groups if g not in touching] + [merged]
-    return groups
+    """Engines that share a GPU of one machine (directly or through others) in one group,
+    started one after another; groups are started at once (core/gpu_sharing's rule)."""
+    by_role = {t.role: t for t in targets}
+    return [[by_role[role] for role in group]
+            for group in share_groups([t.allocation() for t in targets])]
 
 
 def targets_for(inputs: Inputs, ledger: Ledger, reader: str) -> list[EngineTarget]:
@@ -86,7 +93,8 @@ def targets_for(inputs: Inputs, ledger: Ledger, reader: str) -> list[EngineTarge
 
 def plan(inputs: Inputs, ledger: Ledger) -> tuple[list[EngineTarget], dict[str, Any]]:
     install = passed_artifact(ledger, "engines", INSTALL_PLAN).json()
-    targets = targets_for(inputs, ledger, "engines")
+    discovery = passed_artifact(ledger, "engines", DISCOVERY).json()
+    targets = with_machines(targets_for(inputs, ledger, "engines"), discovery)
     groups = start_groups(targets)
     paths = transfer_paths(inputs, [(t.role, t.alias, t.record) for t in targets])
     doc = {"install": {"prepared_run": install["prepared_run"],

@@ -25,7 +25,10 @@ class PhysicalHost:
 
 
 def physical_hosts(inputs: Inputs) -> list[PhysicalHost]:
-    """Engines first (node-<n> of the first role), then a router-only host (`router`)."""
+    """Engines first (node-<n> of the first role), then a router-only host (`router`).
+
+    One per login: two users of one machine get two sessions. Which sessions reach one
+    machine (for GPU sharing and start order) is measured by Gate A, see core/gpu_sharing."""
     hosts: dict[tuple[str, str, int], PhysicalHost] = {}  # one session per login, however written
     for engine in inputs.engines:
         host = hosts.setdefault(engine.ssh.identity, PhysicalHost(

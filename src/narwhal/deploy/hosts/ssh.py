@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from narwhal.core.errors import HostError, HostKeyChanged, HostUnreachable
+from narwhal.core.errors import ClientToolMissing, HostError, HostKeyChanged, HostUnreachable
 from narwhal.core.secret import Secret
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
@@ -93,9 +93,16 @@ class SshHost(Host):
         argv += [self.destination.target]
         log = self.control_path.with_suffix(".log")
         with open(log, "wb") as err:
-            master = self._master = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, stderr=err,
-                                            start_new_session=True)
+            try:
+                master = self._master = subprocess.Popen(argv, env=env,
+                                                         stdin=subprocess.DEVNULL,
+                                                         stdout=subprocess.DEVNULL, stderr=err,
+                                                         start_new_session=True)
+            except FileNotFoundError:
+                # Not the host's fault: named as the workstation's, not left as a traceback.
+                raise ClientToolMissing(self.alias, argv[0], self.password.name
+                                        if argv[0] == "sshpass" and self.password is not None
+                                        else "every SSH host") from None
         deadline = time.monotonic() + self.connect_timeout + 5
         while not self.control_path.exists():
             status = master.poll()

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from narwhal.core.gpu_sharing import canonical_spelling
 from narwhal.deploy.inputs import hostnames, jsonfields, refs
 
 # Characters a shell would treat specially. Values that end up in remote argv are quoted in one
@@ -138,7 +139,7 @@ def _gpu_ids(value: Any) -> tuple[str, ...]:
     for item in items:
         if not (re.fullmatch(r"[0-9]{1,3}", item) or GPU_UUID_RE.fullmatch(item)):
             raise ValueError(f"entry {item[:40]!r} is neither an index nor a GPU UUID")
-    if len(set(items)) != len(items):
+    if len({canonical_spelling(item) for item in items}) != len(items):  # 0 and 00 alike
         raise ValueError("names a GPU twice")
     return tuple(items)
 

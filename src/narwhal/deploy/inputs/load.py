@@ -323,8 +323,6 @@ def parse_inputs(text: str, source: Path) -> Inputs:
         reader.add("NARWHAL_NODE_<n>_SSH", f"{len(declared)} engine(s) declared",
                    "declare at least two engines: NARWHAL_NODE_1_SSH and NARWHAL_NODE_2_SSH")
     router = reader.router(engines)
-    for problem in check_colocation(list(engines.values()), reader.var):
-        reader.add(problem.field, problem.problem, problem.fix)
     revision = reader.typed_global("DEPLOYMENT_REVISION", f.Revision,
                                    "give the full commit id: git rev-parse HEAD")
     if "DEPLOYMENT_REVISION" not in reader.globals:
@@ -341,6 +339,9 @@ def parse_inputs(text: str, source: Path) -> Inputs:
     optional = {attr: reader.typed(key, kind, f.FIXES[attr])
                 for key, (attr, kind) in OPTIONAL_TYPED.items()}
     workload = reader.workload()
+    for problem in check_colocation(list(engines.values()), reader.var,
+                                    bool(optional["shared_gpu_allowance"])):
+        reader.add(problem.field, problem.problem, problem.fix)
     engine_key = reader._bearer_key("ENGINE_KEY")
     if reader.problems or router is None:
         raise InputError(str(source), reader.problems)
