@@ -42,9 +42,10 @@ def _from_router(fleet: Installer, url: str) -> dict[str, Any]:
     return dict(got.data)
 
 
-def _live_start(plan: LabPlan, host: str, port: int) -> float:
+def _live_start(plan: LabPlan, host: str, port: int, address: str) -> float:
+    """The engine's process start time from its /metrics, at the address it binds."""
     text = ssh(plan, host, f"python3 -c \"import urllib.request; print(urllib.request."
-                           f"urlopen('http://127.0.0.1:{port}/metrics').read().decode())\"").stdout
+                           f"urlopen('http://{address}:{port}/metrics').read().decode())\"").stdout
     [value] = re.findall(r"^process_start_time_seconds (\S+)$", text, re.M)
     return float(value)
 
@@ -69,7 +70,8 @@ def test_every_sidecar_attests_the_captured_live_engine_as_the_router_host_sees_
         a = got["document"]
         assert a["compatibility_hash"] == cap["ranks"][0]["compatibility_hash"] == \
             entry.contract.compatibility_hash
-        live = _live_start(attested.op.plan, f"eng{n}", record["ports"]["engine"])
+        live = _live_start(attested.op.plan, f"eng{n}", record["ports"]["engine"],
+                           record["fabric_address"])
         assert a["process"]["process_start_time_seconds"] == live == \
             cap["process_start_time_seconds"]
         assert a["digest"] == entry.contract.attestation_digest

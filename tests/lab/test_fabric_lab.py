@@ -176,13 +176,14 @@ def test_load_on_an_engine_during_the_samples_voids_them(fleet: Installer) -> No
     record = json.loads((fleet.op.last_attempt("discover") / "launch-engine-1.json")
                         .read_text())
     port, model = record["ports"]["engine"], record["served_model_name"]
+    address = record["fabric_address"]  # the engine binds the address the fleet reaches it at
     load = ("import json, os, time, urllib.request\n"
             f"body = json.dumps({{'model': {model!r}, 'prompt': 'load ' * 64, "
             "'max_tokens': 8})\n"
             "end = time.monotonic() + 60\n"
             "for _ in range(5000):  # bounded in count and time, and stopped by a file\n"
             "    if time.monotonic() > end or os.path.exists('/tmp/load.stop'): break\n"
-            f"    r = urllib.request.Request('http://127.0.0.1:{port}/v1/completions',\n"
+            f"    r = urllib.request.Request('http://{address}:{port}/v1/completions',\n"
             "        data=body.encode(), headers={'Content-Type': 'application/json'})\n"
             "    urllib.request.urlopen(r, timeout=10).read()\n")
     assert ssh(plan, "eng1", f"rm -f /tmp/load.stop; cat > /tmp/load.py <<'PY'\n{load}PY"

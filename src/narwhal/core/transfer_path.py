@@ -24,12 +24,10 @@ from narwhal.core.errors import Problem
 # What each NARWHAL_GPU_TLS value adds to UCX_TLS (UCX's own transport names and aliases).
 GPU_TLS: dict[str, tuple[str, ...]] = {"cuda": ("cuda",), "cuda_copy": ("cuda_copy",),
                                        "rocm": ("rocm",)}
-# Without NARWHAL_GPU_TLS: the copy transport that stages GPU KV for the network transport.
+# Without NARWHAL_GPU_TLS: the copy transport that moves GPU KV to the network transport.
 DEFAULT_GPU_TLS: dict[str, tuple[str, ...]] = {"nvidia": ("cuda_copy",),
                                                "amd": ("rocm_copy",), "none": ()}
 NETWORK_TLS: dict[str, tuple[str, ...]] = {"ucx_tcp": ("tcp",), "ucx_rdma": ("rc", "ud")}
-# The variables the path sets; a launch environment that sets one otherwise takes another path.
-PATH_VARIABLES = ("UCX_TLS", "UCX_NET_DEVICES")
 RDMA_NODES_PREFIX = "/dev/infiniband/"
 
 
@@ -50,8 +48,9 @@ class TransferPath(BaseModel):
         return {"UCX_TLS": ",".join(self.tls), "UCX_NET_DEVICES": ",".join(self.net_devices)}
 
     def route(self) -> dict[str, object]:
-        """What Gate D measures of the path: everything but the host's device nodes."""
-        return self.model_dump(mode="json", exclude={"device_nodes"})
+        """What Gate D measures of the path: the transport and its devices (not the host's
+        device nodes, nor the copy transports beside the network one)."""
+        return self.model_dump(mode="json", exclude={"device_nodes", "tls"})
 
     def on_host(self, nodes: list[str]) -> TransferPath:
         """The path with the host's RDMA device nodes (none needed for TCP); ValueError when
@@ -74,7 +73,7 @@ def _net_devices(transport: str, interface: str, net_devices: str | None) -> tup
 
 def derive(*, transport: str, fabric_interface: str, net_devices: str | None,
            hcas: tuple[str, ...], gpu_tls: str | None, accelerator: str,
-           kv_buffer_device: str | None, where: str) -> TransferPath | list[Problem]:
+           where: str) -> TransferPath | list[Problem]:
     """The path of one engine from its transport inputs, or every problem that keeps it from
     one (each naming `where`'s variable and the fix)."""
     devices = _net_devices(transport, fabric_interface, net_devices)
@@ -98,16 +97,41 @@ def derive(*, transport: str, fabric_interface: str, net_devices: str | None,
                                 "engine uses in NARWHAL_TRANSFER_DEVICES, or unset it"))
     if problems:
         return problems
-    staging: tuple[str, ...] = () if kv_buffer_device == "cpu" else \
-        GPU_TLS.get(gpu_tls or "", DEFAULT_GPU_TLS.get(accelerator, ()))
+    # NIXL checks UCX_TLS for the GPU memory kind on any host with GPUs, even when the KV is
+    # staged in host memory (kv_buffer_device cpu): the copy transport stays in the list
+    staging = GPU_TLS.get(gpu_tls or "", DEFAULT_GPU_TLS.get(accelerator, ()))
     tls = (*NETWORK_TLS[transport], "self", *staging)
     return TransferPath(transport=transport,  # type: ignore[arg-type]
                         net_devices=devices, tls=tls, hcas=hcas)
 
 
+# UCX transport names by the network they move bytes over (aliases and accelerated forms).
+RDMA_TLS_PREFIXES = ("rc", "ud", "dc", "ib")
+
+
+def _network(tl: str) -> str | None:
+    name = tl.strip().lower()
+    if name == "tcp":
+        return "ucx_tcp"
+    if name.startswith(RDMA_TLS_PREFIXES):
+        return "ucx_rdma"
+    return None  # self, sm, cuda_copy, ...: not a network
+
+
 def conflicts(path: TransferPath, environment: Mapping[str, str]) -> list[str]:
     """The launch environment's UCX variables that would send the KV another way than `path`
-    (NARWHAL_ENGINE_ENV may set them; the path then wins nowhere: the start is refused)."""
-    wanted = path.environment()
-    return [f"{name}={environment[name]!r} (the path measured is {wanted[name]!r})"
-            for name in PATH_VARIABLES if name in environment and environment[name] != wanted[name]]
+    (NARWHAL_ENGINE_ENV may set them): other devices, or a UCX_TLS without the path's network
+    transport, with another network's, or `all`. A UCX_TLS that only adds copy or shared
+    memory transports beside the path's network one is the operator's to choose."""
+    found = []
+    devices = environment.get("UCX_NET_DEVICES")
+    if devices is not None and devices != ",".join(path.net_devices):
+        found.append(f"UCX_NET_DEVICES={devices!r} (the path measured is "
+                     f"{','.join(path.net_devices)!r})")
+    tls = environment.get("UCX_TLS")
+    if tls is not None:
+        networks = {_network(t) for t in tls.split(",")} - {None}
+        if networks != {path.transport} or "all" in tls.lower().split(","):
+            found.append(f"UCX_TLS={tls!r} (the path measured moves KV over "
+                         f"{','.join(NETWORK_TLS[path.transport])} only)")
+    return found

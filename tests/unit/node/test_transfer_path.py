@@ -21,8 +21,7 @@ NODES = ("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0", "/dev/nvidia0")
 def _derive(**changes: Any) -> TransferPath | list[Problem]:
     args: dict[str, Any] = {"transport": "ucx_tcp", "fabric_interface": "fab0",
                             "net_devices": None, "hcas": (), "gpu_tls": None,
-                            "accelerator": "nvidia", "kv_buffer_device": None,
-                            "where": "NARWHAL_NODE_2_"}
+                            "accelerator": "nvidia", "where": "NARWHAL_NODE_2_"}
     args.update(changes)
     return derive(**args)
 
@@ -35,7 +34,7 @@ def _path(**changes: Any) -> TransferPath:
 
 def test_tcp_moves_kv_over_the_fabric_interface_iperf3_measures() -> None:
     assert _path().environment() == {"UCX_TLS": "tcp,self,cuda_copy", "UCX_NET_DEVICES": "fab0"}
-    cpu = _path(accelerator="none", kv_buffer_device="cpu")
+    cpu = _path(accelerator="none")
     assert cpu.environment()["UCX_TLS"] == "tcp,self" and cpu.device_nodes == ()
     assert _path(accelerator="amd").tls == ("tcp", "self", "rocm_copy")
     assert _path(gpu_tls="cuda").tls == ("tcp", "self", "cuda")
@@ -87,6 +86,15 @@ def test_a_launch_environment_that_takes_another_path_is_refused_naming_it() -> 
     assert "UCX_NET_DEVICES='eth9'" in message and "NARWHAL_ENGINE_ENV" in message
     same = _record("docker", "nvidia", environment={"UCX_NET_DEVICES": "fab0"})
     assert runplan.build(same, "c" * 64, "docker", _path())["argv"]
+    for tls in ("tcp,rc", "rc_x,ud_x", "all", "self,cuda_copy"):  # another network, or none
+        with pytest.raises(runplan.PathRefused, match="UCX_TLS"):
+            runplan.build(_record("native", "nvidia", environment={"UCX_TLS": tls}), "c" * 64,
+                          "native", _path())
+    # an operator's own copy transports beside the path's network one are kept and recorded
+    extra = runplan.build(_record("native", "nvidia", environment={
+        "UCX_TLS": "tcp,self,cuda_copy,cuda_ipc"}), "c" * 64, "native", _path())
+    assert extra["environment"]["UCX_TLS"] == "tcp,self,cuda_copy,cuda_ipc"
+    assert extra["transfer"]["tls"] == ["tcp", "self", "cuda_copy", "cuda_ipc"]
 
 
 def test_an_edge_whose_engine_runs_on_another_path_is_named() -> None:

@@ -6,8 +6,10 @@ UUIDs and bus ids, the fabric address, image Id, checkpoint digest), never from 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 from narwhal.core import launch_record as lr
 from narwhal.core.documents import stamp
@@ -22,6 +24,21 @@ FLEET_SCHEMA = "narwhal.fleet"
 def engine_url(plan: EnginePlan) -> str:
     e = plan.engine
     return e.url or f"http://{plan.fabric_address}:{e.engine_port}"
+
+
+def bind_host(plan: EnginePlan) -> str | None:
+    """The address the engine binds: the one the fleet reaches it at (its URL's host, the
+    fabric address by default), when that is an IP; None leaves vLLM's default (every
+    interface), for a URL by name or an operator's own --host in NARWHAL_ENGINE_ARGS."""
+    if "--host" in (plan.engine.engine_args or ()) or any(
+            a.startswith("--host=") for a in plan.engine.engine_args or ()):
+        return None
+    host = urlsplit(engine_url(plan)).hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return host
 
 
 def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
@@ -44,6 +61,9 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
     args = ["--served-model-name", e.model_name, "--port", str(e.engine_port),
             "--tensor-parallel-size", str(plan.tensor_parallel_size),
             "--block-size", str(e.block_size)]
+    bind = bind_host(plan)
+    if bind is not None:
+        args += ["--host", bind]
     if e.model_dtype:
         args += ["--dtype", e.model_dtype]
     if e.gpu_memory_utilization is not None:

@@ -28,7 +28,7 @@ def transfer_paths(inputs: Inputs, engines: list[tuple[str, str, LaunchRecord]]
         got = derive(transport=e.transfer_transport, fabric_interface=record.fabric_interface,
                      net_devices=e.transfer_net_devices, hcas=e.transfer_devices,
                      gpu_tls=e.gpu_tls, accelerator=record.accelerator,
-                     kv_buffer_device=e.kv_buffer_device, where=f"NARWHAL_NODE_{e.n}_")
+                     where=f"NARWHAL_NODE_{e.n}_")
         if isinstance(got, list):
             problems += [Problem(f"{alias}: {role}: {p.field}", p.problem, p.fix) for p in got]
         else:
@@ -44,7 +44,8 @@ def started_paths(engines_plan: dict[str, Any]) -> dict[str, dict[str, Any] | No
 
 
 def _route(started: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if started is None else {k: v for k, v in started.items() if k != "device_nodes"}
+    return None if started is None else {k: v for k, v in started.items()
+                                         if k not in ("device_nodes", "tls")}
 
 
 def path_mismatches(edges: list[tuple[str, str, str]], wanted: dict[str, TransferPath],

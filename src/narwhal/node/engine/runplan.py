@@ -48,7 +48,8 @@ def environment(record: lr.LaunchRecord, runtime: str,
             raise PathRefused(f"the launch environment sets {'; '.join(clash)}: remove it from "
                               "NARWHAL_ENGINE_ENV (the transport settings choose the path, "
                               "and Gate D measures that one)")
-        env.update(path.environment())
+        for name, value in path.environment().items():
+            env.setdefault(name, value)  # an operator's UCX_TLS may add copy transports
     env.setdefault("UCX_NET_DEVICES", record.fabric_interface)
     if runtime == "native" and record.devices:  # a process sees every GPU unless told
         uuids = ",".join(d.uuid for d in record.devices)
@@ -114,6 +115,8 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str,
     path: the KV transfer path Gate C derived (PathRefused when the environment contradicts
     it)."""
     env = environment(record, runtime, path)
+    if path is not None:  # the path as the engine takes it: the UCX_TLS it is given
+        path = path.model_copy(update={"tls": tuple(env["UCX_TLS"].split(","))})
     argv = (container_argv(record, env, path) if runtime != "native"
             else [*(record.entrypoint or ("vllm", "serve")), *serve_args(record)])
     return stamp(SCHEMA, VERSION, {
@@ -131,7 +134,22 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str,
         "side_channel": {"host": env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", record.fabric_address),
                          "port": record.ports.nixl_side_channel},
         "transfer": path.model_dump(mode="json") if path is not None else None,
-        "url": f"http://127.0.0.1:{record.ports.engine}"})
+        "url": f"http://{_reached_at(record)}:{record.ports.engine}"})
+
+
+def _reached_at(record: lr.LaunchRecord) -> str:
+    """Where the engine host's own tools reach the engine: the address it binds (--host), or
+    loopback when it binds every interface."""
+    args = list(record.vllm_args)
+    host = "127.0.0.1"
+    for i, a in enumerate(args):
+        if a == "--host" and i + 1 < len(args):
+            host = args[i + 1]
+        elif a.startswith("--host="):
+            host = a.split("=", 1)[1]
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - recognising the wildcard
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def plan_bytes(plan: dict[str, Any]) -> bytes:
