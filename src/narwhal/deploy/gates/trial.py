@@ -7,13 +7,16 @@ workstation to the router and Prometheus on the router host, for each rate in tu
    the previous one's tail);
 2. the open-loop schedule (seeded Poisson arrivals, the workload's prompt length), every
    request with its own x-request-id, streamed and recorded (send time and lag, status, TTFT,
-   token times, bytes);
+   token times, bytes); right after it, a network snapshot of the router host
+   (network-<rate>.json: interfaces, routes, TCP sockets; trial/network.py);
 3. the router's journal, read from the router host, reconciled with what was sent: every
    sent id exactly once, no id of the trial the client did not send;
 4. a Prometheus snapshot through the tunnel (`up` of every target);
 5. the summary (attainment, goodput, TTFT/TPOT percentiles, lag, client CPU) and the verdict,
    which says capacity only when nothing else explains a miss (verdict.py).
-Then the report (report.py): report.html and its pictures in the same folder, readable offline.
+Every forward's open and cancel, and what ssh itself logged meanwhile, is kept as
+tunnel.jsonl (trial/tunnel_log.py), also when a forward failed. Then the report (report.py):
+report.html and its pictures in the same folder, readable offline.
 Exit 0 when every rate's record holds (whatever the SLO attainment), 1 when a rate's record
 does not (client saturated, records that do not reconcile, a scrape failure).
 """
@@ -39,12 +42,13 @@ from narwhal.deploy.gates.serve import (
     serving,
 )
 from narwhal.deploy.hosts import commandline as cl
-from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.base import Host, RunResult
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
-from narwhal.deploy.trial import client, report
+from narwhal.deploy.trial import client, network, report
 from narwhal.deploy.trial.reconcile import journal_rows, reconcile_rows
 from narwhal.deploy.trial.schedule import schedule
+from narwhal.deploy.trial.tunnel_log import TunnelLog
 from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
 
 ACTIVITY = "load-trial"
@@ -156,67 +160,104 @@ class Size:
         return self.requests or 40
 
 
+def network_snapshot(host: Host, rate: float) -> bytes:
+    """The router host's interfaces, routes and TCP sockets now, through the host (each
+    command's output bounded at the source): network-<rate>.json."""
+    def ran(argv: list[str]) -> RunResult:
+        return host.run(cl.bounded_output(network.OUTPUT_LIMIT, argv), timeout=60)
+
+    return network.snapshot(host.alias, rate, ran(cl.ip_addresses()), ran(cl.ip_routes(4)),
+                            ran(cl.ip_routes(6)), ran(cl.tcp_sockets()))
+
+
+@dataclass(frozen=True)
+class Through:
+    """What every rate of one trial shares: the router host, the tunnel's two local ends and
+    the workload as the fleet's tokenizer sizes it."""
+
+    host: Host
+    rh: RouterHost
+    attempt: Attempt
+    p: ServePlan
+    base: str  # the router, through the tunnel
+    prometheus: str  # Prometheus, through the tunnel
+    api_key: str | None
+    words: int
+    tag: str
+
+
+def one_rate(t: Through, rate: float, requests: int, seed: int, max_tokens: int,
+             progress: Progress) -> tuple[dict[str, Any], report.RateData]:
+    """One rate: drain, the open-loop schedule, the network snapshot, the journal reconciled,
+    the scrape and the summary with its verdict; each kept as a rate-<rate>-* artifact."""
+    slo = t.p.fleet["slo"]
+    progress(f"rate {rate:g}/s", "draining the router")
+    waited = drain(t.base)
+    offset = journal_size(t.host, t.rh)
+    planned = schedule(rate, requests, seed, t.words, max_tokens, f"{t.tag}-r{rate:g}")
+    progress(f"rate {rate:g}/s", f"{requests} requests, open loop")
+    records, seconds, cpu = asyncio.run(client.run(t.base, t.p.fleet["model"], planned,
+                                                   t.api_key))
+    # Right after the load, while its connections are still there to be counted.
+    t.attempt.add_artifact(f"network-{rate:g}.json", network_snapshot(t.host, rate))
+    drain(t.base)
+    time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
+    rows, unreadable = journal_rows(journal_since(t.host, t.rh, offset), f"{t.tag}-r{rate:g}")
+    rec = reconcile_rows([x.request_id for x in planned], rows, unreadable)
+    snapshot = scrape(t.prometheus)
+    state = _get_json(f"{t.base}/narwhal/state") or {}
+    out_now = {str(e.get("id")) for e in state.get("engines", [])
+               if not e.get("admitted") or e.get("held_reason")}
+    scraped = scrape_holds(snapshot, len(t.p.targets()), out_now)
+    name = f"rate-{rate:g}"
+    t.attempt.add_artifact(f"{name}-router-state.json", canonical_json(state).encode() + b"\n")
+    summary = summarise(rate, records, seconds, float(slo["ttft_s"]), float(slo["tpot_s"]))
+    summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(cpu, 3),
+                   reconciled=rec.as_dict(),
+                   scrape=snapshot or {"error": "Prometheus did not answer"},
+                   router_engines=[{k: e.get(k) for k in (
+                       "id", "admitted", "ejected_reason", "ejections", "held_reason")}
+                       for e in state.get("engines", [])])
+    summary["verdict"] = verdict(summary, rec.ok, scraped)
+    t.attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(records))
+    t.attempt.add_artifact(f"{name}-journal.jsonl", b"".join(
+        canonical_json(r).encode() + b"\n" for r in rows))
+    t.attempt.add_artifact(f"{name}-summary.json", canonical_json(summary).encode() + b"\n")
+    progress(f"rate {rate:g}/s", f"{summary['verdict']}: attainment "
+             f"{summary['attainment']:.0%}, goodput {summary['goodput_per_s']}/s, "
+             f"reconciled {rec.ok}")
+    return summary, report.RateData(summary, [r.as_dict() for r in records], rows)
+
+
 def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
               size: Size, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
     rh = RouterHost(host, p.install)
     p = serving(rh, p)  # after a takeover the primary answers at the standby's address
-    slo = p.fleet["slo"]
-    ttft_s, tpot_s = float(slo["ttft_s"]), float(slo["tpot_s"])
     api_key = inputs.router.api_key.reveal() if inputs.router.api_key else None
     tag = f"trial-{attempt.id}-{os.urandom(3).hex()}"
     tokens = profiled_tokens(host, rh, inputs.workload.prompt_tokens)
     out: list[dict[str, Any]] = []
     data: list[report.RateData] = []
-    with forwarded(host, [p.bind, PROMETHEUS_AT]) as (router_port, prometheus_port):
-        base = f"http://127.0.0.1:{router_port}"
-        prometheus = f"http://127.0.0.1:{prometheus_port}"
-        words = words_for(base, p.fleet["model"], tokens, api_key)
-        for rate in rates:
-            progress(f"rate {rate:g}/s", "draining the router")
-            waited = drain(base)
-            offset = journal_size(host, rh)
-            requests = size.at(rate)
-            planned = schedule(rate, requests, seed, words, max_tokens, f"{tag}-r{rate:g}")
-            progress(f"rate {rate:g}/s", f"{requests} requests, open loop")
-            records, seconds, cpu = asyncio.run(client.run(base, p.fleet["model"], planned,
-                                                           api_key))
-            drain(base)
-            time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
-            journal = journal_since(host, rh, offset)
-            rows, unreadable = journal_rows(journal, f"{tag}-r{rate:g}")
-            rec = reconcile_rows([x.request_id for x in planned], rows, unreadable)
-            snapshot = scrape(prometheus)
-            state = _get_json(f"{base}/narwhal/state") or {}
-            out_now = {str(e.get("id")) for e in state.get("engines", [])
-                       if not e.get("admitted") or e.get("held_reason")}
-            scraped = scrape_holds(snapshot, len(p.targets()), out_now)
-            attempt.add_artifact(f"rate-{rate:g}-router-state.json",
-                                 canonical_json(state).encode() + b"\n")
-            summary = summarise(rate, records, seconds, ttft_s, tpot_s)
-            summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(cpu, 3),
-                           reconciled=rec.as_dict(),
-                           scrape=snapshot or {"error": "Prometheus did not answer"},
-                           router_engines=[{k: e.get(k) for k in (
-                               "id", "admitted", "ejected_reason", "ejections", "held_reason")}
-                               for e in state.get("engines", [])])
-            summary["verdict"] = verdict(summary, rec.ok, scraped)
-            name = f"rate-{rate:g}"
-            attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(records))
-            attempt.add_artifact(f"{name}-journal.jsonl", b"".join(
-                canonical_json(r).encode() + b"\n" for r in rows))
-            attempt.add_artifact(f"{name}-summary.json", canonical_json(summary).encode() + b"\n")
-            progress(f"rate {rate:g}/s", f"{summary['verdict']}: attainment "
-                     f"{summary['attainment']:.0%}, goodput {summary['goodput_per_s']}/s, "
-                     f"reconciled {rec.ok}")
-            out.append(summary)
-            data.append(report.RateData(summary, [r.as_dict() for r in records], rows))
-    doc = {"slo": slo, "seed": seed, "requests_per_rate": size.requests,
+    tunnels = TunnelLog(host.alias, host.transport, host.session_log())
+    try:
+        with forwarded(host, [p.bind, PROMETHEUS_AT], tunnels) as (router_port, prometheus):
+            base = f"http://127.0.0.1:{router_port}"
+            t = Through(host, rh, attempt, p, base, f"http://127.0.0.1:{prometheus}", api_key,
+                        words_for(base, p.fleet["model"], tokens, api_key), tag)
+            for rate in rates:
+                summary, rate_data = one_rate(t, rate, size.at(rate), seed, max_tokens,
+                                              progress)
+                out.append(summary)
+                data.append(rate_data)
+    finally:  # kept when a forward failed most of all: the log says which and why
+        attempt.add_artifact("tunnel.jsonl", tunnels.jsonl())
+    doc = {"slo": p.fleet["slo"], "seed": seed, "requests_per_rate": size.requests,
            "duration_s": size.duration_s, "tag": tag, "rates": out}
     attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
     progress("report", "writing the report")
-    files = report.build(f"Capacity trial {attempt.id} of {inputs.deployment}", slo, data,
-                         fabric_heatmap(attempt), record_spans(attempt), TARGET_ATTAINMENT,
-                         time.time())
+    files = report.build(f"Capacity trial {attempt.id} of {inputs.deployment}", p.fleet["slo"],
+                         data, fabric_heatmap(attempt), record_spans(attempt),
+                         TARGET_ATTAINMENT, time.time())
     for name, content in files.items():
         attempt.add_artifact(name, content)
     doc["report"] = str(attempt.folder / report.REPORT)
