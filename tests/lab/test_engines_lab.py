@@ -8,6 +8,7 @@ containers removed, so the next starts on free ports.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from datetime import datetime
@@ -71,6 +72,7 @@ def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Ins
         assert cap["version"] and record.served_model_name in cap["models"]
         assert cap["process_start_time_seconds"] > 0 and cap["completion"]["text"]
         assert cap["started"]["runtime"] == "docker" and len(cap["started"]["id"]) == 64
+        _assert_engine_evidence(attempt, role, cap)
     starts = _spans(attempt, "start")
     assert sorted(h for _, _, h in starts) == ["node-1", "node-2", "node-3"]
     first_end = min(end for _, end, _ in starts)
@@ -88,6 +90,28 @@ def test_engines_start_through_the_hosts_docker_and_match_core_kv(installed: Ins
     for h in installed.op.plan.engines():
         ps = ssh(installed.op.plan, h.name, "docker ps --format '{{.Names}}'").stdout.split()
         assert len(ps) == 1 and ps[0].startswith("narwhal-engine-")
+
+
+def _assert_engine_evidence(attempt: Path, role: str, cap: dict[str, Any]) -> None:
+    """The engine's log (the container's, through the host's docker) and the capture's HTTP
+    exchanges are artifacts of the attempt: listed with their sha256, 0600, holding what
+    they say; the completion's bytes are the ones the capture parsed."""
+    listed = json.loads((attempt / "attempt.json").read_text())["artifacts"]
+    for name in (f"engine-log-{role}.txt", f"http-{role}.json"):
+        data = (attempt / name).read_bytes()
+        assert listed[name] == hashlib.sha256(data).hexdigest(), name
+        assert (attempt / name).stat().st_mode & 0o777 == 0o600, name
+    log = (attempt / f"engine-log-{role}.txt").read_text()
+    assert log.startswith(f"# narwhal: {role}'s engine log from docker logs "
+                          f"{cap['started']['id']}: the whole log"), log[:200]
+    assert "Starting vLLM API server" in log
+    exchanges = {x["what"]: x for x in json.loads(
+        (attempt / f"http-{role}.json").read_text())["exchanges"]}
+    assert list(exchanges) == ["version", "models", "metrics", "completion"]
+    assert all(x["response"]["status"] == 200 for x in exchanges.values()), exchanges
+    reply = json.loads(exchanges["completion"]["response"]["body"]["text"])
+    assert reply["choices"][0]["text"] == cap["completion"]["text"]
+    assert all("Authorization" not in x["request"]["headers"] for x in exchanges.values())
 
 
 def test_a_port_already_listening_blocks_before_any_container(installed: Installer) -> None:

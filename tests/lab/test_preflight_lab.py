@@ -7,6 +7,7 @@ pair's KV handoff and the contract against Gate C's captures (not SKIP).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -241,6 +242,7 @@ def test_a_trial_reconciles_every_request_with_the_journal_and_drains_between_ra
     journal = (attempt / "rate-4-journal.jsonl").read_text().splitlines()
     assert len(journal) == 40  # this rate's rows only: read from where the journal stood
     assert "drained_before_s" in doc["rates"][1]  # the second rate waited for the first's tail
+    _assert_trial_network_evidence(attempt, [2.0, 4.0])
 
     # The report, as the operator's team opens it: offline, every picture loaded.
     assert doc["report"] == str(attempt / "report.html")
@@ -254,6 +256,30 @@ def test_a_trial_reconciles_every_request_with_the_journal_and_drains_between_ra
     assert all(i["complete"] and i["width"] > 300 for i in shown.images), shown.images
     assert (attempt / "report-fabric.png").read_bytes() == (
         op.last_attempt("fabric") / "edge-matrix.png").read_bytes()
+
+
+def _assert_trial_network_evidence(attempt: Path, rates: list[float]) -> None:
+    """The tunnel log (the router's and Prometheus's forwards, each opened and cancelled, ok)
+    and one network snapshot of the router host per rate are artifacts of the trial: listed
+    with their sha256, 0600, the snapshot showing both forwarded listeners."""
+    listed = json.loads((attempt / "attempt.json").read_text())["artifacts"]
+    for name in ["tunnel.jsonl", *(f"network-{r:g}.json" for r in rates)]:
+        data = (attempt / name).read_bytes()
+        assert listed[name] == hashlib.sha256(data).hexdigest(), name
+        assert (attempt / name).stat().st_mode & 0o777 == 0o600, name
+    tunnel = [json.loads(x) for x in (attempt / "tunnel.jsonl").read_text().splitlines()]
+    forwards = [r for r in tunnel if r["event"] in ("open", "cancel")]
+    assert [(r["event"], r["ok"]) for r in forwards] == [("open", True)] * 2 + [
+        ("cancel", True)] * 2, tunnel
+    remotes = [r["remote"] for r in forwards[:2]]
+    assert remotes[1] == "127.0.0.1:9090" and [r["remote"] for r in forwards[2:]] == remotes
+    assert all(r["host"] == forwards[0]["host"] and r["transport"] == "ssh" for r in forwards)
+    for rate in rates:
+        snap = json.loads((attempt / f"network-{rate:g}.json").read_text())
+        assert snap["rate"] == rate and snap["addresses"]["exit_status"] == 0, snap
+        assert snap["routes"]["json"], snap["routes"]
+        ports = {x["local"].rsplit(":", 1)[1] for x in snap["sockets"]["summary"]["listening"]}
+        assert {"9090", remotes[0].rsplit(":", 1)[1]} <= ports, ports
 
 
 def test_a_rate_the_client_cannot_schedule_is_client_saturated_never_capacity(

@@ -8,6 +8,8 @@ prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine'
     check   --run-dir D                            the plan against the host now (D/checked.json)
     start   --run-dir D [--secrets S]              only a checked, unchanged plan (D/started.json)
     capture --run-dir D [--secrets S] [--timeout T] the live cache layout (D/cache-layout.json)
+                                                   and its raw HTTP exchanges (D/http-captures.json)
+    evidence --run-dir D [--log-bytes N]           the engine log's tail (D/engine-log-tail.txt)
     idle    --run-dir D                            its load gauges and counters (Gate D's proof)
     stop    --run-dir D                            what start started, if it still is that
     state   --run-dir D                            whether what start started still runs
@@ -16,6 +18,7 @@ prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json, sha256_bytes
 from narwhal.core.errors import NarwhalError
+from narwhal.core.flag_types import number
 from narwhal.core.launch_record import ENGINE_API_KEY_ENV
 from narwhal.core.transfer_path import TransferPath
 from narwhal.node.engine.errors import RuntimeError_
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
 DESCRIPTION = ("Checked engine launch on an engine host and capture of the live KV cache it "
                "allocated (gate C).")
 COMMAND = "narwhal-engine"
+LOG_TAIL = "engine-log-tail.txt"
+LOG_BYTES = 4 << 20
 
 
 class Refused(Exception):
@@ -166,16 +172,50 @@ def do_start(args: argparse.Namespace) -> dict[str, Any]:
 
 def do_capture(args: argparse.Namespace) -> dict[str, Any]:
     from narwhal.node.engine.capture import capture
+    from narwhal.node.engine.http_capture import FILE as HTTP_FILE
+    from narwhal.node.engine.http_capture import Exchanges
 
     run_dir = Path(args.run_dir)
+    (run_dir / HTTP_FILE).unlink(missing_ok=True)  # never an earlier capture's as this one's
     plan, _ = _plan(run_dir)
     key = _secrets(plan, args.secrets).get(ENGINE_API_KEY_ENV) \
         if ENGINE_API_KEY_ENV in plan["secret_environment"] else None
-    doc = capture(plan, _started(run_dir), run_dir / "engine.log", args.timeout, key)
+    kept = Exchanges()
+    try:
+        doc = capture(plan, _started(run_dir), run_dir / "engine.log", args.timeout, key, kept)
+    finally:  # what the engine answered is the evidence of a failed capture most of all
+        with contextlib.suppress(OSError):
+            _write(run_dir / HTTP_FILE, kept.document(plan["engine"]))
     data = canonical_json(doc).encode() + b"\n"
     _write(run_dir / "cache-layout.json", data)
     return {"engine": plan["engine"], "cache_layout_sha256": sha256_bytes(data),
             "cache_layout": doc}
+
+
+def _file_facts(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    return {"path": str(path), "bytes": len(data), "sha256": sha256_bytes(data)}
+
+
+def do_evidence(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine log's last `--log-bytes` written to the run dir beside the capture's HTTP
+    exchanges, each named with its length and sha256, for the workstation to read as Gate C's
+    evidence. Works after a failed start or capture too: that is when the log matters most."""
+    from narwhal.node.engine import runtime as rt
+    from narwhal.node.engine.http_capture import FILE as HTTP_FILE
+
+    run_dir = Path(args.run_dir)
+    log_path = run_dir / "engine.log"
+    started = _started(run_dir) if (run_dir / "started.json").exists() else None
+    data, total = rt.log_tail(started, log_path, args.log_bytes)
+    _write(run_dir / LOG_TAIL, data)
+    source = str(log_path) if started is None or started.runtime == "native" \
+        else f"{started.runtime} logs {started.id}"
+    return {"log": {**(_file_facts(run_dir / LOG_TAIL) or {}), "source": source,
+                    "total_bytes": total, "limit_bytes": args.log_bytes},
+            "http": _file_facts(run_dir / HTTP_FILE)}
 
 
 def do_idle(args: argparse.Namespace) -> dict[str, Any]:
@@ -233,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "API key, when its plan has one)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(handler=do_capture)
+    p = sub.add_parser("evidence", help="the engine log's tail (engine-log-tail.txt) and "
+                       "what the capture's HTTP exchanges file holds")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--log-bytes", type=number(int, 1, 64 << 20), default=LOG_BYTES, metavar="N",
+                   help=f"keep the log's last N bytes (default {LOG_BYTES >> 20} MiB)")
+    p.set_defaults(handler=do_evidence)
     p = sub.add_parser("idle", help="the engine's load gauges and counters now")
     p.add_argument("--run-dir", required=True)
     p.set_defaults(handler=do_idle)

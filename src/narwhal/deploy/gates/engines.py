@@ -12,6 +12,7 @@ launch record, and every ordered producer -> consumer pair by core/kv's pair rul
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,7 +20,14 @@ from typing import Any
 from narwhal.core import result_line
 from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
 from narwhal.core.documents import canonical_json, stamp
-from narwhal.core.errors import ContractError, GateBlocked, HostError, InputError, Problem
+from narwhal.core.errors import (
+    ContractError,
+    GateBlocked,
+    HostError,
+    InputError,
+    LedgerError,
+    Problem,
+)
 from narwhal.core.gpu_sharing import Allocation, share_groups
 from narwhal.core.kv.capture.contract import (
     capture_findings,
@@ -29,6 +37,7 @@ from narwhal.core.kv.capture.contract import (
 )
 from narwhal.core.kv.pair import check_fleet
 from narwhal.core.launch_record import LaunchRecord
+from narwhal.deploy.gates import engine_evidence
 from narwhal.deploy.gates.handoff import Artifact, passed_artifact
 from narwhal.deploy.gates.install import install_dir
 from narwhal.deploy.gates.owned_processes import owned_containers
@@ -158,6 +167,20 @@ def running_probe(sessions: Sessions, ledger: Ledger, inputs: Inputs,
 
 
 def _capture(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
+    """`narwhal-engine capture` of the running engine, then its log and the capture's HTTP
+    exchanges kept as evidence; kept too when the capture fails (they say why), without
+    letting a failure to read them hide the capture's own error."""
+    try:
+        capture = _captured(r, attempt, progress)
+    except (HostError, ContractError):
+        with contextlib.suppress(HostError, ContractError, LedgerError):
+            engine_evidence.keep(r.call, r.host, r.t.role, r.run_dir, attempt)
+        raise
+    engine_evidence.keep(r.call, r.host, r.t.role, r.run_dir, attempt)
+    return capture
+
+
+def _captured(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
     """`narwhal-engine capture` of the running engine; its capture kept as evidence."""
     t = r.t
     progress(t.role, "capturing")
@@ -281,8 +304,10 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
                 raise started.error
             problems.append(Problem(", ".join(t.role for t in started.item),
                                     str(started.error).splitlines()[0],
-                                    "read the engine log in its run dir; `narwhal recover "
-                                    "engines` removes what this attempt started"))
+                                    "once started, an engine's log and what it answered are "
+                                    "in this attempt (engine-log-<engine>.txt, "
+                                    "http-<engine>.json); `narwhal recover engines` removes "
+                                    "what this attempt started"))
     if problems:
         raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
 
@@ -335,8 +360,9 @@ def recapture(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
         elif isinstance(o.error, GateBlocked):
             problems += o.error.problems
         elif isinstance(o.error, (HostError, ContractError)):
-            fix = ("read the engine log in its run dir; `narwhal recover engines` removes what "
-                   "this attempt started") if o.item.role in restart else \
+            fix = ("read engine-log-<engine>.txt and http-<engine>.json in this attempt; "
+                   "`narwhal recover engines` removes what this attempt started") \
+                if o.item.role in restart else \
                 ("is the engine running? `--recapture` reads the live engine; "
                  "`--restart` starts it again from its checked plan")
             problems.append(Problem(f"{o.item.alias}: {o.item.role}",

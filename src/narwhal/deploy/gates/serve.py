@@ -47,6 +47,7 @@ from narwhal.deploy.inputs.model import DEFAULT_ROUTER_URL, Inputs
 from narwhal.deploy.inputs.urls import url_bind
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
+from narwhal.deploy.trial.tunnel_log import TunnelLog
 
 FLEET = Reads("preflight", "fleet-calibrated.json")
 SPEC = GateSpec("serve", Spread.SERIAL, reads=(INSTALL_PLAN, FLEET))
@@ -453,20 +454,43 @@ def http(url: str, body: dict[str, Any] | None = None,
         return 0, str(exc).encode()
 
 
-@contextlib.contextmanager
-def forwarded(host: Host, remotes: list[tuple[str, int]]) -> Iterator[list[int]]:
-    """SSH forwards from free workstation ports to `remotes` on the host's side, through the
-    host's master connection; every one cancelled on the way out."""
-    made: list[tuple[int, str, int]] = []
+def _open(host: Host, log: TunnelLog, remote: tuple[str, int]) -> int:
+    """One forward from a free workstation port; the port it answers on (noted in `log`)."""
+    wanted, started = _free_port(), time.time()
     try:
-        for remote_host, remote_port in remotes:
-            made.append((host.forward(_free_port(), remote_host, remote_port), remote_host,
-                         remote_port))
-        yield [local for local, _, _ in made]
+        local = host.forward(wanted, *remote)
+    except HostError as exc:
+        log.add("open", started, wanted, remote, str(exc))
+        raise
+    log.add("open", started, local, remote)
+    return local
+
+
+def _cancel(host: Host, log: TunnelLog, local: int, remote: tuple[str, int]) -> None:
+    started = time.time()
+    try:
+        host.cancel_forward(local, *remote)
+    except HostError as exc:
+        log.add("cancel", started, local, remote, str(exc))
+        return  # the master's end closes it anyway; the row says it did not answer
+    log.add("cancel", started, local, remote)
+
+
+@contextlib.contextmanager
+def forwarded(host: Host, remotes: list[tuple[str, int]],
+              log: TunnelLog | None = None) -> Iterator[list[int]]:
+    """SSH forwards from free workstation ports to `remotes` on the host's side, through the
+    host's master connection; every one cancelled on the way out, and every open and cancel
+    noted in `log` when one is given (the trial's tunnel log)."""
+    log = log if log is not None else TunnelLog(host.alias, host.transport, None)
+    made: list[tuple[int, tuple[str, int]]] = []
+    try:
+        for remote in remotes:
+            made.append((_open(host, log, remote), remote))
+        yield [local for local, _ in made]
     finally:
-        for local, remote_host, remote_port in made:
-            with contextlib.suppress(HostError):
-                host.cancel_forward(local, remote_host, remote_port)
+        for local, remote in made:
+            _cancel(host, log, local, remote)
 
 
 def through_router(router_port: int, p: ServePlan, api_key: str | None) -> dict[str, Any]:

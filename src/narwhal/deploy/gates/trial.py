@@ -9,13 +9,17 @@ workstation to the router and Prometheus on the router host, for each rate in tu
 2. the open-loop schedule (seeded Poisson arrivals, the workload's prompt length), every
    request sent at its time however many are in flight (within the client's stated connection
    budget, counted apart as client-limited when hit) with its own x-request-id, streamed and
-   recorded (send time and lag, status, TTFT, token times, bytes);
+   recorded (send time and lag, status, TTFT, token times, bytes); right after it, a network
+   snapshot of the router host (network-<rate>.json: interfaces, routes, TCP sockets;
+   trial/network.py);
 3. the router's journal, read from the router host, reconciled with what was sent: every
    sent id exactly once, no id of the trial the client did not send;
 4. a Prometheus snapshot through the tunnel (`up` of every target);
 5. the summary (attainment, goodput, TTFT/TPOT percentiles, lag, client CPU) and the verdict,
    which says capacity only when nothing else explains a miss (verdict.py).
-Then the report (report.py): report.html and its pictures in the same folder, readable offline.
+Every forward's open and cancel, and what ssh itself logged meanwhile, is kept as
+tunnel.jsonl (trial/tunnel_log.py), also when a forward failed. Then the report (report.py):
+report.html and its pictures in the same folder, readable offline.
 Exit 0 when every rate's record holds (whatever the SLO attainment), 1 when a rate's record
 does not (client-limited or saturated, records that do not reconcile, a scrape failure).
 """
@@ -40,13 +44,14 @@ from narwhal.deploy.gates.serve import (
     serving,
 )
 from narwhal.deploy.hosts import commandline as cl
-from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.base import Host, RunResult
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 from narwhal.deploy.ledger.status import GateStatus
-from narwhal.deploy.trial import client, report
+from narwhal.deploy.trial import client, network, report
 from narwhal.deploy.trial.reconcile import journal_rows, reconcile_rows
 from narwhal.deploy.trial.schedule import Planned, schedule
+from narwhal.deploy.trial.tunnel_log import TunnelLog
 from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
 
 ACTIVITY = "load-trial"
@@ -194,16 +199,21 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
     tokens = profiled_tokens(host, rh, inputs.workload.prompt_tokens)
     out: list[dict[str, Any]] = []
     data: list[report.RateData] = []
-    with forwarded(host, [p.bind, p.prometheus_at]) as (router_port, prometheus_port):
-        route = Route(host, rh, p, f"http://127.0.0.1:{router_port}",
-                      f"http://127.0.0.1:{prometheus_port}", api_key)
-        words = words_for(route.base, p.fleet["model"], tokens, api_key)
-        for rate in rates:
-            rate_tag = f"{tag}-r{rate:g}"
-            planned = schedule(rate, size.at(rate), seed, words, max_tokens, rate_tag)
-            summary, rate_data = run_rate(route, attempt, rate, planned, rate_tag, progress)
-            out.append(summary)
-            data.append(rate_data)
+    tunnels = TunnelLog(host.alias, host.transport, host.session_log())
+    try:
+        with forwarded(host, [p.bind, p.prometheus_at], tunnels) as (router_port, prom_port):
+            route = Route(host, rh, p, f"http://127.0.0.1:{router_port}",
+                          f"http://127.0.0.1:{prom_port}", api_key)
+            words = words_for(route.base, p.fleet["model"], tokens, api_key)
+            for rate in rates:
+                rate_tag = f"{tag}-r{rate:g}"
+                planned = schedule(rate, size.at(rate), seed, words, max_tokens, rate_tag)
+                summary, rate_data = run_rate(route, attempt, rate, planned, rate_tag,
+                                              progress)
+                out.append(summary)
+                data.append(rate_data)
+    finally:  # kept when a forward failed most of all: the log says which and why
+        attempt.add_artifact("tunnel.jsonl", tunnels.jsonl())
     doc = {"slo": slo, "seed": seed, "requests_per_rate": size.requests,
            "duration_s": size.duration_s, "tag": tag, "rates": out}
     attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
@@ -217,6 +227,16 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
     return doc
 
 
+def network_snapshot(host: Host, rate: float) -> bytes:
+    """The router host's interfaces, routes and TCP sockets now, through the host (each
+    command's output bounded at the source): network-<rate>.json."""
+    def ran(argv: list[str]) -> RunResult:
+        return host.run(cl.bounded_output(network.OUTPUT_LIMIT, argv), timeout=60)
+
+    return network.snapshot(host.alias, rate, ran(cl.ip_addresses()), ran(cl.ip_routes(4)),
+                            ran(cl.ip_routes(6)), ran(cl.tcp_sockets()))
+
+
 def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned], tag: str,
              progress: Progress) -> tuple[dict[str, Any], report.RateData]:
     """One rate: drained before and after, sent open loop, reconciled with the journal,
@@ -227,6 +247,8 @@ def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned]
     offset = journal_size(route.host, route.rh)
     progress(f"rate {rate:g}/s", f"{len(planned)} requests, open loop")
     sent = asyncio.run(client.run(route.base, p.fleet["model"], planned, route.api_key))
+    # Right after the load, while its connections are still there to be counted.
+    attempt.add_artifact(f"network-{rate:g}.json", network_snapshot(route.host, rate))
     drain(route.base)
     time.sleep(0.5)  # the router's journal writer flushes every 0.1 s
     rows, unreadable = journal_rows(journal_since(route.host, route.rh, offset), tag)

@@ -174,5 +174,10 @@ class Host(ABC):
     ) -> None:
         """Undo forward; a no-op where no tunnel was needed."""
 
+    def session_log(self) -> Path | None:
+        """The connection's own log on the workstation, where one is kept (ssh's stderr):
+        what it reports there about forwards (a local port already bound) is nowhere else."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the session."""

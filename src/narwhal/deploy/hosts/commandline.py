@@ -82,6 +82,36 @@ def read_from(path: str, offset: int) -> list[str]:
     return ["tail", "-c", f"+{int(offset) + 1}", "--", path]
 
 
+def read_head(path: str, limit: int) -> list[str]:
+    """At most `limit` bytes of a file from its start: a transfer bounded whatever it holds."""
+    return ["head", "-c", str(int(limit)), "--", path]
+
+
+# Run "$@" and print at most $1 bytes of its output, keeping its own exit status (a pipe into
+# head would report head's). A snapshot of a busy host stays bounded in the record.
+BOUNDED_OUTPUT = 'n="$1"; shift; out=$("$@"); s=$?; printf "%s\\n" "$out" | head -c "$n"; ' \
+    'exit "$s"'
+
+
+def bounded_output(limit: int, argv: Sequence[str]) -> list[str]:
+    return sh(BOUNDED_OUTPUT, str(int(limit)), *check_argv(argv))
+
+
+def ip_addresses() -> list[str]:
+    """Every interface with its addresses, as JSON."""
+    return ["ip", "-j", "address", "show"]
+
+
+def ip_routes(family: int = 4) -> list[str]:
+    """The main routing table of one address family (4 or 6), as JSON."""
+    return ["ip", "-j", f"-{4 if family == 4 else 6}", "route", "show"]
+
+
+def tcp_sockets() -> list[str]:
+    """Every TCP socket, numeric, with its process where the login may see it."""
+    return ["ss", "-tanp"]
+
+
 def proc_stat(pid: int) -> list[str]:
     return ["cat", f"/proc/{int(pid)}/stat"]
 

@@ -91,7 +91,7 @@ class SshHost(Host):
         else:
             argv += ["-o", "BatchMode=yes"]
         argv += [self.destination.target]
-        log = self.control_path.with_suffix(".log")
+        log = self.session_log()
         with open(log, "wb") as err:
             try:
                 master = self._master = subprocess.Popen(argv, env=env,
@@ -194,6 +194,10 @@ class SshHost(Host):
         if done.returncode != 0:
             raise HostError(self.alias, f"port forward {verb} failed: "
                             f"{done.stderr.decode('utf-8', 'replace').strip()[:200]}")
+
+    def session_log(self) -> Path:
+        """The master connection's stderr (started afresh with each master)."""
+        return self.control_path.with_suffix(".log")
 
     @property
     def master_pid(self) -> int | None:

@@ -27,6 +27,7 @@ from narwhal.core.kv.capture.endpoints import (
 )
 from narwhal.core.kv.capture.logs import parse_startup_log
 from narwhal.core.kv.vllm_args import launch_plan_from_args
+from narwhal.node.engine.http_capture import Exchanges
 from narwhal.node.engine.runtime import Started, alive, logs
 from narwhal.node.nixl_probe import ProbeTarget, probe
 
@@ -38,22 +39,45 @@ def _auth(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _get(url: str, timeout: float = 10.0, key: str | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers=_auth(key))  # noqa: S310 - loopback
+def _send(req: urllib.request.Request, timeout: float, keep: Exchanges | None = None,
+          what: str = "") -> tuple[int, bytes]:
+    """(status, body) of one request, an HTTP error's too; kept in `keep` as sent and as
+    received (a connection error is kept with status 0, then raised)."""
+    started, status, got_headers, data = time.time(), 0, [], b""
+    error = ""
     try:
         with urllib.request.urlopen(req, timeout=timeout) as reply:  # noqa: S310 - loopback
-            return reply.status, reply.read(4 << 20)
+            status, got_headers, data = reply.status, reply.headers.items(), reply.read(4 << 20)
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(4096)
+        status, data = exc.code, exc.read(4096)
+        got_headers = exc.headers.items() if exc.headers is not None else []
+    except OSError as exc:
+        error = str(exc)
+        raise
+    finally:
+        if keep is not None:
+            keep.add(what, (req.get_method(), req.full_url, req.header_items(),
+                            req.data if isinstance(req.data, bytes) else None),
+                     (status, got_headers, data if status else None), started, error)
+    return status, data
 
 
-def _post(url: str, body: dict[str, Any], key: str | None,
-          timeout: float = 60.0) -> dict[str, Any]:
+def _get(url: str, timeout: float = 10.0, key: str | None = None,
+         keep: Exchanges | None = None, what: str = "") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=_auth(key))  # noqa: S310 - loopback
+    return _send(req, timeout, keep, what)
+
+
+def _post(url: str, body: dict[str, Any], key: str | None, timeout: float = 60.0,
+          keep: Exchanges | None = None, what: str = "") -> dict[str, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310
                                  headers={"Content-Type": "application/json", **_auth(key)})
-    with urllib.request.urlopen(req, timeout=timeout) as reply:  # noqa: S310 - loopback
-        data: dict[str, Any] = json.loads(reply.read(4 << 20))
-        return data
+    status, data = _send(req, timeout, keep, what)
+    if status != 200:
+        raise ContractError(f"POST {url} answered {status}: "
+                            f"{data.decode('utf-8', 'replace').strip()[:300]}")
+    doc: dict[str, Any] = json.loads(data)
+    return doc
 
 
 def wait_healthy(plan: dict[str, Any], started: Started, log_path: Path,
@@ -76,14 +100,16 @@ def wait_healthy(plan: dict[str, Any], started: Started, log_path: Path,
 
 
 def capture(plan: dict[str, Any], started: Started, log_path: Path,
-            timeout_s: float, key: str | None = None) -> dict[str, Any]:
-    """The capture document; `key` is the engine's API key when its plan sets one."""
+            timeout_s: float, key: str | None = None,
+            keep: Exchanges | None = None) -> dict[str, Any]:
+    """The capture document; `key` is the engine's API key when its plan sets one; `keep`
+    receives every exchange the document is read from (the health polls are not kept)."""
     healthy_s = wait_healthy(plan, started, log_path, timeout_s)
     url = plan["url"]
-    version = parse_version_reply(_get(f"{url}/version")[1])
-    status, models_body = _get(f"{url}/v1/models", key=key)
+    version = parse_version_reply(_get(f"{url}/version", keep=keep, what="version")[1])
+    status, models_body = _get(f"{url}/v1/models", key=key, keep=keep, what="models")
     models = [m["id"] for m in json.loads(models_body).get("data", [])] if status == 200 else []
-    metrics = _get(f"{url}/metrics")[1].decode("utf-8", "replace")
+    metrics = _get(f"{url}/metrics", keep=keep, what="metrics")[1].decode("utf-8", "replace")
     cache_config = [c.labels for c in parse_cache_config_info(metrics)]
     start_time = parse_process_start_time(metrics)
     startup = dataclasses.asdict(parse_startup_log(logs(started, log_path)))
@@ -102,7 +128,7 @@ def capture(plan: dict[str, Any], started: Started, log_path: Path,
                       "metadata": reply.as_agent_metadata().model_dump(mode="json")})
     done = _post(f"{url}/v1/completions", {"model": plan["served_model_name"],
                                            "prompt": COMPLETION_PROMPT, "max_tokens": 4},
-                 key)
+                 key, keep=keep, what="completion")
     text = str(((done.get("choices") or [{}])[0]).get("text", ""))
     config = json.loads((Path(plan["model_dir"]) / "config.json").read_text())
     return stamp(SCHEMA, VERSION, {

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from narwhal.node.engine.errors import RuntimeError_
 
@@ -114,6 +115,51 @@ def logs(started: Started, log_path: Path) -> str:
     done = subprocess.run([started.runtime, "logs", started.id], capture_output=True, text=True,
                           timeout=60, check=False)
     return done.stdout + done.stderr
+
+
+LOG_CHUNK = 64 << 10
+
+
+def _chunks(stream: IO[bytes]) -> Iterator[bytes]:
+    while chunk := stream.read(LOG_CHUNK):
+        yield chunk
+
+
+def _keep_tail(chunks: Iterable[bytes], limit: int) -> tuple[bytes, int]:
+    """At most the last `limit` bytes of a stream, from a line start when it was cut, and the
+    stream's whole length; never more than about twice `limit` held at once (a long-running
+    engine's log can be far larger than what is kept)."""
+    tail, total = bytearray(), 0
+    for chunk in chunks:
+        total += len(chunk)
+        tail += chunk
+        if len(tail) > 2 * limit:
+            del tail[:-limit]
+    if len(tail) <= limit:
+        return bytes(tail), total
+    kept = tail[len(tail) - limit:]
+    if tail[len(tail) - limit - 1:len(tail) - limit] != b"\n":  # a partial first line
+        newline = kept.find(b"\n")
+        kept = kept[newline + 1:] if newline >= 0 else kept
+    return bytes(kept), total
+
+
+def log_tail(started: Started | None, log_path: Path, limit: int) -> tuple[bytes, int]:
+    """The last `limit` bytes of the engine's log and the log's whole length: the file a
+    native engine writes (also before or without a start), or what the container runtime
+    keeps of the container's output (`<runtime> logs`, both streams as they interleave)."""
+    if started is None or started.runtime == "native":
+        if not log_path.exists():
+            return b"", 0
+        with log_path.open("rb") as f:
+            return _keep_tail(_chunks(f), limit)
+    with subprocess.Popen([started.runtime, "logs", started.id], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        if proc.stdout is None:
+            raise RuntimeError_(f"{started.runtime} logs gave no output stream")
+        got = _keep_tail(_chunks(proc.stdout), limit)
+        proc.wait(timeout=60)
+    return got
 
 
 def stop(started: Started) -> str:

@@ -1,0 +1,67 @@
+"""Gate C's evidence beyond the capture: each engine's log and the capture's raw HTTP exchanges.
+
+The runbook keeps "ENGINE_RUN, image-check and HTTP captures" for host and engine validation.
+The capture document holds what Gate C parsed; these hold what it was parsed from, so a
+blocked start or a contract finding can be read from the record alone. On the engine host
+`narwhal-engine evidence` writes the log's last LOG_BYTES beside the capture's
+http-captures.json and names both with length and sha256; here each is read through the
+host (bounded, checked against that sha256) and kept as an attempt artifact:
+
+    engine-log-<role>.txt   a first line saying which part of which log, then the log bytes
+    http-<role>.json        /version, /v1/models, /metrics and the test completion, as sent
+                            and received (status, headers less credentials, bodies)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.errors import HostError, TransferMismatch
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.ledger.attempt import Attempt
+
+LOG_BYTES = 4 << 20  # the last 4 MiB: the startup lines of a fresh engine and then some
+HTTP_BYTES = 8 << 20  # four bodies of at most 1 MiB each, JSON-escaped, with headers
+Call = Callable[..., result_line.ResultLine]
+
+
+def log_header(role: str, log: dict[str, Any]) -> bytes:
+    """The artifact's first line: which log, and whether it is whole or its last part."""
+    kept, total = int(log["bytes"]), int(log["total_bytes"])
+    part = (f"the whole log, {total} bytes" if kept >= total else
+            f"its last {kept} of {total} bytes (the last {int(log['limit_bytes']) >> 20} MiB, "
+            "cut at a line start)")
+    return f"# narwhal: {role}'s engine log from {log['source']}: {part}\n".encode()
+
+
+def fetch(host: Host, facts: dict[str, Any], limit: int) -> bytes:
+    """A file the host named with its length and sha256, read through the host (at most
+    `limit` bytes) and checked against that sha256: a torn or substituted read is refused."""
+    if int(facts["bytes"]) > limit:
+        raise HostError(host.alias, f"{facts['path']} holds {facts['bytes']} bytes, more "
+                        f"than the {limit} the record keeps")
+    data = host.run(cl.read_head(str(facts["path"]), limit), timeout=120, check=True).stdout
+    got = hashlib.sha256(data).hexdigest()
+    if got != facts["sha256"]:
+        raise TransferMismatch(host.alias, f"{facts['path']}: host sha256 {facts['sha256']}, "
+                               f"received {got}; nothing was kept")
+    return data
+
+
+def keep(call: Call, host: Host, role: str, run_dir: str, attempt: Attempt) -> list[str]:
+    """Keep one engine's log and HTTP exchanges in `attempt`; the artifact names kept.
+    `call` runs a `narwhal-engine` subcommand on the engine's host (engines.Remote.call)."""
+    got = call("evidence", "--run-dir", run_dir, "--log-bytes", str(LOG_BYTES), timeout=120.0)
+    if not got.ok:
+        raise HostError(host.alias, f"{role}: its log cannot be read: {got.error}")
+    log = got.data["log"]
+    names = [f"engine-log-{role}.txt"]
+    attempt.add_artifact(names[0], log_header(role, log) + fetch(host, log, LOG_BYTES))
+    if got.data.get("http"):  # none when no capture ran in this run dir
+        names.append(f"http-{role}.json")
+        attempt.add_artifact(names[1], fetch(host, got.data["http"], HTTP_BYTES))
+    return names
