@@ -137,7 +137,7 @@ def load_prepared(ledger: Ledger, run_id: str, inputs: Inputs) -> prep.Prepared:
             pkg.files.append(prep.SendFile(remote, Path(f["local"]) if f["local"] else None,
                                            f["sha256"]))
             if f["secret"]:
-                name = remote.rsplit("/", 1)[1]
+                name = remote.split("/secrets/", 1)[1]  # a name, or env/<VARIABLE>
                 value = next((rf.secrets[name] for r, rf in roles.items()
                               if r in h["roles"] and name in rf.secrets), None)
                 if value is None:
