@@ -180,15 +180,43 @@ def _run_command(argv: list[str], quiet: bool) -> tuple[int, Any]:
     from narwhal.deploy.cli.main import build_parser, run_handler  # main imports this module
 
     ns = build_parser().parse_args(argv)
+    said = _Tee(sys.stderr)
     if not quiet:
-        return run_handler(ns), None
+        with contextlib.redirect_stderr(said):
+            code = run_handler(ns)
+        return code, _refusal(code, said)
     out = io.StringIO()
-    with _stdout_fd_to_stderr(), contextlib.redirect_stdout(out):
+    with _stdout_fd_to_stderr(), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(said):
         code = run_handler(ns)
     try:
         return code, json.loads(out.getvalue())
     except ValueError:
-        return code, out.getvalue()[-2000:]
+        return code, out.getvalue()[-2000:] or _refusal(code, said)
+
+
+class _Tee(io.StringIO):
+    """stderr as it goes to the operator, also kept: a command refused before it recorded an
+    attempt said why only there (`narwhal: <input error>`)."""
+
+    def __init__(self, shown: Any) -> None:
+        super().__init__()
+        self._shown = shown
+
+    def write(self, text: str) -> int:
+        self._shown.write(text)
+        return super().write(text[-4000:])
+
+
+def _refusal(code: int, said: io.StringIO) -> str | None:
+    """The command's own refusal (`narwhal: ...` and the problems under it), when it failed
+    with one."""
+    lines = said.getvalue().splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("narwhal")]
+    if code == EXIT_OK or not starts:
+        return None
+    # the refusal's first line and the problems listed under it
+    return " ".join(ln.strip() for ln in lines[starts[-1]:starts[-1] + 12])[:2000]
 
 
 @contextlib.contextmanager
@@ -282,14 +310,18 @@ def _stopped(args: argparse.Namespace, ctx: Context, steps: list[Step], gate: Ga
     entry = ctx.ledger.load()["gates"].get(gate.name, {})
     attempt = entry.get("last", "")
     folder = ctx.ledger.attempt_folder(gate.name, attempt) if attempt else ctx.ledger.root
+    # a gate refused before it recorded an attempt (its inputs): its own words are the cause
+    said = steps[-1].output if steps and isinstance(steps[-1].output, str) else ""
+    cause = said if entry.get("state") == "passed" or not entry.get("cause") else \
+        str(entry["cause"])
     if args.json:
         print(json.dumps({"deployment": ctx.ledger.deployment, "verdict": "stopped",
-                          "stopped_at": gate.name, "cause": entry.get("cause", ""),
+                          "stopped_at": gate.name, "cause": cause or "",
                           "evidence": str(folder), "steps": [s.as_dict() for s in steps],
                           "status": [r.as_dict() for r in ledger_cmd.recorded_rows(ctx)]}, indent=1))
     else:
         say(f"[red]narwhal deploy: stopped at gate {gate.letter} {gate.name}, "
-            f"{entry.get('state', 'not passed')}[/]: {entry.get('cause') or 'see above'}")
+            f"{entry.get('state', 'not passed')}[/]: {cause or 'see above'}")
         say(f"  evidence: {folder}")
         say(f"  inspect: narwhal status; after fixing the cause: narwhal deploy (gates "
             f"before {gate.letter} that are still fresh are kept); to undo what the attempt "
