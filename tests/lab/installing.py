@@ -36,6 +36,13 @@ class Installer:
     wheels: Path
     revision: str
     token: str
+    router_key: str  # NARWHAL_ROUTER_API_KEY: the router serves no client without it
+    engine_key: str  # NARWHAL_ENGINE_KEY: every engine's /v1 routes need it
+
+    def secrets_dir(self) -> str:
+        """The prepared run's secrets folder on every host (the same path on each)."""
+        plan = json.loads((self.op.last_attempt("install") / "plan.json").read_text())
+        return f"{self.remote}/runs/{plan['prepared_run']}/secrets"
 
     def install(self, *extra: str, env: Path | None = None,
                 wheels: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -105,16 +112,18 @@ def installer(lab: LabPlan, tmp_path_factory: pytest.TempPathFactory) -> Install
     work = tmp_path_factory.mktemp("install")
     checkout, revision, wheels = approved_checkout(work)
     token = "hf_" + secrets.token_hex(16)
+    router_key, engine_key = secrets.token_hex(24), secrets.token_hex(24)
     env = work / ".env"
     envfile.write(lab, env)
-    with env.open("a") as fh:
+    with env.open("a") as fh:  # the lab deploys with both keys, as a fleet should
         fh.write(f"NARWHAL_DEPLOYMENT=lab\nNARWHAL_DEPLOYMENT_REVISION={revision}\n"
-                 f"NARWHAL_HF_TOKEN={token}\n")
+                 f"NARWHAL_HF_TOKEN={token}\nNARWHAL_ROUTER_API_KEY={router_key}\n"
+                 f"NARWHAL_ENGINE_KEY={engine_key}\n")
     op = Operator(lab, env, work / "runs")
     assert op.narwhal("hosts", "trust", "--yes").returncode == 0
     code, doc = op.discover()
     assert code == 0, doc
-    return Installer(op, checkout, wheels, revision, token)
+    return Installer(op, checkout, wheels, revision, token, router_key, engine_key)
 
 
 

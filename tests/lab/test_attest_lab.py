@@ -154,23 +154,34 @@ def _holds(plan: LabPlan) -> dict[str, str | None] | None:
     return None if state is None else {e["id"]: e["held_reason"] for e in state["engines"]}
 
 
-def _complete(plan: LabPlan, model: str) -> int:
+def _complete(plan: LabPlan, model: str, secrets_dir: str) -> int:
+    """One completion through the test's router, with the tenant key read on the host from
+    the file Gate B placed (never in an argv)."""
     body = json.dumps({"model": model, "prompt": "the sea", "max_tokens": 2}).replace('"', '\\"')
     code = ("import urllib.request, urllib.error\n"
+            f"k = open('{secrets_dir}/NARWHAL_ROUTER_API_KEY').read().strip()\n"
             f"r = urllib.request.Request('http://127.0.0.1:{ROUTER_PORT}/v1/completions', "
-            f"data=b'{body}', headers={{'Content-Type': 'application/json'}})\n"
+            f"data=b'{body}', headers={{'Content-Type': 'application/json', "
+            "'Authorization': 'Bearer ' + k})\n"
             "try:\n    print(urllib.request.urlopen(r, timeout=30).status)\n"
             "except urllib.error.HTTPError as e:\n    print(e.code)\n")
     done = ssh(plan, "router", f"python3 -c \"{code}\"", timeout=60)
     return int(done.stdout.strip() or 0)
 
 
+def _restart_folder(fleet: Installer) -> str:
+    return fleet.secrets_dir().removesuffix("/secrets") + "/restart-test"
+
+
 def _start_router(fleet: Installer, doc: dict[str, Any]) -> int:
     """narwhal-serve on the router host with Gate E's fleet, from the role shell (what Gate G
     will do; until it exists the test starts it so). Returns its pid."""
     raw = base64.b64encode(json.dumps(doc).encode()).decode()
+    # beside the prepared run's secrets/, so the key files the fleet names (../secrets/...)
+    # are where Gate G's router finds them
+    folder = _restart_folder(fleet)
     done = fleet.op.shell("router", "sh", "-c",
-                          f"mkdir -p ~/restart-test && cd ~/restart-test && printf %s {raw} | "
+                          f"mkdir -p {folder} && cd {folder} && printf %s {raw} | "
                           "base64 -d > fleet.json && setsid narwhal-serve --fleet fleet.json "
                           f"--host 127.0.0.1 --port {ROUTER_PORT} >router.log 2>&1 </dev/null "
                           "& echo $!")
@@ -231,9 +242,10 @@ def test_a_restarted_engine_is_held_named_by_status_and_attested_again_alone(
             _wait("the router to place on every engine", lambda: _holds(plan) == {
                 "engine-1": None, "engine-2": None, "engine-3": None}, timeout=30)
         except AssertionError:
-            log = op.shell("router", "sh", "-c", "cat ~/restart-test/router.log").stdout
+            log = op.shell("router", "sh", "-c",
+                           f"cat {_restart_folder(attested)}/router.log").stdout
             raise AssertionError(f"{_holds(plan)}; router log: {log[-3000:]}") from None
-        assert _complete(plan, fleet["model"]) == 200
+        assert _complete(plan, fleet["model"], attested.secrets_dir()) == 200
 
         ssh(plan, "eng2", "docker restart -t 5 $(docker ps -q)", timeout=60)
         sweep = float(fleet.get("health", {}).get("probe_interval_s", 2.0))
@@ -242,7 +254,8 @@ def test_a_restarted_engine_is_held_named_by_status_and_attested_again_alone(
         held = next(e for e in _router_get(plan, "/narwhal/state")["engines"]
                     if e["id"] == "engine-2")
         assert "engine process changed" in held["held_detail"]
-        assert [_complete(plan, fleet["model"]) for _ in range(4)] == [200] * 4  # the others
+        assert [_complete(plan, fleet["model"], attested.secrets_dir())
+                for _ in range(4)] == [200] * 4  # the others
         contract = _contract_from_router(attested, fleet)
         assert {k for k, v in contract.items() if v["status"] == "fail"} == {"engine-2"}, \
             contract

@@ -177,14 +177,17 @@ def test_load_on_an_engine_during_the_samples_voids_them(fleet: Installer) -> No
                         .read_text())
     port, model = record["ports"]["engine"], record["served_model_name"]
     address = record["fabric_address"]  # the engine binds the address the fleet reaches it at
+    key_file = f"{fleet.secrets_dir()}/env/VLLM_API_KEY"  # the engine's own, on its host
     load = ("import json, os, time, urllib.request\n"
+            f"key = open({key_file!r}).read().strip()\n"
             f"body = json.dumps({{'model': {model!r}, 'prompt': 'load ' * 64, "
             "'max_tokens': 8})\n"
             "end = time.monotonic() + 60\n"
             "for _ in range(5000):  # bounded in count and time, and stopped by a file\n"
             "    if time.monotonic() > end or os.path.exists('/tmp/load.stop'): break\n"
             f"    r = urllib.request.Request('http://{address}:{port}/v1/completions',\n"
-            "        data=body.encode(), headers={'Content-Type': 'application/json'})\n"
+            "        data=body.encode(), headers={'Content-Type': 'application/json',\n"
+            "                                     'Authorization': 'Bearer ' + key})\n"
             "    urllib.request.urlopen(r, timeout=10).read()\n")
     assert ssh(plan, "eng1", f"rm -f /tmp/load.stop; cat > /tmp/load.py <<'PY'\n{load}PY"
                ).returncode == 0

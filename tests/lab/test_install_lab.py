@@ -65,14 +65,20 @@ def test_install_puts_the_revision_on_every_host_offline_at_once(installer: Inst
 
 def test_secrets_reach_hosts_only_as_0600_files_and_ssh_credentials_never(installer: Installer) -> None:
     run = json.loads((installer.op.last_attempt("install") / "plan.json").read_text())
-    secret_file = f"{installer.remote}/runs/{run['prepared_run']}/secrets/NARWHAL_HF_TOKEN"
+    folder = f"{installer.remote}/runs/{run['prepared_run']}/secrets"
+    secret_file = f"{folder}/NARWHAL_HF_TOKEN"
     for alias in ("node-1", "router"):
         out = ssh(installer.op.plan, installer.lab_host(alias),
                   f"stat -c %a {secret_file}; cat {secret_file}; echo; grep -rlF "
                   f"'{installer.token}' {installer.remote} || true")
         lines = out.stdout.split()
         assert lines[:2] == ["600", installer.token], out
-        assert lines[2:] == [secret_file], lines  # no other file on the host holds it
+        # no other file on the host holds it but the engine's own HF_TOKEN, also 0600
+        engine_copy = [f"{folder}/env/HF_TOKEN"] if alias != "router" else []
+        assert sorted(lines[2:]) == sorted([secret_file, *engine_copy]), lines
+        for path in engine_copy:
+            assert ssh(installer.op.plan, installer.lab_host(alias),
+                       f"stat -c %a {path}").stdout.strip() == "600"
     password = next(line.split("=", 1)[1].strip("'\"") for line in
                     installer.op.env.read_text().splitlines()
                     if "_SSH_PASSWORD=" in line)

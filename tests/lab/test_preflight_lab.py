@@ -126,6 +126,111 @@ def test_serve_leaves_the_router_and_prometheus_running_and_a_second_serve_adopt
     assert "NarwhalEngineDown" in rules and "NarwhalLeaseChanged" in rules
 
 
+# Credentials end to end (the lab deploys with NARWHAL_ROUTER_API_KEY and NARWHAL_ENGINE_KEY,
+# tests/lab/installing.py), tried from the router host as a client would while Gate G's
+# router runs. The calls that send a key read it on the host from the file Gate B placed
+# there, so the test itself puts no key in an argv.
+# Run on a lab host: POST one completion to argv[1], with the bearer key read from the file
+# argv[2] ("-" for none); print the HTTP status.
+CALL = """import json, sys, urllib.error, urllib.request
+url, key_file, model = sys.argv[1:4]
+headers = {"Content-Type": "application/json"}
+if key_file != "-":
+    headers["Authorization"] = "Bearer " + open(key_file).read().strip()
+body = json.dumps({"model": model, "prompt": "the sea", "max_tokens": 2}).encode()
+try:
+    print(urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers),
+                                 timeout=30).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+"""
+# Run on a lab host: every file under argv[2:] (secrets/ folders left out) that holds a key
+# read from the files under argv[1]; one path per line.
+SCAN = """import os, sys
+keys = set()
+for base, _, names in os.walk(sys.argv[1]):
+    for n in names:
+        keys.add(open(os.path.join(base, n), "rb").read().strip())
+keys.discard(b"")
+for root in sys.argv[2:]:
+    for base, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "secrets"]
+        for n in names:
+            p = os.path.join(base, n)
+            try:
+                data = open(p, "rb").read()
+            except OSError:
+                continue
+            if any(k in data for k in keys):
+                print(p)
+"""
+
+
+
+
+def _put_scripts(fleet: Installer, host: str) -> None:
+    for name, text in (("narwhal-call.py", CALL), ("narwhal-scan.py", SCAN)):
+        done = ssh(fleet.op.plan, host, f"cat > /tmp/{name} <<'PY'\n{text}PY")
+        assert done.returncode == 0, done.stderr
+
+
+def _call(fleet: Installer, host: str, url: str, key_file: str) -> int:
+    _put_scripts(fleet, host)
+    done = ssh(fleet.op.plan, host, f"python3 /tmp/narwhal-call.py {url} {key_file} "
+                                    f"{fleet.op.plan.spec.model.name}", timeout=60)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
+def test_the_router_serves_only_requests_with_the_tenant_key(attested: Installer) -> None:
+    """The fleet Gate G serves names the tenant key and the engines' key by their 0600
+    files; the router refuses a client without the tenant key and serves one with it."""
+    fleet = json.loads((attested.op.last_attempt("preflight") / "fleet-calibrated.json")
+                       .read_text())
+    assert fleet["tenants"] == [{"name": "default",
+                                 "key_file": "../secrets/NARWHAL_ROUTER_API_KEY"}]
+    assert fleet["engine_auth"] == {"key_file": "../secrets/NARWHAL_ENGINE_KEY"}
+    router, secrets_dir = attested.lab_host("router"), attested.secrets_dir()
+    url = "http://127.0.0.1:8000/v1/completions"
+    assert _call(attested, router, url, "-") == 401
+    assert _call(attested, router, url, f"{secrets_dir}/NARWHAL_ENGINE_KEY") == 401
+    assert _call(attested, router, url, f"{secrets_dir}/NARWHAL_ROUTER_API_KEY") == 200
+
+
+def test_an_engine_reached_from_the_router_host_needs_the_engine_key(
+        attested: Installer) -> None:
+    record = json.loads((attested.op.last_attempt("discover") / "launch-engine-1.json")
+                        .read_text())
+    url = f"http://{record['fabric_address']}:{record['ports']['engine']}/v1/completions"
+    router, secrets_dir = attested.lab_host("router"), attested.secrets_dir()
+    assert _call(attested, router, url, "-") == 401
+    assert _call(attested, router, url, f"{secrets_dir}/NARWHAL_ROUTER_API_KEY") == 401
+    assert _call(attested, router, url, f"{secrets_dir}/NARWHAL_ENGINE_KEY") == 200
+
+
+def test_no_key_is_in_any_argv_record_or_host_log(attested: Installer) -> None:
+    keys = (attested.router_key.encode(), attested.engine_key.encode())
+    plan, secrets_dir = attested.op.plan, attested.secrets_dir()
+    for alias in ("router", "engine-1", "engine-2", "engine-3"):
+        host = attested.lab_host(alias)
+        argvs = ssh(plan, host, "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; "
+                    "done 2>/dev/null", timeout=60).stdout.encode()
+        assert argvs and not any(k in argvs for k in keys), host
+        _put_scripts(attested, host)
+        found = ssh(plan, host, f"python3 /tmp/narwhal-scan.py {secrets_dir} "
+                    f"{attested.remote} {plan.spec.run_dir} /tmp", timeout=120).stdout.strip()
+        assert not found, (host, found.splitlines()[:10])
+        mode = ssh(plan, host, f"stat -c %a {secrets_dir}/NARWHAL_ENGINE_KEY").stdout.strip()
+        assert mode == "600", (host, mode)
+    leaked = [p for p in attested.op.runs.rglob("*")
+              if p.is_file() and any(k in p.read_bytes() for k in keys)]
+    assert not leaked, leaked[:10]
+    local = subprocess.run(["sh", "-c", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' "
+                            "< $f; echo; done 2>/dev/null"], capture_output=True, check=False)
+    assert not any(k in local.stdout for k in keys)
+
+
+
 def _attempts(op: Any) -> dict[str, list[str]]:
     doc = json.loads((op.runs / "lab" / "ledger.json").read_text())
     return {g: list(e["attempts"]) for g, e in doc["gates"].items()}
