@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,9 @@ def main() -> int:
         _keep_client_key(env, work)
         with open(env, "a") as out:
             out.write(f"NARWHAL_DEPLOYMENT=demo\nNARWHAL_DEPLOYMENT_REVISION={_revision()}\n")
+            # the router serves only clients with its key; engines only callers with theirs
+            out.write(f"NARWHAL_ROUTER_API_KEY={secrets.token_hex(24)}\n"
+                      f"NARWHAL_ENGINE_KEY={secrets.token_hex(24)}\n")
         _say("inputs: the lab's .env, validated (secrets masked)")
         _run([narwhal, "inputs", *common])
         _say("first contact: scan, show and pin every host key")
