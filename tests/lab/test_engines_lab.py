@@ -261,3 +261,58 @@ def test_an_image_that_differs_from_gate_as_blocks_naming_the_host(installed: In
     assert [p for p in doc["problems"] if p["field"].endswith(": image")] == image
     for h in plan.engines():
         assert ssh(plan, h.name, "docker ps -aq").stdout.strip() == ""
+
+
+# Qwen3-Next's shape at toy size (GDN layers 0-2, full attention at 3): a hybrid checkpoint.
+HYBRID_CONFIG = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 432,
+    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "full_attention_interval": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+    "linear_num_value_heads": 4, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+HYBRID_DIR = "/srv/models/tiny-qwen3-next"
+
+
+def test_a_hybrid_fleet_passes_gate_c_with_ds_conv_state_and_is_named_without_it(
+        installed: Installer) -> None:
+    """A Mamba/GDN fleet configured as vLLM documents it (VLLM_SSM_CONV_STATE_LAYOUT=DS in
+    NARWHAL_ENGINE_ENV, what NIXL's handoff of conv state needs) passes Gate C: the prediction
+    reads the launch environment as the engines do. Without it Gate C blocks, naming the
+    variable and the fix."""
+    plan, op = installed.op.plan, installed.op
+    files = {"config.json": json.dumps(HYBRID_CONFIG, indent=1),
+             "tokenizer_config.json": json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                  "pad_token": "<pad>"})}
+    for h in plan.engines():  # the checkpoint placed on every engine host, as an operator does
+        for name, text in files.items():
+            done = ssh(plan, h.name, f"mkdir -p {HYBRID_DIR} && cat > {HYBRID_DIR}/{name} "
+                                     f"<<'JSON'\n{text}\nJSON")
+            assert done.returncode == 0, done.stderr
+    ds = op.variant("hybrid-ds", NARWHAL_MODEL_DIR=HYBRID_DIR,
+                    NARWHAL_ENGINE_ENV="'{\"VLLM_SSM_CONV_STATE_LAYOUT\":\"DS\"}'")
+    plain = op.variant("hybrid-sd", NARWHAL_MODEL_DIR=HYBRID_DIR)
+    try:
+        for env, passes in ((ds, True), (plain, False)):
+            assert op.discover(env=env)[0] == 0
+            done = installed.install(env=env)
+            assert done.returncode == 0, done.stdout + done.stderr
+            _clear_containers(plan)
+            code, doc = _engines(installed, env=env)
+            if passes:
+                assert code == 0 and doc["verdict"] == "passed", doc
+                contract = json.loads((op.last_attempt("engines") / "contract.json")
+                                      .read_text())
+                assert contract["findings"] == [] and len(contract["engines"]) == 3, contract
+                continue
+            assert code != 0 and doc["verdict"] == "blocked", doc
+            named = [p for p in doc["problems"] if "VLLM_SSM_CONV_STATE_LAYOUT" in p["field"]]
+            assert named and all("VLLM_SSM_CONV_STATE_LAYOUT=DS" in p["fix"] for p in named), \
+                doc["problems"]
+    finally:
+        _clear_containers(plan)
+        for h in plan.engines():
+            ssh(plan, h.name, f"rm -rf {HYBRID_DIR}")
+        again = op.discover()  # Gate A as the .env says again
+        assert again[0] == 0, again
