@@ -208,6 +208,23 @@ def test_an_engine_reached_from_the_router_host_needs_the_engine_key(
     assert _call(attested, router, url, f"{secrets_dir}/NARWHAL_ENGINE_KEY") == 200
 
 
+def test_each_attestation_names_the_kv_path_gate_d_measured(attested: Installer) -> None:
+    """The path an engine moves KV on (UCX_TLS, UCX_NET_DEVICES) is in its attestation, and
+    is the one each of its host's links was measured with."""
+    links = json.loads((attested.op.last_attempt("fabric") / "links.json").read_text())
+    for n in (1, 2, 3):
+        doc = json.loads((attested.op.last_attempt("attest") / f"attestation-engine-{n}.json")
+                         .read_text())
+        path = doc["transfer"]["path"]
+        assert path["transport"] == "ucx_tcp" and path["tls"][0] == "tcp", path
+        ends = [link["transport"][end]["ucx"] for link in links.values()
+                for end, host in (("source", link["source"]),
+                                  ("destination", link["destination"]))
+                if host == f"node-{n}"]
+        assert ends and all(e["UCX_NET_DEVICES"] == ",".join(path["net_devices"])
+                            for e in ends), (path, ends)
+
+
 def test_no_key_is_in_any_argv_record_or_host_log(attested: Installer) -> None:
     keys = (attested.router_key.encode(), attested.engine_key.encode())
     plan, secrets_dir = attested.op.plan, attested.secrets_dir()
