@@ -23,23 +23,19 @@ from narwhal.core.kv.capture.contract import (
 )
 from narwhal.core.kv.pair import check_pair
 from narwhal.core.launch_record import LaunchRecord
-from narwhal.lab.engine.testing import EngineStartFailed, free_port, start_engine, write_model_dir
+from narwhal.lab.engine.testing import (
+    TINY_QWEN3_NEXT,
+    EngineStartFailed,
+    free_port,
+    start_engine,
+    write_model_dir,
+)
 from tests.native_engine import engine, launch_record, start
 
 pytestmark = pytest.mark.timeout(240)
 ENTRYPOINT = [sys.executable, "-m", "narwhal.lab.engine", "serve"]
 ARGS = ["--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "64M"]
 HYBRID_ENV = {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_KV_CACHE_LAYOUT": "NHD"}
-# Qwen3-Next's shape at toy size: GDN layers 0-2, full attention at layer 3.
-TINY_QWEN3_NEXT = {
-    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 432,
-    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-    "full_attention_interval": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
-    "linear_num_value_heads": 4, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4,
-    "max_position_embeddings": 2048, "torch_dtype": "float32", "tie_word_embeddings": False,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
-}
 
 
 @dataclass(frozen=True)

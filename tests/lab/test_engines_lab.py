@@ -21,6 +21,7 @@ from tests.lab.installing import Installer, rows
 from narwhal.core.kv.geometry import plan_geometry
 from narwhal.core.kv.vllm_args import launch_plan_from_args
 from narwhal.core.launch_record import LaunchRecord
+from narwhal.lab.engine.testing import TINY_QWEN3_NEXT
 from narwhal.lab.faults import Faults
 from narwhal.lab.plan import LabPlan
 from narwhal.lab.testing import ssh
@@ -263,15 +264,7 @@ def test_an_image_that_differs_from_gate_as_blocks_naming_the_host(installed: In
         assert ssh(plan, h.name, "docker ps -aq").stdout.strip() == ""
 
 
-# Qwen3-Next's shape at toy size (GDN layers 0-2, full attention at 3): a hybrid checkpoint.
-HYBRID_CONFIG = {
-    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 432,
-    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-    "full_attention_interval": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
-    "linear_num_value_heads": 4, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4,
-    "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+HYBRID_CONFIG = {**TINY_QWEN3_NEXT, "torch_dtype": "bfloat16"}  # as the lab's GPUs serve it
 HYBRID_DIR = "/srv/models/tiny-qwen3-next"
 
 

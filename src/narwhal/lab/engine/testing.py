@@ -39,6 +39,19 @@ LLAMA3_8B: dict[str, Any] = {
 START_TIMEOUT = 30.0
 
 
+# Qwen3-Next's shape at toy size: GDN (linear attention) layers 0-2, full attention at layer 3,
+# a hybrid checkpoint whose conv state NIXL hands over only in the DS layout.
+TINY_QWEN3_NEXT: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 432,
+    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "full_attention_interval": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+    "linear_num_value_heads": 4, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 2048, "torch_dtype": "float32", "tie_word_embeddings": False,
+    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+}
+
+
 def write_model_dir(path: Path, config: Mapping[str, Any],
                     tokenizer_config: Mapping[str, Any] | None = None) -> Path:
     """A model directory holding config.json (and tokenizer_config.json when given)."""
