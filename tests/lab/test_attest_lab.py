@@ -79,12 +79,28 @@ def test_every_sidecar_attests_the_captured_live_engine_as_the_router_host_sees_
     assert all("attestation_url" not in e for e in before["engines"])  # the draft, kept
 
 
+def _placed(fleet: Installer, doc: dict[str, Any], *, tenants: bool = True) -> dict[str, Any]:
+    """Gate E's fleet for a router the test starts outside Gate G's folder: the key files it
+    names (../secrets/...) made absolute, as Gate B placed them on every host. `tenants`
+    False drops the client key, for a host Gate B gave no router key (an engine host)."""
+    secrets_dir = fleet.secrets_dir()
+
+    def absolute(path: str) -> str:
+        return f"{secrets_dir}/{path.removeprefix('../secrets/')}"
+    out = json.loads(json.dumps(doc))
+    if "engine_auth" in out:
+        out["engine_auth"]["key_file"] = absolute(out["engine_auth"]["key_file"])
+    out["tenants"] = [{**t, "key_file": absolute(t["key_file"])}
+                      for t in out.get("tenants", []) if "key_file" in t] if tenants else []
+    return out
+
+
 def _contract_from_router(fleet: Installer, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """narwhal-check's contract gate on the router host against `doc` and Gate C's captures
     (what Gate F will hand it; until then the test copies them through the role shell).
     Returns the contract verdicts by subject."""
     op = fleet.op
-    files = {"fleet.json": json.dumps(doc).encode()}
+    files = {"fleet.json": json.dumps(_placed(fleet, doc)).encode()}
     for e in doc["engines"]:
         files[f"captures/launch-{e['id']}.json"] = (
             op.last_attempt("discover") / f"launch-{e['id']}.json").read_bytes()
@@ -169,19 +185,12 @@ def _complete(plan: LabPlan, model: str, secrets_dir: str) -> int:
     return int(done.stdout.strip() or 0)
 
 
-def _restart_folder(fleet: Installer) -> str:
-    return fleet.secrets_dir().removesuffix("/secrets") + "/restart-test"
-
-
 def _start_router(fleet: Installer, doc: dict[str, Any]) -> int:
     """narwhal-serve on the router host with Gate E's fleet, from the role shell (what Gate G
     will do; until it exists the test starts it so). Returns its pid."""
-    raw = base64.b64encode(json.dumps(doc).encode()).decode()
-    # beside the prepared run's secrets/, so the key files the fleet names (../secrets/...)
-    # are where Gate G's router finds them
-    folder = _restart_folder(fleet)
+    raw = base64.b64encode(json.dumps(_placed(fleet, doc)).encode()).decode()
     done = fleet.op.shell("router", "sh", "-c",
-                          f"mkdir -p {folder} && cd {folder} && printf %s {raw} | "
+                          f"mkdir -p ~/restart-test && cd ~/restart-test && printf %s {raw} | "
                           "base64 -d > fleet.json && setsid narwhal-serve --fleet fleet.json "
                           f"--host 127.0.0.1 --port {ROUTER_PORT} >router.log 2>&1 </dev/null "
                           "& echo $!")
@@ -242,8 +251,7 @@ def test_a_restarted_engine_is_held_named_by_status_and_attested_again_alone(
             _wait("the router to place on every engine", lambda: _holds(plan) == {
                 "engine-1": None, "engine-2": None, "engine-3": None}, timeout=30)
         except AssertionError:
-            log = op.shell("router", "sh", "-c",
-                           f"cat {_restart_folder(attested)}/router.log").stdout
+            log = op.shell("router", "sh", "-c", "cat ~/restart-test/router.log").stdout
             raise AssertionError(f"{_holds(plan)}; router log: {log[-3000:]}") from None
         assert _complete(plan, fleet["model"], attested.secrets_dir()) == 200
 
@@ -303,8 +311,9 @@ POLLER = Path(__file__).with_name("ready_poller.py")
 
 
 def _serve_detached(fleet: Installer, role: str, doc: dict[str, Any], *extra: str) -> int:
-    """narwhal-serve on the host of `role` from its role shell, listening on every address."""
-    raw = base64.b64encode(json.dumps(doc).encode()).decode()
+    """narwhal-serve on the host of `role` from its role shell, listening on every address
+    (without the client key: an engine host holds none, and /ready needs none)."""
+    raw = base64.b64encode(json.dumps(_placed(fleet, doc, tenants=False)).encode()).decode()
     done = fleet.op.shell(role, "sh", "-c",
                           f"mkdir -p ~/lease-test && cd ~/lease-test && printf %s {raw} | "
                           "base64 -d > fleet.json && setsid narwhal-serve --fleet fleet.json "
@@ -344,8 +353,9 @@ def test_one_router_serves_through_the_sidecars_quorum_and_a_cut_primary_yields(
     try:
         _wait("the primary", lambda: _router_get_at(plan, "router", LEASE_PORT) is not None,
               timeout=30)
+        raw = base64.b64encode(json.dumps(_placed(attested, fleet, tenants=False)).encode())
         second = op.shell("engine-1", "sh", "-c", f"cd ~/lease-test 2>/dev/null || mkdir -p "
-                          f"~/lease-test; printf %s {base64.b64encode(json.dumps(fleet).encode()).decode()} "
+                          f"~/lease-test; printf %s {raw.decode()} "
                           f"| base64 -d > ~/lease-test/fleet.json; cd ~/lease-test && timeout 20 "
                           f"narwhal-serve --fleet fleet.json --host 0.0.0.0 --port {LEASE_PORT + 1}")
         said = second.stdout + second.stderr

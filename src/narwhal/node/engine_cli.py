@@ -3,7 +3,7 @@
 Run on the engine host from the installed venv (Gate B), by Gate C over SSH; each subcommand
 prints exactly one NARWHAL_RESULT line, last, and keeps its state in the engine's run dir:
 
-    prepare --launch L --run-dir D [--runtime R] [--transfer P]
+    prepare --launch L --run-dir D [--runtime R] [--transfer P] [--secrets S]
                                                    launch record -> run plan (D/launch.json)
     check   --run-dir D                            the plan against the host now (D/checked.json)
     start   --run-dir D [--secrets S]              only a checked, unchanged plan (D/started.json)
@@ -105,7 +105,10 @@ def do_prepare(args: argparse.Namespace) -> dict[str, Any]:
         if args.transfer else None
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data = runplan.plan_bytes(runplan.build(record, record_sha, runtime, path))
+    built = runplan.build(record, record_sha, runtime, path)
+    if args.secrets:  # where start and capture read the plan's secrets unless told otherwise
+        built["secrets_dir"] = str(Path(args.secrets).resolve())
+    data = runplan.plan_bytes(built)
     _write(run_dir / "launch.json", data)
     return {"engine": record.engine, "plan_sha256": sha256_bytes(data), "runtime": runtime}
 
@@ -165,7 +168,8 @@ def do_start(args: argparse.Namespace) -> dict[str, Any]:
                       "check` again before starting")
     if not checked.get("ok"):
         raise Refused("the last `check` of this plan failed; fix what it named and check again")
-    started, ran = rt.start(plan, _secrets(plan, args.secrets), run_dir / "engine.log", owned)
+    started, ran = rt.start(plan, _secrets(plan, args.secrets or plan.get("secrets_dir")),
+                            run_dir / "engine.log", owned)
     _write(run_dir / "started.json", canonical_json(started.as_json()).encode() + b"\n")
     return {"engine": plan["engine"], **started.as_json(), "commands": ran}
 
@@ -178,7 +182,7 @@ def do_capture(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir)
     (run_dir / HTTP_FILE).unlink(missing_ok=True)  # never an earlier capture's as this one's
     plan, _ = _plan(run_dir)
-    key = _secrets(plan, args.secrets).get(ENGINE_API_KEY_ENV) \
+    key = _secrets(plan, args.secrets or plan.get("secrets_dir")).get(ENGINE_API_KEY_ENV) \
         if ENGINE_API_KEY_ENV in plan["secret_environment"] else None
     kept = Exchanges()
     try:
@@ -256,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=["docker", "podman", "native"], default=None)
     p.add_argument("--transfer", default=None, metavar="PATH_JSON",
                    help="the KV transfer path Gate C derived (core/transfer_path.py)")
+    p.add_argument("--secrets", default=None, help="the folder of 0600 secret files start "
+                   "and capture read (recorded in the plan; never read here)")
     p.set_defaults(handler=do_prepare)
     p = sub.add_parser("check", help="the plan against the host now (checked.json)")
     p.add_argument("--run-dir", required=True)

@@ -205,7 +205,8 @@ def _prepare_and_check(r: Remote, progress: Progress) -> list[Problem]:
     t = r.t
     progress(t.role, "checking")
     path = ["--transfer", canonical_json(r.transfer)] if r.transfer is not None else []
-    prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir, *path)
+    prepared = r.call("prepare", "--launch", r.launch, "--run-dir", r.run_dir, *path,
+                      "--secrets", r.secrets)
     if not prepared.ok:
         return [Problem(f"{t.alias}: {t.role}: prepare", prepared.error,
                         "the error names the file: the launch record Gate B installed, or "
