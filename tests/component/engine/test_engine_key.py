@@ -23,7 +23,8 @@ ARGS = ["--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "64M
 
 
 def _status(url: str, key: str | None = None) -> int:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    req = urllib.request.Request(url, headers=auth)  # noqa: S310 - loopback
     try:
         with urllib.request.urlopen(req, timeout=10) as reply:  # noqa: S310 - loopback
             return int(reply.status)
