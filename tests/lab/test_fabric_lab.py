@@ -217,6 +217,7 @@ def _rdma_path_proved(fleet: Installer, env: Path) -> None:
     carry that environment, and a moved TRANSFER_DEVICES makes exactly Gates C and D stale."""
     code, doc = fleet.op.json_command("fabric", *FAST, env=env)
     assert code != 0 and "another KV path" in doc["cause"], doc  # the engines run on TCP
+    _clear_containers(fleet.op.plan)  # Gate C starts them again, on the RDMA path
     code, doc = fleet.op.json_command("engines", env=env)
     assert code == 0 and doc["verdict"] == "passed", doc
     engines_plan = json.loads((fleet.op.last_attempt("engines") / "plan.json").read_text())

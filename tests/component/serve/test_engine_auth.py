@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,3 +170,32 @@ def test_a_key_file_others_can_read_stops_the_router_naming_it(keyed: Keyed, mod
     with pytest.raises(RuntimeError) as caught:
         router.start()
     assert "engine_auth.key_file" in str(caught.value) and "chmod 600" in str(caught.value)
+
+
+def _tool(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                          text=True, timeout=170, check=False)
+
+
+def test_the_preflight_tools_send_the_engine_key_on_every_call(keyed: Keyed) -> None:
+    """narwhal-profile's sweeps (streamed and not) and narwhal-check's gates reach keyed
+    engines with engine_auth; without it the profile fails naming the 401."""
+    key = keyed.root / "engine.key"
+    both = [{"id": "p0", "url": keyed.prefill.url, "role": "both"},
+            {"id": "d0", "url": keyed.decode.url, "role": "both"}]
+    for name, auth in (("keyed", {"engine_auth": {"key_file": str(key)}}), ("open", {})):
+        fleet = keyed.root / f"profile-{name}.json"
+        fleet.write_text(json.dumps({
+            "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny", "engines": both,
+            "slo": {"ttft_s": 2.0, "tpot_s": 0.1}, "journal": {"path": "journal.jsonl"},
+            "profiles": {"path": f"profiles-{name}.json"}, **auth}))
+        done = _tool("narwhal.serve.profile_cli", "--fleet", str(fleet), "--json",
+                     "--repeats", "1", "--prefill-lengths", "64,128,256,512",
+                     "--decode-concurrency", "1,2", "--decode-contexts", "64,256")
+        if auth:
+            assert done.returncode == 0, done.stderr[-2000:]
+            checked = _tool("narwhal.serve.check_cli", "--fleet", str(fleet), "--json",
+                            "--only", "reach,model")
+            assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+        else:
+            assert done.returncode != 0 and "401" in done.stdout + done.stderr

@@ -50,7 +50,7 @@ async def timed_stream(client: EngineClient, model: str, prompt: str, max_tokens
     what = f"POST /v1/completions ({where})"
     try:
         async with client.session.post(client.base_url + "/v1/completions", json=payload,
-                                       timeout=client.timeout) as resp:
+                                       timeout=client.timeout, headers=client.headers) as resp:
             if resp.status != 200:
                 body = (await resp.read()).decode("utf-8", "replace")[:200]
                 raise EngineCallFailed(client.id, what, f"answered {resp.status}: {body}")
