@@ -408,13 +408,14 @@ def test_a_rate_the_client_cannot_schedule_is_client_saturated_never_capacity(
         attested: Installer) -> None:
     """The client is open loop (each request leaves at its time however many are in
     flight): 2,000/s for 120 requests is a rate it keeps, so a miss there is the fleet's. At
-    20,000/s it cannot open connections that fast on this machine: it falls behind its own
-    schedule, and the verdict says so instead of blaming capacity."""
-    code, doc = attested.op.json_command("trial", "--rates", "20000", "--requests", "600",
+    10,000/s for 900 it cannot open connections that fast on this machine (or it runs out of
+    its stated connection budget): the verdict says the client, never capacity."""
+    code, doc = attested.op.json_command("trial", "--rates", "10000", "--requests", "900",
                                          "--max-tokens", "4")
     assert code == 1, doc
     [r] = doc["rates"]
-    assert r["verdict"] == "client saturated" and r["late_sends"] > 30, r
+    assert r["verdict"] in ("client saturated", "client-limited"), r
+    assert r["late_sends"] > 45 or r["client_limited"] > 0 or r["client_cpu_share"] > 0.9, r
 
 
 def _trial_while(fleet: Installer, fault: Any, *args: str) -> tuple[int, dict[str, Any]]:

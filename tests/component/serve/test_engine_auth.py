@@ -191,7 +191,7 @@ def test_the_preflight_tools_send_the_engine_key_on_every_call(keyed: Keyed) -> 
             "profiles": {"path": f"profiles-{name}.json"}, **auth}))
         done = _tool("narwhal.serve.profile_cli", "--fleet", str(fleet), "--json",
                      "--repeats", "1", "--prefill-lengths", "64,128,256,512",
-                     "--decode-concurrency", "1,2", "--decode-contexts", "64,256")
+                     "--decode-concurrency", "1,2,4", "--decode-contexts", "64,256")
         if auth:
             assert done.returncode == 0, done.stderr[-2000:]
             checked = _tool("narwhal.serve.check_cli", "--fleet", str(fleet), "--json",
