@@ -336,13 +336,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
     if not any(e.role in ("decode", "both") for e in doc.engines):
         problems.append(Problem("engines", "no engine can take a decode leg",
                                 "give at least one engine role 'decode' or 'both'"))
-    names: set[str] = set()
-    for i, tenant in enumerate(doc.tenants):
-        if not _ID.match(tenant.name) or tenant.name in names:
-            problems.append(Problem(f"tenants[{i}].name", f"{tenant.name!r} is empty, malformed or repeated",
-                                    "give each tenant a distinct name of letters, digits, '.', '_' or '-'"))
-        names.add(tenant.name)
-        problems += _tenant_key_problems(i, tenant)
+    problems += _tenant_problems(doc)
     if doc.profiles is not None and not doc.profiles.path.strip():
         problems.append(Problem("profiles.path", "is empty",
                                 "name the narwhal.profiles document, e.g. runs/profiles.json"))
@@ -360,6 +354,19 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                                 "poll the handoff document several times per lease period"))
     if not doc.journal.path.strip():
         problems.append(Problem("journal.path", "is empty", "name the JSONL file, e.g. runs/journal.jsonl"))
+    return problems
+
+
+def _tenant_problems(doc: FleetDocument) -> list[Problem]:
+    """Each tenant named once, with exactly one well-formed place for its key."""
+    problems: list[Problem] = []
+    names: set[str] = set()
+    for i, tenant in enumerate(doc.tenants):
+        if not _ID.match(tenant.name) or tenant.name in names:
+            problems.append(Problem(f"tenants[{i}].name", f"{tenant.name!r} is empty, malformed or repeated",
+                                    "give each tenant a distinct name of letters, digits, '.', '_' or '-'"))
+        names.add(tenant.name)
+        problems += _tenant_key_problems(i, tenant)
     return problems
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from narwhal.lab import lifecycle
 from narwhal.lab.faults import Faults
@@ -75,21 +76,41 @@ def _keep_client_key(env: Path, work: Path) -> None:
     env.chmod(0o600)
 
 
-def _handoffs() -> None:
+def _write_inputs(env: Path, work: Path) -> str:
+    """The lab's .env completed as an operator would: the client key kept beside it, the
+    deployment and revision, and both keys (the router serves only clients with its key,
+    engines only callers with theirs). Returns the engines' key, for the handoff demo."""
+    _keep_client_key(env, work)
+    engine_key = secrets.token_hex(24)
+    with open(env, "a") as out:
+        out.write(f"NARWHAL_DEPLOYMENT=demo\nNARWHAL_DEPLOYMENT_REVISION={_revision()}\n"
+                  f"NARWHAL_ROUTER_API_KEY={secrets.token_hex(24)}\n"
+                  f"NARWHAL_ENGINE_KEY={engine_key}\n")
+    return engine_key
+
+
+def _handoffs(engine_key: str) -> None:
     """engine-1 (eng1) and engine-2 (eng2), started by Gate C: P/D handoffs pull real KV bytes
-    over the fabric; shaping eng1 -> eng2 slows them in proportion to their bytes."""
+    over the fabric; shaping eng1 -> eng2 slows them in proportion to their bytes. Sent from
+    the router host, where the engines are reached (they bind their fabric addresses), with
+    the engines' key."""
     state_path = lifecycle.default_state_path("nwl")
     plan = lifecycle.plan_from_state(LabState.read(state_path))
     words = ["150", "600"]
-    p, d = (f"http://{plan.host(h).mgmt_ip}:{plan.spec.ports.engine}" for h in ("eng1", "eng2"))
+    p, d = (f"http://{plan.host(h).fabric_ip}:{plan.spec.ports.engine}" for h in ("eng1", "eng2"))
     print(f"prefill {p} on eng1, decode {d} on eng2, KV over the fabric", flush=True)
-    drive(plan, "handoff", p, d, "--model", MODEL_NAME, "--words", "5")
-    open_rows = drive(plan, "handoff", p, d, "--model", MODEL_NAME, "--words", *words)["rows"]
+
+    def handoffs(*sizes: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = drive(plan, "handoff", p, d, "--model", MODEL_NAME,
+                                           "--words", *sizes, netns=plan.router().netns,
+                                           engine_key=engine_key)["rows"]
+        return rows
+    handoffs("5")
+    open_rows = handoffs(*words)
     with lifecycle.locked():
         Faults(state_path).shape("eng1", "eng2", f"{SHAPED_MBIT}mbit")
     try:
-        shaped_rows = drive(plan, "handoff", p, d, "--model", MODEL_NAME,
-                            "--words", *words)["rows"]
+        shaped_rows = handoffs(*words)
     finally:
         with lifecycle.locked():
             Faults(state_path).clear()
@@ -99,6 +120,16 @@ def _handoffs() -> None:
         kv_bytes = fast["prompt_tokens"] * 2048  # the lab model: 2 KiB of KV per token
         print(f"{fast['prompt_tokens']:>14} {kv_bytes:>10} {fast['decode_s']:>16.3f}s "
               f"{slow['decode_s']:>19.3f}s", flush=True)
+
+
+def _engines_down(narwhal: str, common: list[str]) -> None:
+    _say("engines down, each through its role shell (`narwhal-engine stop` on its host)")
+    run_dir = lifecycle.plan_from_state(LabState.read(lifecycle.default_state_path(
+        "nwl"))).spec.run_dir
+    for n in (1, 2, 3):
+        _run([narwhal, "lab", "exec", "--", narwhal, "shell", *common, "--role",
+              f"engine-{n}", "--", "narwhal-engine", "stop", "--run-dir",
+              f"{run_dir}/engine-{n}"])
 
 
 def main() -> int:
@@ -114,12 +145,7 @@ def main() -> int:
     _run([narwhal, "lab", "down"], check=False)
     _run([narwhal, "lab", "up", "--env-out", str(env)])
     try:
-        _keep_client_key(env, work)
-        with open(env, "a") as out:
-            out.write(f"NARWHAL_DEPLOYMENT=demo\nNARWHAL_DEPLOYMENT_REVISION={_revision()}\n")
-            # the router serves only clients with its key; engines only callers with theirs
-            out.write(f"NARWHAL_ROUTER_API_KEY={secrets.token_hex(24)}\n"
-                      f"NARWHAL_ENGINE_KEY={secrets.token_hex(24)}\n")
+        engine_key = _write_inputs(env, work)
         _say("inputs: the lab's .env, validated (secrets masked)")
         _run([narwhal, "inputs", *common])
         _say("first contact: scan, show and pin every host key")
@@ -155,14 +181,8 @@ def main() -> int:
         _say("status, live: every attested engine's sidecar asked from the router host")
         _run([narwhal, "lab", "exec", "--", narwhal, "status", *common])
         _say("handoffs: the engines Gate C started hand KV to each other across the fabric")
-        _handoffs()
-        _say("engines down, each through its role shell (`narwhal-engine stop` on its host)")
-        run_dir = lifecycle.plan_from_state(LabState.read(lifecycle.default_state_path(
-            "nwl"))).spec.run_dir
-        for n in (1, 2, 3):
-            _run([narwhal, "lab", "exec", "--", narwhal, "shell", *common, "--role",
-                  f"engine-{n}", "--", "narwhal-engine", "stop", "--run-dir",
-                  f"{run_dir}/engine-{n}"])
+        _handoffs(engine_key)
+        _engines_down(narwhal, common)
         _say("export: the record with addresses, users, homes and secrets aliased")
         _run([narwhal, "record", "export", "--out", str(work / "export"), *common])
     finally:

@@ -52,10 +52,14 @@ class LabEngine:
                 self.process.wait(timeout=10)
 
 
-def drive(plan: LabPlan, *args: str, timeout: float = 120.0) -> dict[str, Any]:
-    """Run the driver in the workstation namespace; its JSON answer."""
-    done = subprocess.run(in_netns(plan.ws_netns, [sys.executable, "-m", "narwhal.lab.engine.drive", *args]),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+def drive(plan: LabPlan, *args: str, timeout: float = 120.0, netns: str | None = None,
+          engine_key: str | None = None) -> dict[str, Any]:
+    """Run the driver in the workstation namespace (or `netns`); its JSON answer. A keyed
+    engine's key reaches the driver through its environment."""
+    env = {**os.environ, **({"VLLM_API_KEY": engine_key} if engine_key else {})}
+    done = subprocess.run(in_netns(netns or plan.ws_netns,
+                                   [sys.executable, "-m", "narwhal.lab.engine.drive", *args]),
+                          capture_output=True, text=True, timeout=timeout, check=False, env=env)
     if done.returncode != 0:
         raise LabError(f"engine driver `{' '.join(args[:1])}` failed: {done.stderr.strip()[-2000:]}")
     answer: dict[str, Any] = json.loads(done.stdout)

@@ -205,6 +205,43 @@ def provision_key(host: Host, install: dict[str, Any], key: bytes) -> str:
     return path
 
 
+def _settled(outcomes: Any, attempt: Attempt, deployment: str
+             ) -> tuple[dict[str, dict[str, Any]], list[Problem]]:
+    """Each sidecar's attestation kept as evidence, and every problem: a host that failed, or
+    an attestation that does not vouch for what Gate C captured."""
+    docs: dict[str, dict[str, Any]] = {}
+    problems: list[Problem] = []
+    for o in outcomes:
+        s = o.item
+        if o.error is not None:
+            if not isinstance(o.error, HostError):
+                raise o.error
+            problems.append(Problem(f"{s.target.alias}: {s.target.role}",
+                                    str(o.error).splitlines()[0],
+                                    f"read {s.run_dir}/attest.log on the host"))
+            continue
+        doc = o.value or {}
+        docs[s.target.role] = doc
+        attempt.add_artifact(f"attestation-{s.target.role}.json",
+                             canonical_json(doc).encode() + b"\n")
+        for f in findings(s, doc, deployment):
+            problems.append(Problem(f"{s.target.alias}: {s.target.role}", f,
+                                    "run `narwhal engines` again, then `narwhal attest`"))
+    return docs, problems
+
+
+def _summary(p: AttestPlan, docs: dict[str, dict[str, Any]],
+             kept_roles: set[str]) -> dict[str, Any]:
+    """engine-attestation.json: what each engine's sidecar attests, and whether it was kept."""
+    return {"schema": "narwhal.fleet-attestation", "schema_version": 1,
+            "engines": {role: {"url": next(s.url for s in p.sidecars if s.target.role == role),
+                               "digest": d.get("digest"),
+                               "compatibility_hash": d.get("compatibility_hash"),
+                               "process": d.get("process"),
+                               "sidecar": "kept" if role in kept_roles else "started"}
+                        for role, d in docs.items()}}
+
+
 def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
             p: AttestPlan, progress: Progress) -> dict[str, Any]:
     remote = str(p.install["remote_dir"])
@@ -245,32 +282,8 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
                  f"{p.router})")
         return doc
 
-    docs: dict[str, dict[str, Any]] = {}
-    problems: list[Problem] = []
-    for o in each(p.sidecars, attest):
-        s = o.item
-        if o.error is not None:
-            if not isinstance(o.error, HostError):
-                raise o.error
-            problems.append(Problem(f"{s.target.alias}: {s.target.role}",
-                                    str(o.error).splitlines()[0],
-                                    f"read {s.run_dir}/attest.log on the host"))
-            continue
-        doc = o.value or {}
-        docs[s.target.role] = doc
-        attempt.add_artifact(f"attestation-{s.target.role}.json",
-                             canonical_json(doc).encode() + b"\n")
-        for f in findings(s, doc, inputs.deployment):
-            problems.append(Problem(f"{s.target.alias}: {s.target.role}", f,
-                                    "run `narwhal engines` again, then `narwhal attest`"))
-    summary = {"schema": "narwhal.fleet-attestation", "schema_version": 1,
-               "engines": {role: {"url": next(s.url for s in p.sidecars
-                                              if s.target.role == role),
-                                  "digest": d.get("digest"),
-                                  "compatibility_hash": d.get("compatibility_hash"),
-                                  "process": d.get("process"),
-                                  "sidecar": "kept" if role in kept_roles else "started"}
-                           for role, d in docs.items()}}
+    docs, problems = _settled(each(p.sidecars, attest), attempt, inputs.deployment)
+    summary = _summary(p, docs, kept_roles)
     attempt.add_artifact("engine-attestation.json", canonical_json(summary).encode() + b"\n")
     if problems:
         attempt.add_artifact("problems.json", canonical_json(

@@ -305,6 +305,29 @@ class Fabric:
             time.sleep(0.05)
         return False
 
+    def _sample(self, e: EdgeBudget, link: LinkRecord, src: Host, dst: Host
+                ) -> tuple[dx.Outcome, str]:
+        """One sample: the consumer's test server (owned by the attempt, ended after), the
+        producer's client bound to the fabric addresses; the outcome and the client's report."""
+        tool = self.p.tool(e)
+        server = self.attempt.start_process(
+            dst, tool.server(link.destination_address),
+            f"{self.p.run_dir[e.destination]}/fabric-{tool.name}.log")
+        with self.attempt.bind(dst):
+            listening = self._wait_listening(dst)
+        try:
+            with self.attempt.bind(src):
+                ran = src.run(tool.client(link.source_address, link.destination_address),
+                              timeout=tool.timeout_s)
+        finally:
+            with self.attempt.bind(dst):
+                if dst.process_start(server.pid) == server.start_ticks:
+                    dst.signal(server.pid)
+        parsed = tool.parse(ran.text, ran.stderr.decode("utf-8", "replace"), ran.exit_status)
+        return dx.Outcome(sample=None if isinstance(parsed, iperf.IperfError) else parsed,
+                          error=parsed if isinstance(parsed, iperf.IperfError) else None,
+                          listening=listening), ran.text
+
     def measure(self, e: EdgeBudget, link: LinkRecord) -> tuple[matrix.EdgeRow, list[dx.Cause]]:
         o = self.p.options
         src, dst = self.sessions.get(e.source), self.sessions.get(e.destination)
@@ -319,29 +342,8 @@ class Fabric:
             before = self.last_proof if self.last_proof is not None else self._idle()
             with self.attempt.bind(dst):
                 owner = self._port_owner(dst)
-            listening = False
             if owner is None:
-                tool = self.p.tool(e)
-                server = self.attempt.start_process(
-                    dst, tool.server(link.destination_address),
-                    f"{self.p.run_dir[e.destination]}/fabric-{tool.name}.log")
-                with self.attempt.bind(dst):
-                    listening = self._wait_listening(dst)
-                try:
-                    with self.attempt.bind(src):
-                        ran = src.run(tool.client(link.source_address, link.destination_address),
-                                      timeout=tool.timeout_s)
-                    raw = ran.text
-                finally:
-                    with self.attempt.bind(dst):
-                        if dst.process_start(server.pid) == server.start_ticks:
-                            dst.signal(server.pid)
-                parsed = tool.parse(ran.text, ran.stderr.decode("utf-8", "replace"),
-                                    ran.exit_status)
-                outcome = dx.Outcome(
-                    sample=None if isinstance(parsed, iperf.IperfError) else parsed,
-                    error=parsed if isinstance(parsed, iperf.IperfError) else None,
-                    listening=listening)
+                outcome, raw = self._sample(e, link, src, dst)
             else:
                 outcome = dx.Outcome(port_owner=owner)
             after = self.last_proof = self._idle()
@@ -395,16 +397,19 @@ def transports(inputs: Inputs, p: FabricPlan) -> dict[str, dict[str, Any]]:
     return out
 
 
-def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
-            p: FabricPlan, progress: Progress) -> dict[str, Any]:
-    attempt.add_artifact("budget.json", canonical_json(p.budget).encode() + b"\n")
-    prior = previous_rows(ledger)
-    for asked in p.options.resample:
-        last = prior.get(asked)
-        if last is not None and last.verdict != "pass" and last.diagnosis is None:
-            raise GateBlocked("fabric", f"{asked} failed without a recorded diagnosis; run "
-                              "`narwhal fabric` (it diagnoses before it resamples)")
+def reusable(last: matrix.EdgeRow, e: EdgeBudget, link: LinkRecord,
+             resample: tuple[str, ...]) -> bool:
+    """The same link, measured and passed, not asked to be measured again: its throughput is
+    held to the budget of now (a moved workload re-judges the sample; one it no longer meets
+    is measured)."""
+    return (last.verdict == "pass" and last.fingerprint == link.fingerprint
+            and last.measured_gbps is not None and last.measured_gbps >= e.required_gbps
+            and e.edge not in resample)
 
+
+def _all_host_links(sessions: Sessions, attempt: Attempt, p: FabricPlan
+                    ) -> dict[str, HostLinks]:
+    """Every engine host's link facts at once; blocked naming each host that cannot say."""
     def facts_of(alias: str) -> HostLinks:
         host = sessions.get(alias)
         with attempt.bind(host):
@@ -423,6 +428,21 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
             facts[o.item] = o.value
     if problems:
         raise _blocked(attempt, problems)
+    return facts
+
+
+def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
+            p: FabricPlan, progress: Progress) -> dict[str, Any]:
+    attempt.add_artifact("budget.json", canonical_json(p.budget).encode() + b"\n")
+    prior = previous_rows(ledger)
+    for asked in p.options.resample:
+        last = prior.get(asked)
+        if last is not None and last.verdict != "pass" and last.diagnosis is None:
+            raise GateBlocked("fabric", f"{asked} failed without a recorded diagnosis; run "
+                              "`narwhal fabric` (it diagnoses before it resamples)")
+
+    facts = _all_host_links(sessions, attempt, p)
+    problems: list[Problem] = []
     keys = {h: ",".join(sorted(pinned_fingerprints(sessions.known_hosts,
                                                    sessions.hosts[h].destination)))
             for h in p.hosts}
@@ -436,11 +456,7 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
     for e in p.edges:
         link = links[e.edge]
         last = prior.get(e.edge)
-        if (last is not None and last.verdict == "pass" and last.fingerprint == link.fingerprint
-                and last.measured_gbps is not None and last.measured_gbps >= e.required_gbps
-                and e.edge not in p.options.resample):
-            # The same link, measured and passed: its throughput is held to the budget of now
-            # (a moved workload re-judges the sample; one it no longer meets is measured).
+        if last is not None and reusable(last, e, link, p.options.resample):
             fabric.last_proof = None  # time passes; the next sample proves idleness afresh
             progress(e.edge, f"reused from attempt {last.measured_in} (same link; "
                      f"{last.measured_gbps:.3f} Gbit/s meets the {e.required_gbps:.3f} required)")

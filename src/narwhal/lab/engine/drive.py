@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -22,8 +23,11 @@ from typing import Any
 
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    # keyed engines (VLLM_API_KEY, as vLLM names it) get the key from the environment, never argv
+    key = os.environ.get("VLLM_API_KEY")
+    auth = {"authorization": f"Bearer {key}"} if key else {}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310
-                                 headers={"content-type": "application/json"})
+                                 headers={"content-type": "application/json", **auth})
     with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - lab URLs only
         return dict(json.loads(resp.read()))
 
