@@ -20,9 +20,10 @@ from typing import Any
 from narwhal.core.errors import InputError, Problem
 from narwhal.serve import descriptors
 from narwhal.serve.attestation import HELD, Attestation, Attestor
+from narwhal.serve.choosers import EngineChooser, LeastOutstanding
 from narwhal.serve.connections import Connections
 from narwhal.serve.deadlines import Deadlines
-from narwhal.serve.engines import Engine, EngineChooser, LeastOutstanding
+from narwhal.serve.engines import Engine
 from narwhal.serve.front import ClientConnection
 from narwhal.serve.generation import Binder, ProfileBook
 from narwhal.serve.health import Health

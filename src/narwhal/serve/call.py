@@ -158,13 +158,11 @@ def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
 class Call:
     """Everything the router knows about one accepted request, through to its journal row."""
 
-    __slots__ = ("_base", "body", "chat", "conn", "decision", "decode_arrivals",
-                 "decode_attempts", "decode_booked", "decode_charge", "decode_engine",
-                 "decode_live", "decode_tries", "decode_whole", "estimate", "estimator", "events",
-                 "finished", "gone", "handoff_s", "http11", "keep_alive", "kv", "leg_id",
-                 "max_tokens", "mode", "path", "placement", "prefill_booked", "prefill_charge", "prefill_engine",
-                 "prefill_s", "prefill_tries", "prompt_tokens", "reason", "received", "relay",
-                 "request_id", "route", "status", "stream", "t0", "t_prefill_done",
+    __slots__ = ("_base", "body", "chat", "conn", "decision", "decode_attempts",
+                 "decode_engine", "decode_tries", "estimate", "estimator", "events", "finished",
+                 "gone", "handoff_s", "http11", "keep_alive", "kv", "leg_id", "max_tokens",
+                 "mode", "path", "placement", "prefill_engine", "prefill_s", "prefill_tries",
+                 "prompt_tokens", "reason", "received", "relay", "request_id", "route", "status", "stream", "t0", "t_prefill_done",
                  "t_prefill_start", "tenant", "tpot_s", "ttft_s")
 
     def __init__(self, body: dict[str, Any], chat: bool, request_id: bytes, tenant: str | None,
@@ -218,16 +216,6 @@ class Call:
         self.estimate = len(prompt) if isinstance(prompt, list) else (
             estimator.tokens(self.route, len(self._base)) if estimator is not None
             else len(self._base) >> 2)
-        self.decode_charge = 0  # resident tokens booked on the decode engine (scheduler.py)
-        self.prefill_charge = 0.0  # prefill seconds booked on the prefill engine's queue
-        # The engine whose queue books this request's prefill while its leg is not sent
-        # (placed while its prompt is counted, or waiting in the engine's prefill line);
-        # None once sent. A request that ends before then takes the booking back (proxy.py).
-        self.prefill_booked: Engine | None = None
-        self.decode_arrivals = 0.0  # arrivals per step booked there (scheduler.py)
-        self.decode_booked: Engine | None = None  # where they are booked, placement to end
-        self.decode_live = False  # booked as running (its leg started), else as reserved
-        self.decode_whole = False  # reserved as a plain request (prefill there too)
 
     def learned(self, prompt_tokens: int) -> None:
         """An engine counted the prompt: price by that from now on, and teach the estimator."""

@@ -125,6 +125,11 @@ ROUTER_ERROR = _err("router_error", Outcome.ROUTER_ERROR, 500, "router_error",
                     "router error: {detail}")
 REPLIED = Decision("replied", Outcome.OK, 200, reply=BODY)  # a buffered reply, reassembled
 
+# The refusal each admission verdict settles with, by `Refusal.kind` (engines.py); admission.py
+# checks at import that every kind it can produce has one.
+REFUSALS: Final = {"capacity": REFUSED_CAPACITY, "over_share": REFUSED_OVER_SHARE,
+                   "tpot": REFUSED_TPOT}
+
 SETTLEMENTS: Final = (NO_ENGINE, REFUSED_CAPACITY, REFUSED_TPOT, REFUSED_OVER_SHARE,
                       CONTEXT_TOO_LONG, PREFILL_BAD_BODY, NO_HANDOFF, GONE_BEFORE_PREFILL,
                       GONE_BEFORE_DECODE, STREAM_UNREADABLE, ROUTER_ERROR, REPLIED)

@@ -28,6 +28,7 @@ from typing import Any
 from narwhal.core.errors import InputError
 from narwhal.core.profiles import Generation, ProfileStore, load_profiles
 from narwhal.serve.attestation import HELD as ATTESTATION_HELD
+from narwhal.serve.bookings import profile_rebound
 from narwhal.serve.deadlines import Deadlines
 from narwhal.serve.engines import Engine
 from narwhal.serve.jsonio import loads
@@ -172,8 +173,7 @@ class Binder:
         elif engine.held and not held:
             _log.warning("engine %s bound to its profile again", engine.id)
         if profile is not engine.profile:
-            engine.tpot_error_s = 0.0  # the biases measured were the old row's
-            engine.projection_error_s = engine.projection_error_dev_s = 0.0
+            profile_rebound(engine)  # the biases measured were the old row's
         engine.held, engine.held_detail, engine.profile = held, detail, profile
 
     async def _read(self, engine: Engine) -> None:

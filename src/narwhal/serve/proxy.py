@@ -23,8 +23,10 @@ from typing import Any
 from narwhal.serve import decisions as D
 from narwhal.serve import relay as R
 from narwhal.serve.call import Call
+from narwhal.serve.choosers import EngineChooser
+from narwhal.serve.context_fit import context_of, context_overflow, needs_count
 from narwhal.serve.deadlines import Deadlines
-from narwhal.serve.engines import Engine, EngineChooser, Placement, Refusal
+from narwhal.serve.engines import Engine, Refusal
 from narwhal.serve.front import ClientConnection
 from narwhal.serve.health import Health
 from narwhal.serve.journal import Journal
@@ -33,30 +35,15 @@ from narwhal.serve.legs import (
     FAILED,
     OK,
     Collector,
-    LegFailed,
-    LegTimedOut,
     dispatch,
-    exchange,
     request_bytes,
 )
 from narwhal.serve.metrics import RouterMetrics
-from narwhal.serve.pricing import arrivals_per_step
 from narwhal.serve.reassemble import StreamError, reassemble
-from narwhal.serve.responses import error_body, stream_head
-from narwhal.serve.scheduler import (
-    decode_ended,
-    decode_reserved,
-    decode_started,
-    decode_tokens,
-    decode_unreserved,
-    handoff_seen,
-    prefill_ended,
-    prefill_repriced,
-    prefill_started,
-)
+from narwhal.serve.responses import engine_error_body, engine_text, error_body, stream_head
 from narwhal.serve.settings import Limits
+from narwhal.serve.side_legs import count_prompt, forward_once, release_kv
 from narwhal.serve.token_estimate import BytesPerToken
-from narwhal.serve.upstream import EngineUnreachable
 
 _log = logging.getLogger("narwhal.serve.proxy")
 # A decode relay's result as the decision table names leg ends (an engine status is split by
@@ -73,6 +60,7 @@ class Proxy:
                  metrics: RouterMetrics, journal: Journal, deadlines: Deadlines) -> None:
         self.limits = limits
         self.chooser = chooser
+        self.bookings = chooser.bookings  # told every leg's events (bookings.py)
         self.health = health
         self.metrics = metrics
         self.journal = journal
@@ -129,61 +117,11 @@ class Proxy:
                 else:
                     self._settle(call, D.ROUTER_ERROR, detail=type(exc).__name__)
 
-    def _book_decode(self, call: Call, engine: Engine, split: bool, live: bool,
-                     relay: R.DecodeRelay | None = None) -> None:
-        """Book the request's decode work on `engine`: reserved from placement on, so
-        requests placed while this one prefills see its stream, then running once its leg
-        starts (`relay` streams it); a retry elsewhere moves it, the request's end frees
-        it."""
-        booked = call.decode_booked
-        if booked is engine and call.decode_live == live:
-            if relay is not None:  # the same leg sent again: its life streams through this
-                life = engine.lives.get(call)
-                if life is not None:
-                    life.relay = relay
-            return
-        self._unbook_decode(call)
-        call.decode_charge = decode_tokens(call)
-        # A leg with pulled KV computes its last prompt token in a shared step; a plain
-        # request's whole prefill is booked on the queue instead.
-        call.decode_arrivals = arrivals_per_step(call.max_tokens) if split else 0.0
-        if live:
-            placement = call.placement
-            projected = (placement.projected_tpot_s
-                         if placement is not None and placement.decode is engine else 0.0)
-            decode_started(engine, call.decode_charge, call.decode_arrivals,
-                           call.max_tokens or 0, call, relay, not split, projected)
-        else:
-            call.decode_whole = not split
-            placement = call.placement
-            decode_reserved(engine, call.decode_charge, call.decode_arrivals, not split, call,
-                            call.t0, call.max_tokens or 0,
-                            placement.decode_at if placement is not None else 0.0)
-        call.decode_booked = engine
-        call.decode_live = live
-
-    def _unbook_decode(self, call: Call) -> None:
-        booked = call.decode_booked
-        if booked is None:
-            return
-        if call.decode_live:
-            decode_ended(booked, call.decode_charge, call.decode_arrivals, None, call,
-                         call.tpot_s)
-        else:
-            decode_unreserved(booked, call.decode_charge, call.decode_arrivals, call.decode_whole,
-                              call)
-            call.decode_whole = False
-        call.decode_booked = None
-
     def _finish(self, call: Call) -> None:
         if call.finished:
             return
         call.finished = True
-        self._unbook_decode(call)
-        booked = call.prefill_booked
-        if booked is not None:  # its prefill was booked, its leg never sent
-            call.prefill_booked = None
-            prefill_ended(booked, time.monotonic(), call.prefill_charge, answered=False)
+        self.bookings.finished(call)
         decision = call.decision
         assert decision is not None
         if self.cutting:
@@ -216,27 +154,8 @@ class Proxy:
                                          code="no_engine"), b"", keep_alive,
                          extra=b"retry-after: 1\r\n")
             return
-        self._spawn(self._forward(conn, engine, path, body, keep_alive))
-
-    async def _forward(self, conn: ClientConnection, engine: Engine, path: bytes, body: bytes,
-                       keep_alive: bool) -> None:
-        req = request_bytes(b"POST", path, engine.spec.host_header, b"", body,
-                            bearer=engine.spec.bearer)
-        try:
-            status, payload = await exchange(engine.pool, req, self.limits.prefill_timeout_s,
-                                             self.deadlines)
-        except (EngineUnreachable, LegFailed, LegTimedOut) as exc:
-            self.metrics.request("tokenize", "engine_unreachable")
-            conn.respond(502, error_body(502, f"engine {engine.id} failed: "
-                                         f"{exc or type(exc).__name__}",
-                                         code="engine_unreachable"), b"", keep_alive)
-            return
-        self.metrics.request("tokenize", "ok" if status == 200 else "engine_rejected")
-        if status >= 500:
-            payload = error_body(502, f"engine {engine.id} answered {status}",
-                                 code="engine_error")
-            status = 502
-        conn.respond(status, payload, b"", keep_alive)
+        self._spawn(forward_once(conn, engine, path, body, keep_alive, self.limits,
+                                 self.deadlines, self.metrics))
 
     # -- settling: the decision table's rows carried out --------------------------------------
     def _settle(self, call: Call, d: D.Decision, engine: Engine | None = None, *,
@@ -253,7 +172,8 @@ class Proxy:
                 engine=engine.id if engine is not None else "", reason=reason,
                 status=engine_status, detail=detail, timeout=self.limits.prefill_timeout_s)
         if d.release_kv and call.kv is not None and engine is not None:
-            self._release(call, engine, call.kv)
+            release_kv(call, engine, call.kv, self.limits, self.deadlines, self.metrics,
+                       self._spawn)
         self._finish(call)
         reply = d.reply
         conn = call.conn
@@ -294,37 +214,19 @@ class Proxy:
             self._refuse(call, placement)
             return
         call.placement = placement
-        self._book_decode(call, placement.decode, not placement.single, False)
+        self.bookings.placed(call, placement)
         context = context_of(placement)
         if not self._fits(call, context):
             return
-        if self.limits.tokenize or _needs_count(call, context):
-            if not placement.single:  # requests placed while its prompt is counted see it
-                call.prefill_charge = prefill_started(placement.prefill, call.price_tokens,
-                                                      time.monotonic())
-                call.prefill_booked = placement.prefill
+        if self.limits.tokenize or needs_count(call, context):
+            self.bookings.counting(call)
             self._spawn(self._tokenize(call, placement.prefill))
         else:
             self._route(call)
 
     def _refuse(self, call: Call, refusal: Refusal) -> None:
         """Predictive admission said no: 429 with the priced Retry-After, one journal row."""
-        if refusal.over_share:
-            message = (f"near capacity and tenant {call.tenant!r} is over its fair share: "
-                       f"predicted time to first token {refusal.predicted_ttft_s:.2f} s exceeds "
-                       f"the {refusal.ttft_budget_s:g} s kept for tenants within their share")
-            d = D.REFUSED_OVER_SHARE
-        elif refusal.over_tpot:
-            message = (f"over capacity: predicted time per output token "
-                       f"{refusal.predicted_tpot_s * 1000:.1f} ms on the least loaded decode "
-                       f"engine exceeds the {refusal.tpot_budget_s * 1000:g} ms budget")
-            d = D.REFUSED_TPOT
-        else:
-            message = (f"over capacity: predicted time to first token "
-                       f"{refusal.predicted_ttft_s:.2f} s exceeds the {refusal.ttft_budget_s:g} s "
-                       "budget")
-            d = D.REFUSED_CAPACITY
-        self._settle(call, d, detail=f"{message}; retry after {refusal.retry_after_s} s",
+        self._settle(call, D.REFUSALS[refusal.kind], detail=refusal.detail,
                      extra=b"retry-after: %d\r\n" % refusal.retry_after_s)
 
     def _route(self, call: Call) -> None:
@@ -342,67 +244,16 @@ class Proxy:
 
     def _fits(self, call: Call, context: int, decode: Engine | None = None) -> bool:
         """Refuse (400) a request whose prompt and max_tokens cannot fit the engines' context
-        before any leg runs: a prefill leg that ran for a request the decode engine then
-        refuses would leave its KV reserved on the producer until the lease expires. After
-        the prefill leg, `decode` is asked to take the KV it left."""
-        wanted = call.max_tokens
-        if not context or wanted is None:
-            return True
-        prompt = call.prompt_tokens
-        if prompt is None and wanted < context:
-            return True  # the engines judge it from the exact count
-        if prompt is not None and prompt + wanted <= context:
-            return True
-        # Unknown length only when max_tokens alone fills the context: every prompt has a token.
-        counted = str(prompt) if prompt is not None else "at least 1"
-        total = f"{prompt + wanted}" if prompt is not None else f"at least {1 + wanted}"
-        where = "messages" if call.chat else "prompt"
-        self._settle(call, D.CONTEXT_TOO_LONG, decode, detail=(
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{total} tokens ({counted} in the {where}, {wanted} in the completion). Please "
-            f"reduce the length of the {where} or max_tokens."))
-        return False
-
-    def _release(self, call: Call, engine: Engine, kv: bytes) -> None:
-        """Have `engine` take the KV the producer holds for `call` in a one-token leg, so the
-        producer frees it now rather than when its lease expires; the result is only logged."""
-        self.metrics.kv_release("sent")
-        leg = Collector(lambda s: self._released(call, engine, s),
-                        time.monotonic() + self.limits.first_token_timeout_s)
-        req = request_bytes(b"POST", call.path, engine.spec.host_header,
-                            call.leg_id + b"-release", call.release_body(kv),
-                            bearer=engine.spec.bearer)
-        dispatch(engine.pool, req, leg, self.deadlines, self._spawn)
-
-    def _released(self, call: Call, engine: Engine, leg: Collector) -> None:
-        self.deadlines.discard(leg)
-        if leg.result == OK and leg.status == 200:
-            self.metrics.kv_release("ok")
-            return
-        self.metrics.kv_release("failed")
-        _log.warning("request %s: engine %s did not take the KV the refused decode leg left "
-                     "(%s); the producer frees it when its lease expires",
-                     call.request_id.decode("ascii", "replace"), engine.id,
-                     leg.reason or f"answered {leg.status}")
-
-    async def _count(self, call: Call, engine: Engine) -> None:
-        """Exact prompt length from the engine's /tokenize, when it answers."""
-        req = request_bytes(b"POST", b"/tokenize", engine.spec.host_header, b"",
-                            call.tokenize_body(), bearer=engine.spec.bearer)
-        try:
-            status, payload = await exchange(engine.pool, req, self.limits.prefill_timeout_s,
-                                             self.deadlines)
-            if status == 200:
-                count = loads(payload).get("count")
-                if type(count) is int:
-                    call.learned(count)
-        except (EngineUnreachable, LegFailed, LegTimedOut, ValueError, AttributeError):
-            pass  # the prefill leg that follows meets the same engine and reports properly
+        (context_fit.py); after the prefill leg, `decode` is asked to take the KV it left."""
+        overflow = context_overflow(call, context)
+        if overflow:
+            self._settle(call, D.CONTEXT_TOO_LONG, decode, detail=overflow)
+        return not overflow
 
     async def _explain(self, call: Call, engine: Engine, payload: bytes) -> None:
         """The prefill leg was refused: when the prompt and the client's max_tokens overflow
         the context, say so with the client's numbers (the leg itself asked for 1 token)."""
-        await self._count(call, engine)
+        await count_prompt(call, engine, self.limits, self.deadlines)
         assert call.placement is not None
         self._guard(call, self._explained, engine, payload)
 
@@ -410,11 +261,11 @@ class Proxy:
         assert call.placement is not None
         if self._fits(call, context_of(call.placement)):
             self._settle(call, D.decide(D.PREFILL, D.REJECTED, 0), engine, engine_status=400,
-                         body=_engine_body(400, payload))
+                         body=engine_error_body(400, payload))
 
     async def _tokenize(self, call: Call, engine: Engine) -> None:
         """Exact prompt length from the engine's /tokenize (fleet: serving.prompt_length)."""
-        await self._count(call, engine)
+        await count_prompt(call, engine, self.limits, self.deadlines)
         if call.gone:
             self._settle(call, D.GONE_BEFORE_PREFILL)
         else:
@@ -426,12 +277,7 @@ class Proxy:
             call.prefill_tries.append(engine)
         call.prefill_engine = engine.id
         now = time.monotonic()
-        if call.prefill_booked is engine:  # booked at placement on its estimate (_place)
-            call.prefill_charge = prefill_repriced(engine, call.prefill_charge,
-                                                   call.price_tokens)
-        else:
-            call.prefill_charge = prefill_started(engine, call.price_tokens, now)
-            call.prefill_booked = engine
+        self.bookings.prefill_queued(call, engine)
         leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
                         now + self.limits.prefill_timeout_s)
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
@@ -447,7 +293,7 @@ class Proxy:
 
     def _send_prefill(self, call: Call, engine: Engine, leg: Collector, req: bytes,
                       fresh: bool = False) -> None:
-        call.prefill_booked = None
+        self.bookings.prefill_sent(call)
         engine.outstanding += 1
         engine.prefill_sent += 1
         dispatch(engine.pool, req, leg, self.deadlines, self._spawn, fresh=fresh)
@@ -474,7 +320,7 @@ class Proxy:
         engine.prefill_sent -= 1
         if engine.prefill_line:
             self._next_prefills(engine, leg.result != OK)
-        prefill_ended(engine, time.monotonic(), call.prefill_charge)
+        self.bookings.prefill_answered(call, engine)
         status = leg.status
         facts = self._call_facts(call, call.prefill_tries)
         if leg.result == OK:
@@ -505,8 +351,8 @@ class Proxy:
             self._spawn(self._explain(call, engine, payload))
             return
         if d.outcome is not None:
-            self._settle(call, d, engine, reason=leg.reason or _text(payload),
-                         engine_status=status, body=_engine_body(status, payload))
+            self._settle(call, d, engine, reason=leg.reason or engine_text(payload),
+                         engine_status=status, body=engine_error_body(status, payload))
             return
         kv = self._handoff(call, engine, payload)
         if kv is None:
@@ -576,10 +422,7 @@ class Proxy:
         else:
             relay = R.BufferRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s)
         engine.outstanding += 1
-        if kv is None:  # a plain request: this engine prefills too, in a step the streams
-            # already running there share (its own stream starts after, untouched by it)
-            call.prefill_charge = prefill_started(engine, call.price_tokens, time.monotonic())
-        self._book_decode(call, engine, kv is not None, True, relay)
+        self.bookings.decode_started(call, engine, relay, kv is not None)
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
                             call.decode_body(kv), bearer=engine.spec.bearer)
@@ -589,8 +432,7 @@ class Proxy:
     def _decode_done(self, call: Call, engine: Engine, relay: R.DecodeRelay, fresh: bool) -> None:
         self.deadlines.discard(relay)
         engine.outstanding -= 1
-        if call.kv is None:
-            prefill_ended(engine, time.monotonic(), call.prefill_charge)
+        self.bookings.decode_ended(call, engine)
         call.relay = None
         result = relay.result
         facts = self._call_facts(call, call.decode_tries)
@@ -621,8 +463,8 @@ class Proxy:
             return
         if end == D.REJECTED or end == D.ENGINE_5XX:  # the engine's own answer is the reply
             payload = b"".join(relay.body)
-            self._settle(call, d, engine, reason=_text(payload), engine_status=relay.status,
-                         body=_engine_body(relay.status, payload))
+            self._settle(call, d, engine, reason=engine_text(payload), engine_status=relay.status,
+                         body=engine_error_body(relay.status, payload))
         else:
             self._settle(call, d, engine, reason=relay.reason, reusable=relay.reusable())
 
@@ -632,7 +474,7 @@ class Proxy:
             call.ttft_s = round(relay.t_first - call.t0, 6)
             if call.t_prefill_done:
                 call.handoff_s = round(relay.t_first - call.t_prefill_done, 6)
-                handoff_seen(engine, call.handoff_s)
+                self.bookings.handoff(engine, call.handoff_s)
         if call.stream:
             call.events = max(0, relay.events - (1 if ok else 0))
             if call.events > 1 and relay.t_last > relay.t_first:
@@ -650,32 +492,3 @@ class Proxy:
             if type(pt) is int:
                 call.learned(pt)
         self._settle(call, D.REPLIED, body=dumps(body))
-
-
-def _text(payload: bytes) -> str:
-    """The start of an engine's answer, for a message."""
-    return payload[:300].decode("utf-8", "replace")
-
-
-def _engine_body(status: int, payload: bytes) -> bytes:
-    """An engine's 4xx as it wrote it when it is OpenAI-shaped (vLLM's are), else wrapped."""
-    if not 400 <= status < 500:
-        return b""
-    try:
-        ok = isinstance(loads(payload).get("error"), dict)
-    except (ValueError, AttributeError):
-        ok = False
-    return payload if ok else error_body(status, payload[:500].decode("utf-8", "replace"),
-                                         code="engine_rejected")
-
-
-def context_of(placement: Placement) -> int:
-    """The context both legs' engines hold (their /v1/models max_model_len); 0 if unknown."""
-    known = [n for n in (placement.prefill.context_len, placement.decode.context_len) if n]
-    return min(known) if known else 0
-
-
-def _needs_count(call: Call, context: int) -> bool:
-    """An estimated prompt this close to the context is counted (/tokenize) before any leg."""
-    return bool(context) and call.max_tokens is not None and call.prompt_tokens is None \
-        and call.estimate + call.max_tokens > context // 2

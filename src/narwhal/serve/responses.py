@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
-from narwhal.serve.jsonio import dumps
+from narwhal.serve.jsonio import dumps, loads
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
@@ -75,3 +75,20 @@ def stream_head(request_id: bytes, keep_alive: bool, chunked: bool) -> bytes:
     if not keep_alive:
         out += b"connection: close\r\n"
     return out + b"\r\n"
+
+
+def engine_text(payload: bytes) -> str:
+    """The start of an engine's answer, for a message."""
+    return payload[:300].decode("utf-8", "replace")
+
+
+def engine_error_body(status: int, payload: bytes) -> bytes:
+    """An engine's 4xx as it wrote it when it is OpenAI-shaped (vLLM's are), else wrapped."""
+    if not 400 <= status < 500:
+        return b""
+    try:
+        ok = isinstance(loads(payload).get("error"), dict)
+    except (ValueError, AttributeError):
+        ok = False
+    return payload if ok else error_body(status, payload[:500].decode("utf-8", "replace"),
+                                         code="engine_rejected")

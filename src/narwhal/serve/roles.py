@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from narwhal.core.fleet import RoleFlips
+from narwhal.serve.costs import arrival_s, decode_step_s
 from narwhal.serve.engines import Engine
 from narwhal.serve.planner import (
     DemandWindow,
@@ -59,7 +60,6 @@ from narwhal.serve.planner import (
     spread_step_s,
 )
 from narwhal.serve.pricing import tpot_bias_s
-from narwhal.serve.scheduler import arrival_s, decode_step_s
 
 _log = logging.getLogger("narwhal.serve.roles")
 
@@ -167,7 +167,7 @@ class RoleController:
             if profile is None or not engine.placeable:
                 continue
             if engine.serves_prefill:
-                queued = engine.busy_until - now
+                queued = engine.load.busy_until - now
                 queued = queued if queued > 0.0 else 0.0
                 best = min(best, queued + profile.prefill.a_s)
                 queued_total += queued
@@ -176,8 +176,8 @@ class RoleController:
             if engine.serves_decode:
                 worst = max(worst, _headroom_used(decode_step_s(engine), profile.decode.base_s,
                                                   self.tpot_s))
-                streams += engine.running
-                resident += engine.resident_tokens
+                streams += engine.load.running
+                resident += engine.load.resident_tokens
                 n_decode += 1
                 spare_curve = profile.decode
         prefill = best / self.ttft_s if best != math.inf else 0.0
@@ -191,9 +191,9 @@ class RoleController:
 
     def _plan(self, now: float) -> int | None:
         """Planner mode: sample the window; the number of `both` engines that should prefill."""
-        streams = sum(e.running for e in self.engines)
-        resident = sum(e.resident_tokens for e in self.engines)
-        arrivals = sum(e.arrival_rate for e in self.engines)
+        streams = sum(e.load.running for e in self.engines)
+        resident = sum(e.load.resident_tokens for e in self.engines)
+        arrivals = sum(e.load.arrival_rate for e in self.engines)
         self.window.add(Sample(now, self._offered(), streams, resident, arrivals,
                                self._offered_requests(), self._refused_decode()))
         demand = self.window.demand()
@@ -211,7 +211,7 @@ class RoleController:
         # The step admission judges: each landing leg's cost and the decode engines' mean
         # learned bias, bounded as admission bounds it.
         decoding = [e for e in self.engines if e.serves_decode and e.placeable]
-        bias = (sum(tpot_bias_s(e.tpot_error_s, self.tpot_s) for e in decoding) / len(decoding)
+        bias = (sum(tpot_bias_s(e.load.tpot_error_s, self.tpot_s) for e in decoding) / len(decoding)
                 if decoding else 0.0)
         sizing = Sizing(profile.decode, self.ttft_s, self.tpot_s, policy.prefill_utilization,
                         policy.decode_utilization, StepCost(arrival_s(profile), bias),
@@ -244,14 +244,14 @@ class RoleController:
         """Finish drains, then decide and apply at most one flip."""
         now = self._clock()
         for engine in self.members:
-            if engine.draining and engine.running <= 0 and engine.reserved <= 0:
+            if engine.draining and engine.load.running <= 0 and engine.load.reserved <= 0:
                 engine.draining = False
                 engine.serves_prefill = True
         self.prefill_load, self.decode_load, spare_prefill, spare_decode = self.loads(now)
         cooldown = self.policy.cooldown_s
         members = [Member(e.id, self.role_of(e),
                           now - self._flipped_at.get(e.id, -math.inf) >= cooldown,
-                          e.running, max(0.0, e.busy_until - now))
+                          e.load.running, max(0.0, e.load.busy_until - now))
                    for e in self.members if e.placeable]
         if self.policy.mode == "planner":
             self.target_prefill = self._plan(now)
@@ -268,7 +268,7 @@ class RoleController:
         engine = next(e for e in self.members if e.id == flip.engine_id)
         if flip.to_role == PREFILL:
             engine.serves_decode = False
-            engine.draining = engine.running > 0 or engine.reserved > 0
+            engine.draining = engine.load.running > 0 or engine.load.reserved > 0
             engine.serves_prefill = not engine.draining
         else:
             engine.serves_prefill = False

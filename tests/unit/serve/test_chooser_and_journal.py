@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from narwhal.serve.engines import Engine, LeastOutstanding, Placement
+from narwhal.serve.choosers import LeastOutstanding
+from narwhal.serve.engines import Engine, Placement
 from narwhal.serve.journal import Journal
 from narwhal.serve.metrics import RouterMetrics, slo_buckets
 from narwhal.serve.settings import EngineSpec

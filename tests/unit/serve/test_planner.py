@@ -26,7 +26,8 @@ from narwhal.serve.planner import (
     prefill_loss,
 )
 from narwhal.serve.roles import DECODE, DRAINING, PREFILL, RoleController, decide
-from narwhal.serve.scheduler import CurvePriced, decode_ended, decode_started
+from narwhal.serve.bookings import decode_ended, decode_started
+from narwhal.serve.scheduler import CurvePriced
 from tests.unit.serve.test_roles import m
 from tests.unit.serve.test_scheduler import Clock, Facts, engine
 
@@ -223,7 +224,7 @@ def test_streams_refused_on_tpot_reach_the_planner() -> None:
                 decode_started(placed.decode, 35, 0.0)
         clock.now += 0.5
         roles.tick()
-    admitted_streams = sum(e.running for e in engines)
+    admitted_streams = sum(e.load.running for e in engines)
     assert chooser.refused_tpot > 0
     demand = roles.state()["demand"]
     assert demand["streams"] > admitted_streams + 10  # refused streams are demand too
@@ -257,7 +258,7 @@ def test_a_prefill_wave_moves_decode_engines_to_prefill_one_per_tick() -> None:
         for _ in range(20):
             chooser.place(Facts(price_tokens=1000, max_tokens=4))
         for e in engines:  # the queue drains between ticks; nothing decodes yet
-            e.busy_until, e.prefill_pending, e.running, e.resident_tokens = clock.now, 0, 0, 0
+            e.load.busy_until, e.load.prefill_pending, e.load.running, e.load.resident_tokens = clock.now, 0, 0, 0
         clock.now += 0.5
         roles.tick()
         prefill_roles.append(sum(1 for e in engines if roles.role_of(e) == PREFILL))
@@ -283,7 +284,7 @@ def test_a_decode_wave_moves_prefill_engines_to_decode_and_drains_before_moving_
         for _ in range(11):
             decode_ended(e, 100)
     for e in engines:
-        if roles.role_of(e) == DECODE and e.running == 0:
+        if roles.role_of(e) == DECODE and e.load.running == 0:
             decode_started(e, 100)
     base = clock.now
     roles._offered = lambda: (clock.now - base) * 3.0  # 3 s of prefill offered per second

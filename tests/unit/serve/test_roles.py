@@ -20,7 +20,8 @@ from narwhal.serve.roles import (
     decide,
     initial_prefill,
 )
-from narwhal.serve.scheduler import CurvePriced, decode_ended, decode_started, prefill_started
+from narwhal.serve.bookings import decode_ended, decode_started, prefill_started
+from narwhal.serve.scheduler import CurvePriced
 from tests.unit.serve.test_scheduler import Clock, Facts, engine
 
 POLICY = RoleFlips(high_water=0.8, low_water=0.4, cooldown_s=5.0, min_prefill=1, min_decode=1)

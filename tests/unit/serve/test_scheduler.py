@@ -23,26 +23,27 @@ from narwhal.serve.pricing import (
     best_prefill,
 )
 from narwhal.serve.relay import DecodeRelay
-from narwhal.serve.scheduler import (
+from narwhal.serve.bookings import (
     DEPARTURE_TAU_S,
-    PREFILL_LINE,
-    CurvePriced,
-    arrival_s,
     decode_ended,
     decode_reserved,
     decode_started,
-    decode_tokens,
     decode_unreserved,
     departures_per_s,
     handoff_seen,
     prefill_ended,
     prefill_started,
-    stream_step_s,
-    waited_s,
 )
+from narwhal.serve.bookings import decode_tokens as _decode_tokens
+from narwhal.serve.costs import arrival_s, stream_step_s, waited_s
+from narwhal.serve.scheduler import PREFILL_LINE, CurvePriced
 from narwhal.serve.settings import EngineSpec, settle
 from narwhal.serve.upstream import EnginePool
 from tests.unit.serve.clients import unconnected_client
+
+def decode_tokens(facts: Facts) -> int:
+    return _decode_tokens(facts.price_tokens, facts.max_tokens)
+
 
 FIT = {"fit_error": 0.02, "loo_error": 0.03, "samples": 12}
 GEN = Generation(engine_version="0.11.0", process_start_time_seconds=1.0)
@@ -153,7 +154,7 @@ def test_a_decode_curve_that_prices_high_is_corrected_by_the_streams_it_ran() ->
     assert first.predicted_tpot_s == pytest.approx(0.021 + 1e-4 * 0.1)  # and its arrival
     for _ in range(40):  # each ran 3 ms faster than predicted
         chooser.finished(Facts(tpot_error_s=-0.003, placement=first))
-    assert d0.tpot_error_s == pytest.approx(-0.003, abs=1e-4)
+    assert d0.load.tpot_error_s == pytest.approx(-0.003, abs=1e-4)
     assert d0.state()["tpot_model_error_s"] == pytest.approx(-0.003, abs=1e-4)
     assert admitted() == 7  # 0.02 + 0.001 k - 0.003 within 0.0245
 
@@ -164,15 +165,15 @@ def test_each_answer_re_anchors_the_queue_and_the_last_one_empties_it() -> None:
     cost = prefill_started(p0, 10, clock.now)
     assert cost == pytest.approx(0.5)
     prefill_started(p0, 10, clock.now)
-    assert p0.busy_until == pytest.approx(101.0)
+    assert p0.load.busy_until == pytest.approx(101.0)
     clock.now += 0.4  # the first answers sooner than modelled: the other runs from now
     prefill_ended(p0, clock.now, cost)
-    assert p0.busy_until == pytest.approx(100.9) and p0.prefill_queued_s == pytest.approx(0.5)
+    assert p0.load.busy_until == pytest.approx(100.9) and p0.load.prefill_queued_s == pytest.approx(0.5)
     clock.now += 0.7  # ... and later than modelled: its answer empties the queue now
     prefill_ended(p0, clock.now, cost)
-    assert p0.busy_until == clock.now and p0.prefill_pending == 0 and p0.prefill_queued_s == 0
+    assert p0.load.busy_until == clock.now and p0.load.prefill_pending == 0 and p0.load.prefill_queued_s == 0
     prefill_ended(p0, clock.now, cost)  # never below zero
-    assert p0.prefill_pending == 0
+    assert p0.load.prefill_pending == 0
 
 
 def test_a_flood_is_refused_with_a_retry_after_priced_from_the_queue() -> None:
@@ -236,7 +237,7 @@ def test_decode_goes_where_the_request_slows_steps_least_within_the_tpot_budget(
     decode_started(cheap_tokens, 1_000_000)
     assert placed(chooser.place(long)).decode is cheap_reqs
     decode_ended(cheap_tokens, 1_000_000)
-    assert (cheap_tokens.running, cheap_tokens.resident_tokens) == (0, 0)
+    assert (cheap_tokens.load.running, cheap_tokens.load.resident_tokens) == (0, 0)
 
 
 @pytest.mark.parametrize("lined", [True, False])
@@ -262,13 +263,13 @@ def test_the_chooser_agrees_with_the_pricing_functions(lined: bool) -> None:
     for tokens in (10, 300, 3000):
         facts = Facts(price_tokens=tokens, max_tokens=64)
         p = placed(chooser.place(facts))
-        seats = [PrefillSeat(e.id, e.profile.prefill, max(0.0, e.busy_until - clock.now),
+        seats = [PrefillSeat(e.id, e.profile.prefill, max(0.0, e.load.busy_until - clock.now),
                              waited_s(e, clock.now))
                  for e in engines if e.profile]
         want = best_prefill(seats, tokens, 2.0)
         assert want is not None and p.prefill.id == want.key
-        dseats = [DecodeSeat(e.id, e.profile.decode, e.resident_tokens, e.running,
-                             e.arrival_rate, arrival_s(e.profile))
+        dseats = [DecodeSeat(e.id, e.profile.decode, e.load.resident_tokens, e.load.running,
+                             e.load.arrival_rate, arrival_s(e.profile))
                   for e in decodes if e.profile]
         dwant = best_decode(dseats, decode_tokens(facts), 0.05, arrivals_per_step(64), steps=64)
         assert dwant is not None and p.decode.id == dwant.key
@@ -395,11 +396,11 @@ def test_a_newcomer_is_priced_by_the_oldest_prefill_it_would_batch_with() -> Non
     # than modelled): 0.15 waited + 0.15 queued + 0.2 = 0.5, refused.
     assert isinstance(ask(0.25), Refusal)
     prefill_ended(p0, start + 0.26, 0.2)  # A answers: B's step runs from now to 0.46
-    assert p0.busy_until == pytest.approx(start + 0.46)
+    assert p0.load.busy_until == pytest.approx(start + 0.46)
     assert isinstance(ask(0.27), Placement)  # waits alone behind it: 0.19 + 0.2 = 0.39
     for _ in range(2):
         prefill_ended(p0, start + 0.5, 0.2)
-    assert p0.prefill_pending == 0 and p0.busy_until == start + 0.5
+    assert p0.load.prefill_pending == 0 and p0.load.busy_until == start + 0.5
 
 
 def test_behind_the_prefill_line_a_newcomer_waits_its_turn_and_delays_nobody() -> None:
@@ -432,13 +433,13 @@ def test_a_prefill_never_sent_moves_the_queue_up_by_its_cost_without_re_anchorin
     start = clock.now
     for _ in range(3):
         prefill_started(p0, 100, start)
-    assert p0.busy_until == pytest.approx(start + 0.6)
+    assert p0.load.busy_until == pytest.approx(start + 0.6)
     prefill_ended(p0, start + 0.1, 0.2, answered=False)  # the third, unsent
-    assert p0.prefill_pending == 2 and p0.busy_until == pytest.approx(start + 0.4)
+    assert p0.load.prefill_pending == 2 and p0.load.busy_until == pytest.approx(start + 0.4)
     prefill_ended(p0, start + 0.25, 0.2)  # the first answers late: re-anchored on the clock
-    assert p0.busy_until == pytest.approx(start + 0.45)
+    assert p0.load.busy_until == pytest.approx(start + 0.45)
     prefill_ended(p0, start + 0.3, 0.2, answered=False)
-    assert p0.prefill_pending == 0 and p0.busy_until == start + 0.3
+    assert p0.load.prefill_pending == 0 and p0.load.busy_until == start + 0.3
 
 
 def test_the_first_decode_step_is_part_of_the_predicted_ttft() -> None:
@@ -486,7 +487,7 @@ def test_no_decode_engine_within_the_tpot_budget_means_a_tpot_refusal() -> None:
     # a retry of a failed decode leg is never refused: the least-bad engine
     assert chooser.another_decode(facts, []) is d0
     decode_ended(d0, decode_tokens(facts), 0.1)
-    assert (d0.running, d0.resident_tokens, d0.arrival_rate) == (0, 0, 0.0)
+    assert (d0.load.running, d0.load.resident_tokens, d0.load.arrival_rate) == (0, 0, 0.0)
     assert isinstance(chooser.place(facts), Placement)  # the stream ended: room again
 
 
@@ -497,12 +498,12 @@ def test_a_measured_handoff_longer_than_the_step_model_counts_against_the_ttft_b
     chooser = CurvePriced([p0, d0], ttft_s=0.25, tpot_s=0.1, clock=clock)
     assert isinstance(chooser.place(Facts()), Placement)  # 0.2 + 1.5 x 0.011 s modelled
     handoff_seen(d0, 0.06)
-    assert d0.handoff_s == 0.06  # the first measurement stands alone
+    assert d0.load.handoff_s == 0.06  # the first measurement stands alone
     refused = chooser.place(Facts())
     assert isinstance(refused, Refusal) and refused.predicted_ttft_s == pytest.approx(0.26)
     for _ in range(40):  # the handoff gets fast again: the average follows
         handoff_seen(d0, 0.001)
-    assert d0.handoff_s < 0.002
+    assert d0.load.handoff_s < 0.002
     assert isinstance(chooser.place(Facts()), Placement)  # the step model's allowance again
 
 
@@ -520,7 +521,7 @@ def test_a_burst_of_placements_sees_the_decode_work_it_reserved() -> None:
         if isinstance(result, Placement):
             decode_reserved(result.decode, decode_tokens(facts), 0.025)
     assert [isinstance(r, Placement) for r in results] == [True] * 3 + [False] * 2
-    assert d0.reserved == 3 and d0.running == 0
+    assert d0.load.reserved == 3 and d0.load.running == 0
     # the three start and one more is reserved: with no stream ended yet, none is assumed to
     # end before the newcomer starts, so 3 running + 1 reserved + 1 = 0.07 s
     for _ in range(3):
@@ -538,7 +539,7 @@ def test_a_burst_of_placements_sees_the_decode_work_it_reserved() -> None:
     assert isinstance(chooser.place(facts), Refusal)  # 2 running, 1 reserved: 0.06 s
     decode_ended(d0, decode_tokens(facts), 0.025, now=clock.now)
     assert isinstance(chooser.place(facts), Placement)  # 1 running, 1 reserved: 0.05 s
-    assert (d0.reserved, d0.reserved_tokens) == (1, decode_tokens(facts))
+    assert (d0.load.reserved, d0.load.reserved_tokens) == (1, decode_tokens(facts))
 
 
 def test_in_steady_state_the_streams_that_end_make_room_for_the_reserved_ones() -> None:
@@ -629,11 +630,11 @@ def test_without_overflow_the_request_path_keeps_no_stream_bookkeeping() -> None
     CurvePriced([p0, b1], ttft_s=0.3, tpot_s=0.05, clock=clock)
     decode_started(b1, 200, 0.1, 12, "s1")
     prefill_started(b1, 1000, clock.now)
-    assert b1.streams == {} and b1.prefill_work == 0.0
+    assert b1.load.streams == {} and b1.load.prefill_work == 0.0
     CurvePriced([p0, b1], ttft_s=0.3, tpot_s=0.05, clock=clock, overflow=True)
     decode_started(b1, 200, 0.1, 12, "s2")
     prefill_started(b1, 1000, clock.now)
-    assert b1.streams == {"s2": [11.0, pytest.approx(0.11)]} and b1.prefill_work > 0.0
+    assert b1.load.streams == {"s2": [11.0, pytest.approx(0.11)]} and b1.load.prefill_work > 0.0
 
 
 def test_overflow_never_delays_a_split_leg_about_to_land_past_its_ttft() -> None:
@@ -645,7 +646,7 @@ def test_overflow_never_delays_a_split_leg_about_to_land_past_its_ttft() -> None
     refusal = chooser.place(Facts(price_tokens=1000, max_tokens=8))
     assert isinstance(refusal, Refusal) and chooser.state()["overflow"]["to_decode_pool"] == 0
     decode_unreserved(b1, 200, 0.1, False, "old")
-    assert b1.landing == {}
+    assert b1.load.landing == {}
     decode_reserved(b1, 200, 0.1, False, "new", clock.now - 0.05)
     p = placed(chooser.place(Facts(price_tokens=1000, max_tokens=8)))
     assert p.single and p.decode is b1
@@ -672,7 +673,7 @@ def test_without_overflow_no_landing_legs_are_kept() -> None:
     p0, b1 = engine("p0", "prefill"), engine("b1", "both")
     CurvePriced([p0, b1], ttft_s=0.3, tpot_s=0.05, clock=clock)
     decode_reserved(b1, 200, 0.1, False, "leg", clock.now)
-    assert b1.landing == {} and b1.reserved == 1
+    assert b1.load.landing == {} and b1.load.reserved == 1
 
 
 def test_overflow_never_stretches_a_short_stream_past_its_tpot_budget() -> None:
@@ -702,13 +703,13 @@ def test_a_stream_absorbs_overflow_prefills_only_while_its_budget_has_room() -> 
         charge = prefill_started(b1, 1000, clock.now)
         decode_started(b1, 1000, 0.0, 8, f"local{k}")
         prefill_ended(b1, clock.now, charge)
-        absorbed.append(b1.streams["s1"][1])
+        absorbed.append(b1.load.streams["s1"][1])
     # each local prefill stretched s1 by 0.11 s; the streams' room (spread priced in) held
     # two, not a third; the overflow requests' own streams never absorbed their own prefill
     assert absorbed == pytest.approx([0.11, 0.22])
-    assert b1.streams["local1"][1] == 0.0 and b1.streams["local0"][1] == pytest.approx(0.11)
+    assert b1.load.streams["local1"][1] == 0.0 and b1.load.streams["local0"][1] == pytest.approx(0.11)
     decode_ended(b1, 200, 0.1, clock.now, "s1")
-    assert "s1" not in b1.streams
+    assert "s1" not in b1.load.streams
 
 
 def test_overflow_queues_behind_the_prefills_in_flight_on_that_engine() -> None:
@@ -748,23 +749,24 @@ def test_overflow_keeps_the_tpot_budget_of_the_request_itself() -> None:
 def test_the_request_path_prices_a_step_as_the_shared_helper_does(
         running: int, reserved: int, departures: float, window: float, bias: float,
         steps: int, tokens: int) -> None:
-    """`_best_decode` inlines `stream_step_s` for speed; the two must price alike (the rule
-    it falls back to where streams cannot be projected, and the one the overflow paths use)."""
+    """Where streams cannot be projected, `_best_decode` prices a stream as `stream_step_s`
+    does (the rule the overflow paths use too)."""
     clock = Clock()
     p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
     chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.05, clock=clock)
-    d0.projects = False
+    d0.load.projects = False
     for k in range(running):
         decode_started(d0, 300 + k, 0.05)
     for k in range(reserved):
         decode_reserved(d0, 200 + k, 0.1)
-    d0.departures, d0.departed_at = departures, clock.now
-    d0.tpot_error_s = bias
+    d0.load.departures, d0.load.departed_at = departures, clock.now
+    d0.load.tpot_error_s = bias
     arrivals = arrivals_per_step(steps)
-    _, after, judged = chooser._best_decode(tokens, arrivals, (), steps=steps,
-                                            window_s=window, now=clock.now)
-    assert (after, judged) == pytest.approx(
-        stream_step_s(d0, tokens, arrivals, steps, window, clock.now, 0.05, True))
+    choice = chooser._best_decode(tokens, arrivals, (), steps=steps, window_s=window,
+                                  now=clock.now)
+    assert choice is not None and choice.own_s == -1.0
+    assert (choice.after_s, choice.judged_s) == pytest.approx(
+        stream_step_s(d0, tokens, arrivals, steps, window, clock.now, 0.05, True)[:2])
 
 
 def _decode_full(overflow: bool = True) -> tuple[Clock, CurvePriced, Engine, Engine]:
@@ -825,12 +827,12 @@ def test_an_engine_new_to_the_prefill_pool_is_priced_at_the_pool_s_prefill_share
     prefills, a 4-token stream has 3 gaps, too few to absorb one prefill whole."""
     clock, chooser, b0, _d1 = _decode_full()
     fresh = CurvePriced([b0, _d1], ttft_s=0.5, tpot_s=0.02, clock=clock, overflow=True)
-    fresh._offered_work, fresh._offered_count, fresh._offered_at = 1.8, 18.0, clock.now
+    fresh._pool_prefill.work, fresh._pool_prefill.count, fresh._pool_prefill.at = 1.8, 18.0, clock.now
     refusal = fresh.place(Facts(price_tokens=1, max_tokens=64))
     assert isinstance(refusal, Refusal) and refusal.over_tpot
-    chooser._offered_work, chooser._offered_count, chooser._offered_at = 0.2, 20.0, clock.now
+    chooser._pool_prefill.work, chooser._pool_prefill.count, chooser._pool_prefill.at = 0.2, 20.0, clock.now
     assert placed(chooser.place(Facts(price_tokens=1, max_tokens=64))).decode is b0
-    chooser._offered_work, chooser._offered_count, chooser._offered_at = 0.2, 2.0, clock.now
+    chooser._pool_prefill.work, chooser._pool_prefill.count, chooser._pool_prefill.at = 0.2, 2.0, clock.now
     assert isinstance(chooser.place(Facts(price_tokens=1, max_tokens=4)), Refusal)
 
 
@@ -886,7 +888,7 @@ def test_a_stream_already_lost_does_not_refuse_a_newcomer_but_one_inside_the_mar
     tight = CurvePriced([p1, d1], ttft_s=0.045, tpot_s=0.025, clock=clock)  # no room to hold
     _streaming(d1, "edge", 40, 35, 0.0245, clock.now)  # 24.5 ms so far, 11.1 ms steps ahead
     assert placed(tight.place(Facts(max_tokens=40))).decode is d1
-    d1.projection_error_s = 0.002  # the projection has run 2 ms short here
+    d1.load.projection_error_s = 0.002  # the projection has run 2 ms short here
     refusal = tight.place(Facts(max_tokens=40))
     assert isinstance(refusal, Refusal) and refusal.over_tpot
 
@@ -899,16 +901,16 @@ def test_the_projection_learns_its_error_from_the_streams_that_end() -> None:
     p0, d0 = engine("p0", "prefill"), engine("d0", "decode")
     chooser = CurvePriced([p0, d0], ttft_s=1.0, tpot_s=0.05, clock=clock)
     _streaming(d0, "s0", 40, 10, 0.011, clock.now)
-    before = d0.lives["s0"].projected
+    before = d0.load.lives["s0"].projected
     placement = placed(chooser.place(Facts(max_tokens=40)))
-    projected = d0.lives["s0"].projected
+    projected = d0.load.lives["s0"].projected
     assert before == 0.0 and projected > 0.011  # the newcomer slows it
     decode_ended(d0, 100, 1 / 40, clock.now, "s0", projected + 0.004)
-    assert d0.projection_error_s == pytest.approx(0.004 / 32)
-    assert d0.projection_error_dev_s == pytest.approx(0.004 / 16)
+    assert d0.load.projection_error_s == pytest.approx(0.004 / 32)
+    assert d0.load.projection_error_dev_s == pytest.approx(0.004 / 16)
     decode_started(d0, 100, 1 / 8, 8, "short", None, False, placement.projected_tpot_s)
     decode_ended(d0, 100, 1 / 8, clock.now, "short", 0.04)
-    assert d0.projection_error_s == pytest.approx(0.004 / 32)
+    assert d0.load.projection_error_s == pytest.approx(0.004 / 32)
     assert d0.state()["projection_error"] == {"mean_s": 0.000125, "deviation_s": 0.00025}
 
 
