@@ -1,10 +1,10 @@
 """JSON on the request path: orjson, with the standard library behind it for encoding only.
 
-orjson parses and encodes request-sized documents 5-30 times faster than `json`, which is a
-third of the router's own per-request work otherwise. Parsing is orjson alone: it refuses
-lone surrogates and nesting deeper than 1024, which `json` would accept (and then fail on
-when the body is encoded again, or overflow the stack), so a client body either parses here
-or gets a 400. Integer literals beyond 64 bits come back as floats; call.py refuses them.
+orjson parses and encodes request-sized documents much faster than `json`, whose work would
+otherwise be a large share of the router's own per request (docs/router.md, "How the hot path
+is built"). Parsing is orjson alone: it refuses lone surrogates and nesting deeper than 1024,
+which `json` would accept (and then fail on when the body is encoded again, or overflow the
+stack), so a client body either parses here or gets a 400. Integer literals beyond 64 bits come back as floats; call.py refuses them.
 Encoding falls back to `json` for the Python integers beyond 64 bits orjson will not write.
 """
 

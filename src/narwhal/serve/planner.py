@@ -34,17 +34,18 @@ clearly gains (`plan_prefill`).
   step the candidate gives), and their count varies as a Poisson count plus the requests in
   prefill (admission counts those reserved on their decode engine). `decode_loss` is the
   chance that count reaches the capacity. Sized on the curve alone, a pool of short streams
-  looks lighter than admission finds it (the goodput bench's prefill-heavy phase: 8-token
-  streams each land one leg per 8 steps, 5 ms a leg, about a third of the step).
+  looks lighter than admission finds it: each short stream lands its leg (the prefill curve's
+  constant) once in its few steps, a share of every step the decode curve does not hold
+  (docs/router.md, "The planner", has the prefill-heavy phase's figures).
 
 The old rule alone, every spare engine to the pool loaded more against its utilisation target
 (`rate / (n * prefill_utilization)` for prefill, the judged step over `decode_utilization *
 tpot` for decode), equalises loads but not refusals: in the goodput bench's prefill-heavy phase
-it gave prefill three engines and decode one (loads 1.01 and 1.17), and that split refused
-17% of the requests, all on TPOT, against 11% at two and two. Near a pool's limit a queue
-with a 0.3 s budget over 48 ms prefills absorbs an overload of a few percent; a decode engine
-holding about ten short streams does not. The loads still decide between splits whose
-refusals are alike, which is every split when the fleet has room to spare.
+the uneven split it chose refused more requests, all on TPOT, than an even one (docs/router.md,
+"Why refusals and not loads alone"). Near a pool's limit a prefill queue whose TTFT budget
+holds several prefills absorbs a small overload; a decode engine holding a handful of short
+streams does not. The loads still decide between splits whose refusals are alike, which is
+every split when the fleet has room to spare.
 
 Pure functions over plain numbers: the controller samples, this decides, tests check both.
 """
@@ -135,7 +136,8 @@ def decode_pool_load(demand: Demand, engines: int, curve: DecodeCurve, tpot_s: f
 
 
 # Squared coefficient of variation of prefill service times: between a fixed prompt length (0)
-# and exponential ones (1); a mix of short and long prompts (the bench's mixed phase) is 0.5.
+# and exponential ones (1); a mix of short and long prompts sits half way (docs/router.md,
+# "The planner").
 PREFILL_SERVICE_CV2 = 0.5
 # Splits whose estimated refusals are within this share of the offered requests of the best
 # are alike; the loads choose among them.

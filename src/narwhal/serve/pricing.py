@@ -18,17 +18,18 @@ sure it is the live generation's row) and the work the router already sent it:
   `arrival_s * sqrt(arrivals per step / its steps)` (`tpot_spread_s`: the arrivals in its life
   counted as Poisson). Admission holds the mean step plus `TPOT_SPREAD_Z` spreads to the
   budget; a placement judged on the mean alone sits at the ceiling, where half the streams
-  land just past it (the decode-heavy bench: 66 of 853 admitted streams at 25.0-26.1 ms
-  against 25 ms). Load is SLO-relative: step time / TPOT budget. The impact of adding a
-  request is the step-time increase it causes for everyone.
+  land just past it (docs/router.md, "Admission", has what the decode-heavy bench showed).
+  Load is SLO-relative: step time / TPOT budget. The impact of adding a request is the
+  step-time increase it causes for everyone.
 - the TTFT model's error: the router measures observed - predicted TTFT for each request
   that met no retry, as a moving mean and deviation (`ttft_error_seen`), and admission adds
   the mean and half a deviation to every prediction (`ttft_margin_s`): a model right on average
   still puts half of what it admits at the ceiling past it.
 - the decode curve's bias: each stream that ends reports observed - predicted TPOT on its
   decode engine; the engine keeps their moving mean and admission adds it (`tpot_bias_s`) to
-  the step it judges: a profile measured through a loaded client prices every step a few
-  milliseconds high and refuses streams the engine had room for.
+  the step it judges: a profile measured through a loaded client prices every step high and
+  refuses streams the engine had room for (docs/router.md, "Each decode engine's measured
+  bias").
 - admission: if the best prefill placement misses the TTFT budget, or the best decode
   placement the TPOT budget, the request is refused; the TTFT refusal's `Retry-After` is the
   time until that engine's queue would let it meet the budget (whole seconds, at least 1).
@@ -91,9 +92,9 @@ def predicted_tpot_s(seat: DecodeSeat[K], add_tokens: int = 0, add_requests: int
 
 
 # Spreads of a stream's own TPOT above the mean step that admission allows for. Half a
-# spread: about seven streams in ten of those admitted at the ceiling keep the budget, and
-# fewer admitted is work refused (the decode-heavy bench at a fixed 2+2 split, same trace:
-# one spread admitted 842 and missed none, half a spread admitted 854 and missed 13).
+# spread: about seven streams in ten of those admitted at the ceiling keep the budget, and a
+# wider hold admits fewer, which is work refused to save streams that miss by little
+# (docs/router.md, "Admission", has the decode-heavy bench's counts for each hold).
 TPOT_SPREAD_Z = 0.5
 
 
@@ -111,10 +112,10 @@ def tpot_spread_s(arrival_s: float, arrivals: float, steps: int | None) -> float
 # retry teaches the router how far the observed TTFT came from the one it was admitted on
 # (a moving mean and mean deviation, weights as RFC 6298 keeps a round trip's). Admission holds
 # the prediction plus the mean error plus `TTFT_ERROR_Z` deviations to the budget: a model
-# right on average still sees half the requests admitted at the ceiling miss it (the
-# prefill-heavy bench at a fixed 2+2 split, same trace: without it 48 admitted requests missed,
-# 31 of them at 0.300-0.313 s against 0.3 s; with half a deviation 6, one deviation 5 but 10
-# more refused).
+# right on average still sees half the requests admitted at the ceiling miss it, most of them
+# by little. Half a deviation keeps nearly all of those within it; a whole one saves few more
+# and refuses more (docs/router.md, "The TTFT model's measured error", has the prefill-heavy
+# bench's counts).
 TTFT_ERROR_WEIGHT = 0.125  # weight of the newest error in the mean (RFC 6298's alpha)
 TTFT_DEV_WEIGHT = 0.25  # weight of the newest deviation (RFC 6298's beta)
 TTFT_ERROR_Z = 0.5

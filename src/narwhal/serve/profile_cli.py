@@ -217,9 +217,10 @@ async def run(job: Job, progress: Reporter) -> tuple[list[EngineOutcome], list[d
 def by_host(engine_ids: list[str], urls: dict[str, str]) -> list[list[str]]:
     """Engines grouped by the host their URL names, in fleet order. Engines on one host share
     its CPUs (each API server and engine core needs a core) and memory bandwidth, so measured
-    together each would record the other's load as its own step time: on two real CPU engines
-    sharing a 2-core box, the decode fit error rose from about 6% alone to 56% side by side.
-    Hosts are measured in parallel, the engines of one host `--per-host` at a time."""
+    together each would record the other's load as its own step time, and its decode curve
+    would fit far worse than measured alone (docs/profile.md, "What it measures", has the
+    fit errors of two real CPU engines on one host). Hosts are measured in parallel, the
+    engines of one host `--per-host` at a time."""
     groups: dict[str, list[str]] = {}
     for eid in engine_ids:
         host = (urlsplit(urls[eid]).hostname or urls[eid]).lower()

@@ -12,7 +12,7 @@ steps of each stream (vLLM's TPOT), and the batch it ran is tokens generated ove
 together is not for the client to assume. Chunk arrival times are only the fallback for other
 engines (the window where every stream has its first token and none has finished, over the
 tokens gained in it): a CPU-bound API server delivers tokens in bursts, which made real-engine
-points up to 5x too fast.
+points read far too fast (docs/profile.md, "What it measures").
 """
 
 from __future__ import annotations
@@ -240,8 +240,8 @@ def _engine_point(before: MetricsPage, after: MetricsPage, streams: Sequence[Tim
     Batch: `vllm:iteration_tokens_total` counts engine steps, and every step that ran gave each
     running stream one token, so tokens generated over steps is the mean batch the engine ran.
     It is measured, not assumed: an API server sharing a core with its busy engine can admit
-    the second of two streams only after the first finished (seen on real CPU engines: a
-    batch of 1.0 for c=2), and a point recorded at c=2 would then teach the fit a c=1 step."""
+    the second of two streams only after the first finished (seen on real CPU engines,
+    docs/profile.md), and a point recorded at c=2 would then teach the fit a c=1 step."""
     if not (after.has(DECODE_TIME + "_count") and after.has(ITERATION_TOKENS + "_count")):
         return None
     finished = after.total(DECODE_TIME + "_count") - before.total(DECODE_TIME + "_count")
