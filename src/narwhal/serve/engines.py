@@ -248,7 +248,7 @@ class Placement:
     decode: Engine
     predicted_ttft_s: float = 0.0  # what admission predicted (0: the chooser does not predict)
     predicted_tpot_s: float = 0.0  # the decode engine's step with it added, before any bias
-    # the TPOT projected over its life (scheduler.py, `projected_tpot_s`; 0: not projected)
+    # the TPOT projected over its life (projection.py; 0: not projected)
     projected_tpot_s: float = 0.0
     # when the router sends the decode leg (monotonic clock; 0: as soon as the prefill ends):
     # held until streams on the decode engine end, so that every stream there keeps TPOT

@@ -363,7 +363,7 @@ class Proxy:
         if not self._fits(call, decode.context_len, decode):
             return
         wait = call.placement.decode_at - time.monotonic()
-        if wait > 0.0:  # held by the scheduler until streams there end (scheduler.py)
+        if wait > 0.0:  # held by the scheduler until streams there end (projection.py)
             asyncio.get_running_loop().call_later(wait, self._guard, call, self._held,
                                                   decode, kv)
             return
