@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from narwhal.core.fleet import RoleFlips
 from narwhal.core.profiles import DecodeCurve
+from narwhal.serve.bookings import decode_ended, decode_started
 from narwhal.serve.engines import Refusal
 from narwhal.serve.planner import (
     Demand,
@@ -26,7 +27,6 @@ from narwhal.serve.planner import (
     prefill_loss,
 )
 from narwhal.serve.roles import DECODE, DRAINING, PREFILL, RoleController, decide
-from narwhal.serve.bookings import decode_ended, decode_started
 from narwhal.serve.scheduler import CurvePriced
 from tests.unit.serve.test_roles import m
 from tests.unit.serve.test_scheduler import Clock, Facts, engine

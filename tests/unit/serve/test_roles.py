@@ -10,6 +10,7 @@ import pytest
 
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import RoleFlips, parse_fleet
+from narwhal.serve.bookings import decode_ended, decode_started, prefill_started
 from narwhal.serve.engines import Engine, Placement
 from narwhal.serve.roles import (
     DECODE,
@@ -20,7 +21,6 @@ from narwhal.serve.roles import (
     decide,
     initial_prefill,
 )
-from narwhal.serve.bookings import decode_ended, decode_started, prefill_started
 from narwhal.serve.scheduler import CurvePriced
 from tests.unit.serve.test_scheduler import Clock, Facts, engine
 

@@ -13,16 +13,6 @@ from hypothesis import strategies as st
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import parse_fleet
 from narwhal.core.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow
-from narwhal.serve.call import Call
-from narwhal.serve.engines import Engine, Placement, Refusal
-from narwhal.serve.pricing import (
-    DecodeSeat,
-    PrefillSeat,
-    arrivals_per_step,
-    best_decode,
-    best_prefill,
-)
-from narwhal.serve.relay import DecodeRelay
 from narwhal.serve.bookings import (
     DEPARTURE_TAU_S,
     decode_ended,
@@ -35,11 +25,22 @@ from narwhal.serve.bookings import (
     prefill_started,
 )
 from narwhal.serve.bookings import decode_tokens as _decode_tokens
+from narwhal.serve.call import Call
 from narwhal.serve.costs import arrival_s, stream_step_s, waited_s
+from narwhal.serve.engines import Engine, Placement, Refusal
+from narwhal.serve.pricing import (
+    DecodeSeat,
+    PrefillSeat,
+    arrivals_per_step,
+    best_decode,
+    best_prefill,
+)
+from narwhal.serve.relay import DecodeRelay
 from narwhal.serve.scheduler import PREFILL_LINE, CurvePriced
 from narwhal.serve.settings import EngineSpec, settle
 from narwhal.serve.upstream import EnginePool
 from tests.unit.serve.clients import unconnected_client
+
 
 def decode_tokens(facts: Facts) -> int:
     return _decode_tokens(facts.price_tokens, facts.max_tokens)
