@@ -32,7 +32,7 @@ from pathlib import Path
 from setuptools import setup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
-from build_stamp import compiled_names  # scripts/ is not a package: found through sys.path
+from build_stamp import ROOT, compiled_sources  # scripts/ is not a package: found through sys.path
 
 
 METADATA_COMMANDS = {"egg_info", "dist_info"}
@@ -59,7 +59,8 @@ def _ext_modules() -> list[object]:
     _compile_through_ccache()
     from mypyc.build import mypycify
 
-    paths = [f"src/narwhal/serve/{name}.py" for name in compiled_names()]
+    # Paths under src/: mypy names each module by its packages (narwhal.serve.router.request.call).
+    paths = [str(path.relative_to(ROOT)) for path in compiled_sources()]
     return list(mypycify(paths, opt_level="3"))
 
 

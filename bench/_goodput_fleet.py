@@ -98,7 +98,7 @@ def _live_generation(url: str) -> dict[str, Any]:
     import urllib.request
 
     from narwhal.core.profiles import Generation
-    from narwhal.serve.generation import parse_start_time, parse_version
+    from narwhal.serve.router.scheduling.generation import parse_start_time, parse_version
 
     with urllib.request.urlopen(f"{url}/version", timeout=5) as r:  # noqa: S310 - loopback
         version = r.read()

@@ -31,10 +31,10 @@ import uvloop
 
 from narwhal.core.fleet import parse_fleet
 from narwhal.core.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow, now_utc
-from narwhal.serve.app import Router
-from narwhal.serve.front import ClientConnection
-from narwhal.serve.scheduler import CurvePriced
-from narwhal.serve.settings import settle
+from narwhal.serve.router.app import Router
+from narwhal.serve.router.front.front import ClientConnection
+from narwhal.serve.router.scheduling.scheduler import CurvePriced
+from narwhal.serve.router.settings import settle
 
 PROMPT = " ".join(f"word{i}" for i in range(64))
 KV = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2, 3, 4, 5]],

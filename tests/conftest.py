@@ -45,9 +45,10 @@ def build_problems() -> list[str]:
     for source in build.compiled_sources():
         built = source.with_suffix(SUFFIX).exists()
         if pure and built:
-            problems.append(f"{source.stem}{SUFFIX} exists in a NARWHAL_PURE_PYTHON=1 build")
+            problems.append(f"{source.with_suffix(SUFFIX).relative_to(ROOT)} exists in a "
+                            "NARWHAL_PURE_PYTHON=1 build")
         elif not pure and not built:
-            problems.append(f"src/narwhal/serve/{source.name} is not compiled")
+            problems.append(f"{source.relative_to(ROOT)} is not compiled")
     return problems
 
 

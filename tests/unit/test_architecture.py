@@ -93,10 +93,88 @@ def test_the_lab_check_sees_what_the_import_check_cannot(tmp_path: Path) -> None
         "LAB = 'narwhal.lab.cli'\n"
         "importlib.import_module(LAB)\n"
         "__import__('narwhal.' + 'lab')\n"
-        "importlib.import_module('narwhal.serve.settings')\n"
+        "importlib.import_module('narwhal.serve.router.settings')\n"
         "importlib.import_module('narwhal.deploy.cli.inputs_cmd')\n"
         "importlib.util.find_spec('narwhal.lab')\n"
         "[importlib.util.find_spec(m) for m in ('venv', 'ensurepip')]\n")
     found = _lab_references(sample, "deploy")
     assert {line.split(":")[0] for line in found} == {"line 2", "line 3", "line 4", "line 5",
                                                       "line 7"}
+
+
+# Inside serve/: the folders are jobs. The router (serve/router/) is one program; the
+# profiler and preflight are others. The router imports nothing of serve/ outside router/; the
+# profiler and preflight never import router/ nor the command lines at serve/'s top (they reach
+# engines through serve/engine_client.py). Inside the router, the client front and
+# observability read placement (scheduling/) only through the modules they read when serve/
+# was split by job, and the data path (request/proxy.py) only through those named below.
+SERVE = SRC / "serve"
+ROUTER_PKG = "narwhal.serve.router"
+CLIS = {"narwhal.serve.serve_cli", "narwhal.serve.profile_cli", "narwhal.serve.check_cli"}
+SCHEDULING_PKG = "narwhal.serve.router.scheduling."
+SCHEDULING_SEEN_FROM = {
+    "front": {"engines", "generation", "roles", "scheduler"},
+    "observe": {"engines", "roles", "scheduler"},
+}
+PROXY_SCHEDULING = {"choosers", "engines"}
+
+
+def _is_module(dotted: str) -> bool:
+    path = SRC.parent / dotted.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _serve_imports(path: Path) -> set[str]:
+    """The narwhal.serve modules path imports, by dotted name: `from a.b import c` of a module c
+    counts as a.b.c, of anything else as a.b."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if _is_module(full) else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {name for name in found if name.startswith("narwhal.serve.")}
+
+
+def _files(folder: Path) -> list[Path]:
+    files = sorted(folder.rglob("*.py"))
+    assert files, f"{folder} has no modules: the rule would hold vacuously"
+    return files
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_profiler_and_preflight_never_import_the_router_nor_the_command_lines() -> None:
+    wrong = [f"{path.relative_to(SRC)} imports {name}"
+             for part in ("profiler", "preflight") for path in _files(SERVE / part)
+             for name in sorted(_serve_imports(path))
+             if _in(name, ROUTER_PKG) or name in CLIS]
+    assert wrong == []
+
+
+def test_the_router_imports_nothing_of_serve_outside_the_router() -> None:
+    """Not the profiler, preflight, the measuring engine client nor the command lines."""
+    wrong = [f"{path.relative_to(SRC)} imports {name}"
+             for path in _files(SERVE / "router") for name in sorted(_serve_imports(path))
+             if not _in(name, ROUTER_PKG)]
+    assert wrong == []
+
+
+def test_front_and_observe_read_only_their_share_of_scheduling() -> None:
+    wrong = [f"{path.relative_to(SRC)} imports {name}"
+             for part, allowed in SCHEDULING_SEEN_FROM.items()
+             for path in _files(SERVE / "router" / part)
+             for name in sorted(_serve_imports(path))
+             if name.startswith(SCHEDULING_PKG) and name[len(SCHEDULING_PKG):] not in allowed]
+    assert wrong == []
+
+
+def test_the_data_path_reads_scheduling_only_through_named_modules() -> None:
+    proxy = SERVE / "router" / "request" / "proxy.py"
+    used = {name[len(SCHEDULING_PKG):] for name in _serve_imports(proxy)
+            if name.startswith(SCHEDULING_PKG)}
+    assert used <= PROXY_SCHEDULING, sorted(used - PROXY_SCHEDULING)

@@ -4,7 +4,7 @@
 how long a client waits for the first token of a P/D handoff (producer leg plus the consumer's
 first token) and derives a candidate deadline by a rule it writes into the document in words.
 What the router does with it (refuse a fleet whose first-token deadline is below the
-candidate) is serve/calibrated_deadline.py.
+candidate) is serve/router/calibrated_deadline.py.
 """
 
 from __future__ import annotations

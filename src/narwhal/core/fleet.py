@@ -110,7 +110,7 @@ class Tenant(StrictModel):
     gets the key as a 0600 file, never in argv or the record). Exactly one of the two.
 
     `weight` is its fair share of the fleet relative to the other tenants with requests in
-    flight; it matters only when the fleet is near capacity (serve/scheduler.py)."""
+    flight; it matters only when the fleet is near capacity (serve/router/scheduling/scheduler.py)."""
 
     name: str
     key_env: str = ""
@@ -179,14 +179,14 @@ class CalibrationRef(StrictModel):
     """Where the `narwhal.first-token-calibration` document is (narwhal-check writes it).
 
     With it, the router refuses to start when serving.first_token_timeout_s is below the
-    calibrated candidate deadline (serve/calibrated_deadline.py).
+    calibrated candidate deadline (serve/router/calibrated_deadline.py).
     """
 
     path: str
 
 
 class RoleFlips(StrictModel):
-    """The reactive role controller over the `both` engines (serve/roles.py).
+    """The reactive role controller over the `both` engines (serve/router/scheduling/roles.py).
 
     Every `interval_s` it compares SLO-relative prefill load (predicted queue wait over the
     TTFT budget) with decode load (predicted step time over the TPOT budget) and moves one
@@ -201,7 +201,7 @@ class RoleFlips(StrictModel):
     cooldown_s: float = Field(default=5.0, ge=0, le=3600)
     min_prefill: int = Field(default=1, ge=0, le=1024)
     min_decode: int = Field(default=1, ge=0, le=1024)
-    # `planner` (serve/planner.py) sizes both pools from the demand of the last `window_s` seconds
+    # `planner` (serve/router/scheduling/planner.py) sizes both pools from the demand of the last `window_s` seconds
     # instead of reacting to the marks; the two utilizations are the targets it sizes for.
     mode: Literal["reactive", "planner"] = "reactive"
     window_s: float = Field(default=4.0, ge=0.2, le=3600)

@@ -1,6 +1,6 @@
 """How an accepted request ended: the router journal's `outcome` and its metrics' label.
 
-The router writes these (serve/decisions.py decides which); the workstation reads them back:
+The router writes these (serve/router/request/decisions.py decides which); the workstation reads them back:
 Gate G's alert rules and dashboards select on them and the trial reconciles the journal by
 them. One vocabulary in core/ so the two roles cannot drift apart.
 """

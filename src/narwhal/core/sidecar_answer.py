@@ -1,6 +1,6 @@
 """What an attestation sidecar's answer means for the fleet's contract.
 
-The router (serve/attestation.py, which holds an engine out) and `narwhal status`
+The router (serve/router/control/attestation.py, which holds an engine out) and `narwhal status`
 (deploy/gates/restarts.py, which names the work to repeat) read the same answers; this is the
 one reading both use, so an answer never means one thing to the router and another to the
 operator. A 503 carries the sidecar's own words; the two that say the engine itself changed

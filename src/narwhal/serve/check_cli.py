@@ -30,7 +30,6 @@ from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import number
 from narwhal.core.fleet import beside, engine_key, load_fleet
 from narwhal.core.private_file import write_private_json
-from narwhal.serve.attestation import attested_engines
 from narwhal.serve.engine_client import clients
 from narwhal.serve.preflight import report
 from narwhal.serve.preflight.calibrate import CalibrationFailed, calibrate
@@ -39,6 +38,7 @@ from narwhal.serve.preflight.options import CalibrateOptions, CheckOptions
 from narwhal.serve.preflight.runner import run_gates
 from narwhal.serve.preflight.state import NEEDS, CheckState
 from narwhal.serve.preflight.verdicts import GATES, Verdict, failed
+from narwhal.serve.router.control.attestation import attested_engines
 
 COMMAND = "narwhal-check"
 DESCRIPTION = ("Preflight (gate F): reach, model, profile, pace, tokenize, the live KV contract "

@@ -21,8 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from narwhal.core.profiles import Generation
 from narwhal.core.secret import Secret
-from narwhal.serve.attestation import MAX_DOCUMENT_BYTES, Attestation, judge
-from narwhal.serve.generation import GenerationUnreadable, parse_start_time, parse_version
+from narwhal.serve.router.control.attestation import MAX_DOCUMENT_BYTES, Attestation, judge
+from narwhal.serve.router.scheduling.generation import (
+    GenerationUnreadable,
+    parse_start_time,
+    parse_version,
+)
 
 # The producer leg of a P/D handoff: one token, and keep the KV for a remote decoder. vLLM
 # answers with the kv_transfer_params the consumer leg must carry unchanged.

@@ -32,7 +32,6 @@ from narwhal.core.flag_types import increasing_ints, number
 from narwhal.core.fleet import FleetDocument, beside, engine_key, load_fleet
 from narwhal.core.profiles import now_utc
 from narwhal.core.secret import Secret
-from narwhal.serve.attestation import attested_engines
 from narwhal.serve.engine_client import EngineCallFailed, EngineClient
 from narwhal.serve.profiler import plan as sweep_plan
 from narwhal.serve.profiler.plan import SweepPlan, SweepSettings, plan_for
@@ -47,6 +46,7 @@ from narwhal.serve.profiler.store_io import (
     write_all,
 )
 from narwhal.serve.profiler.sweep import EngineBusy, EngineFacts, measure, read_facts
+from narwhal.serve.router.control.attestation import attested_engines
 
 DESCRIPTION = "Measures prefill and decode cost curves of each live engine for the router (gate F)."
 DEFAULT_TIMEOUT_S = 120.0

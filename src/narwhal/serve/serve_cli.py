@@ -27,11 +27,11 @@ from narwhal.core import result_line
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import load_fleet
-from narwhal.serve.app import Router
-from narwhal.serve.calibrated_deadline import check_fleet_deadline
-from narwhal.serve.lease import LeaseHeld
-from narwhal.serve.quorum_lease import LeaseUnavailable
-from narwhal.serve.settings import settle
+from narwhal.serve.router.app import Router
+from narwhal.serve.router.calibrated_deadline import check_fleet_deadline
+from narwhal.serve.router.control.lease import LeaseHeld
+from narwhal.serve.router.control.quorum_lease import LeaseUnavailable
+from narwhal.serve.router.settings import settle
 
 DESCRIPTION = "The prefill/decode-aware router in front of the fleet (gate G)."
 COMMAND = "narwhal-serve"

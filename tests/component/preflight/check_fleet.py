@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from narwhal.lab.engine.testing import RunningEngine, start_engine, write_tiny_llama
-from narwhal.serve.generation import parse_start_time, parse_version
+from narwhal.serve.router.scheduling.generation import parse_start_time, parse_version
 
 KV_BOTH = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'
 PREFILL_A, PREFILL_B = 0.02, 1e-5

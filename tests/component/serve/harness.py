@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from narwhal.serve.decisions import every_decision
+from narwhal.serve.router.request.decisions import every_decision
 
 REPO = Path(__file__).resolve().parents[3]
 SERVE = Path(sys.executable).parent / "narwhal-serve"
@@ -224,7 +224,7 @@ def follows_the_table(rows: list[dict[str, Any]]) -> None:
     rules = every_decision()
     for row in rows:
         rule = rules.get(row.get("rule") or "")
-        assert rule is not None, f"settled by no rule of serve/decisions.py: {row}"
+        assert rule is not None, f"settled by no rule of serve/router/request/decisions.py: {row}"
         assert row["outcome"] == rule.outcome, (rule.name, row)
         assert row["status"] == rule.status if rule.status else 400 <= row["status"] < 600, \
             (rule.name, row)

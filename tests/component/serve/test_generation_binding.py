@@ -20,7 +20,7 @@ import pytest
 
 from narwhal.core.profiles import Generation
 from narwhal.lab.engine.testing import RunningEngine, free_port, start_engine, write_tiny_llama
-from narwhal.serve.generation import parse_start_time, parse_version
+from narwhal.serve.router.scheduling.generation import parse_start_time, parse_version
 from tests.component.serve.harness import Router, call
 from tests.component.serve.test_with_emulator import ENGINE_ARGS
 

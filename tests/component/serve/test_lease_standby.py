@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from narwhal.serve.lease import Claimant, FileLease
+from narwhal.serve.router.control.lease import Claimant, FileLease
 from tests.component.serve.conftest import Spawner
 from tests.component.serve.harness import MODEL, SERVE, call, free_port, wait_http
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from narwhal.serve.front import ClientConnection, Request
-from narwhal.serve.settings import ClientLimits
+from narwhal.serve.router.front.front import ClientConnection, Request
+from narwhal.serve.router.settings import ClientLimits
 
 _LIMITS = ClientLimits(8192, 32_768, 100, 1024, 64, 0.5, 10.0, 30.0, 60.0)
 

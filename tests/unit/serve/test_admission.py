@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from narwhal.core.outcomes import Outcome
-from narwhal.serve import decisions as D
-from narwhal.serve.admission import (
+from narwhal.serve.router.request import decisions as D
+from narwhal.serve.router.scheduling.admission import (
     ADMIT,
     DECODE_POOL,
     FACT_BITS,
@@ -23,7 +23,12 @@ from narwhal.serve.admission import (
     admit,
     refusal,
 )
-from narwhal.serve.engines import REFUSAL_KINDS, REFUSED_CAPACITY, REFUSED_OVER_SHARE, REFUSED_TPOT
+from narwhal.serve.router.scheduling.engines import (
+    REFUSAL_KINDS,
+    REFUSED_CAPACITY,
+    REFUSED_OVER_SHARE,
+    REFUSED_TPOT,
+)
 
 # Over the TTFT budget is always over the part kept for tenants within their share.
 TTFT = OVER_FAIR | OVER_TTFT

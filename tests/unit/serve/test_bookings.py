@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.serve.bookings import Bookings
-from narwhal.serve.engines import Engine, EngineLoad, Placement
-from narwhal.serve.relay import DecodeRelay
+from narwhal.serve.router.request.relay import DecodeRelay
+from narwhal.serve.router.scheduling.bookings import Bookings
+from narwhal.serve.router.scheduling.engines import Engine, EngineLoad, Placement
 from tests.unit.serve.test_scheduler import engine
 
 SERVE = Path(__file__).resolve().parents[3] / "src" / "narwhal" / "serve"
@@ -180,4 +180,4 @@ def test_only_bookings_write_an_engine_s_load() -> None:
                for w in _load_writes(path)]
     assert writers == []
     # the check sees a write where one is
-    assert _load_writes(SERVE / "bookings.py")
+    assert _load_writes(SERVE / "router" / "scheduling" / "bookings.py")

@@ -13,12 +13,12 @@ import pytest
 from narwhal.core.calibration import load_calibration, parse_calibration
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import EngineEntry, parse_fleet
-from narwhal.serve.calibrated_deadline import check_fleet_deadline, deadline_problem
 from narwhal.serve.preflight.calibrate import lengths_for, p95
 from narwhal.serve.preflight.kv_gate import DECODE_TOKENS
 from narwhal.serve.preflight.options import CalibrateOptions
 from narwhal.serve.preflight.pairs import all_pairs, ring_pairs
 from narwhal.serve.preflight.report import evidence_path
+from narwhal.serve.router.calibrated_deadline import check_fleet_deadline, deadline_problem
 
 
 def engines(*roles: str) -> tuple[EngineEntry, ...]:

@@ -6,12 +6,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from narwhal.serve.choosers import LeastOutstanding
-from narwhal.serve.engines import Engine, Placement
-from narwhal.serve.journal import Journal
-from narwhal.serve.metrics import RouterMetrics, slo_buckets
-from narwhal.serve.settings import EngineSpec
-from narwhal.serve.upstream import EnginePool
+from narwhal.serve.router.observe.journal import Journal
+from narwhal.serve.router.observe.metrics import RouterMetrics, slo_buckets
+from narwhal.serve.router.request.upstream import EnginePool
+from narwhal.serve.router.scheduling.choosers import LeastOutstanding
+from narwhal.serve.router.scheduling.engines import Engine, Placement
+from narwhal.serve.router.settings import EngineSpec
 
 
 @dataclass

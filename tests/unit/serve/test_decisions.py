@@ -13,8 +13,8 @@ import itertools
 import pytest
 
 from narwhal.core.outcomes import FAILED_ON_ENGINE, Outcome
-from narwhal.serve import decisions as D
-from narwhal.serve.decisions import Decision, at_shutdown, decide, every_decision
+from narwhal.serve.router.request import decisions as D
+from narwhal.serve.router.request.decisions import Decision, at_shutdown, decide, every_decision
 
 CASES = [(leg, end, facts) for leg, ends in D.ENDS.items() for end in ends
          for facts in range(D.FACT_BITS)]

@@ -11,7 +11,7 @@ import pytest
 
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import load_fleet, parse_fleet
-from narwhal.serve.settings import settle
+from narwhal.serve.router.settings import settle
 
 GOOD: dict[str, Any] = {
     "schema": "narwhal.fleet",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.serve.lease import Claimant, FileLease, Grant, LeaseHeld, LeaseLost
+from narwhal.serve.router.control.lease import Claimant, FileLease, Grant, LeaseHeld, LeaseLost
 
 
 def _who(n: int) -> Claimant:

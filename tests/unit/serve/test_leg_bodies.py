@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from narwhal.serve.call import BadRequest, Call, check_body
-from narwhal.serve.decisions import REPLIED
+from narwhal.serve.router.request.call import BadRequest, Call, check_body
+from narwhal.serve.router.request.decisions import REPLIED
 from tests.unit.serve.clients import unconnected_client
 
 KV = {"do_remote_prefill": True, "remote_block_ids": [[1, 2], [3]], "remote_engine_id": "é-1",

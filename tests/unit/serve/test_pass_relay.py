@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from narwhal.serve import relay as R
+from narwhal.serve.router.request import relay as R
 
 ENGINE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
                b"transfer-encoding: chunked\r\n\r\n")

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from narwhal.core.fleet import RoleFlips
 from narwhal.core.profiles import DecodeCurve
-from narwhal.serve.bookings import decode_ended, decode_started
-from narwhal.serve.engines import Refusal
-from narwhal.serve.planner import (
+from narwhal.serve.router.scheduling.bookings import decode_ended, decode_started
+from narwhal.serve.router.scheduling.engines import Refusal
+from narwhal.serve.router.scheduling.planner import (
     Demand,
     DemandWindow,
     PoolShape,
@@ -26,8 +26,8 @@ from narwhal.serve.planner import (
     plan_prefill,
     prefill_loss,
 )
-from narwhal.serve.roles import DECODE, DRAINING, PREFILL, RoleController, decide
-from narwhal.serve.scheduler import CurvePriced
+from narwhal.serve.router.scheduling.roles import DECODE, DRAINING, PREFILL, RoleController, decide
+from narwhal.serve.router.scheduling.scheduler import CurvePriced
 from tests.unit.serve.test_roles import m
 from tests.unit.serve.test_scheduler import Clock, Facts, engine
 

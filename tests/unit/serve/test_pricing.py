@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from narwhal.core.profiles import DecodeCurve, PrefillCurve
-from narwhal.serve.pricing import (
+from narwhal.serve.router.scheduling.pricing import (
     TPOT_SPREAD_Z,
     DecodeSeat,
     PrefillSeat,

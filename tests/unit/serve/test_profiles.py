@@ -11,7 +11,11 @@ import pytest
 
 from narwhal.core.errors import InputError
 from narwhal.core.profiles import Generation, load_profiles, parse_profiles
-from narwhal.serve.generation import GenerationUnreadable, parse_start_time, parse_version
+from narwhal.serve.router.scheduling.generation import (
+    GenerationUnreadable,
+    parse_start_time,
+    parse_version,
+)
 from narwhal.serve.serve_cli import main
 from tests.unit.serve.test_fleet_document import GOOD
 

@@ -19,9 +19,9 @@ from narwhal.node.attest.document import Attested
 from narwhal.node.attest.lease import STATE_FILE, Keeper
 from narwhal.node.attest.lease_desk import LeaseDesk
 from narwhal.node.attest.server import serve
-from narwhal.serve.lease import Claimant, LeaseHeld, LeaseLost
-from narwhal.serve.lease_calls import call
-from narwhal.serve.quorum_lease import DRIFT, LeaseUnavailable, QuorumLease
+from narwhal.serve.router.control.lease import Claimant, LeaseHeld, LeaseLost
+from narwhal.serve.router.control.lease_calls import call
+from narwhal.serve.router.control.quorum_lease import DRIFT, LeaseUnavailable, QuorumLease
 
 KEY = Secret("k" * 32)
 TTL = 1.0

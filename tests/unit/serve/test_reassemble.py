@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from narwhal.serve.reassemble import StreamError, reassemble
+from narwhal.serve.router.request.reassemble import StreamError, reassemble
 
 
 def _sse(*events: Any) -> bytes:

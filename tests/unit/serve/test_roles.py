@@ -10,9 +10,9 @@ import pytest
 
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import RoleFlips, parse_fleet
-from narwhal.serve.bookings import decode_ended, decode_started, prefill_started
-from narwhal.serve.engines import Engine, Placement
-from narwhal.serve.roles import (
+from narwhal.serve.router.scheduling.bookings import decode_ended, decode_started, prefill_started
+from narwhal.serve.router.scheduling.engines import Engine, Placement
+from narwhal.serve.router.scheduling.roles import (
     DECODE,
     DRAINING,
     PREFILL,
@@ -21,7 +21,7 @@ from narwhal.serve.roles import (
     decide,
     initial_prefill,
 )
-from narwhal.serve.scheduler import CurvePriced
+from narwhal.serve.router.scheduling.scheduler import CurvePriced
 from tests.unit.serve.test_scheduler import Clock, Facts, engine
 
 POLICY = RoleFlips(high_water=0.8, low_water=0.4, cooldown_s=5.0, min_prefill=1, min_decode=1)

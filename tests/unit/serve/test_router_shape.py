@@ -8,16 +8,11 @@ import ast
 from pathlib import Path
 
 SERVE = Path(__file__).resolve().parents[3] / "src" / "narwhal" / "serve"
+ROUTER = SERVE / "router"
+PROXY = ROUTER / "request" / "proxy.py"
 # What the proxy may import from the scheduling family: the seam and the records it answers.
 CHOOSER_API = {"choosers": {"EngineChooser"}, "engines": {"Engine", "Placement", "Refusal"}}
-SCHEDULING = {"admission", "bookings", "choosers", "costs", "engines", "overflow", "planner",
-              "pricing", "projection", "roles", "scheduler"}
-
-
-def _module(path: Path) -> Path:
-    found = sorted(SERVE.rglob(path.name))
-    assert len(found) == 1, found
-    return found[0]
+SCHEDULING = {p.stem for p in (ROUTER / "scheduling").glob("*.py")} - {"__init__"}
 
 
 def scheduling_imports(path: Path) -> dict[str, set[str]]:
@@ -42,14 +37,14 @@ def scheduling_imports(path: Path) -> dict[str, set[str]]:
 
 
 def test_the_proxy_imports_from_scheduling_only_the_chooser_s_public_api() -> None:
-    imported = scheduling_imports(_module(Path("proxy.py")))
+    imported = scheduling_imports(PROXY)
     extra = {module: names - CHOOSER_API.get(module, set())
              for module, names in imported.items()}
     assert {m: n for m, n in extra.items() if n} == {}
 
 
 def test_the_proxy_never_reads_or_writes_an_engine_s_load() -> None:
-    tree = ast.parse(_module(Path("proxy.py")).read_text())
+    tree = ast.parse(PROXY.read_text())
     touches = [node.lineno for node in ast.walk(tree)
                if isinstance(node, ast.Attribute) and node.attr == "load"]
     assert touches == []
@@ -58,7 +53,8 @@ def test_the_proxy_never_reads_or_writes_an_engine_s_load() -> None:
 def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     """The rule above would fail on the proxy as it was: booking functions imported."""
     old = tmp_path / "proxy.py"
-    old.write_text("from narwhal.serve.scheduler import decode_started, prefill_ended\n"
-                   "from narwhal.serve import pricing\n")
+    old.write_text("from narwhal.serve.router.scheduling.scheduler import (\n"
+                   "    decode_started, prefill_ended)\n"
+                   "from narwhal.serve.router.scheduling import pricing\n")
     assert scheduling_imports(old) == {"scheduler": {"decode_started", "prefill_ended"},
                                        "pricing": {"*"}}

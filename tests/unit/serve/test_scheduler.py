@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import parse_fleet
 from narwhal.core.profiles import DecodeCurve, Generation, PrefillCurve, ProfileRow
-from narwhal.serve.bookings import (
+from narwhal.serve.router.request.call import Call
+from narwhal.serve.router.request.relay import DecodeRelay
+from narwhal.serve.router.request.upstream import EnginePool
+from narwhal.serve.router.scheduling.bookings import (
     DEPARTURE_TAU_S,
     decode_ended,
     decode_reserved,
@@ -24,21 +27,18 @@ from narwhal.serve.bookings import (
     prefill_ended,
     prefill_started,
 )
-from narwhal.serve.bookings import decode_tokens as _decode_tokens
-from narwhal.serve.call import Call
-from narwhal.serve.costs import arrival_s, stream_step_s, waited_s
-from narwhal.serve.engines import Engine, Placement, Refusal
-from narwhal.serve.pricing import (
+from narwhal.serve.router.scheduling.bookings import decode_tokens as _decode_tokens
+from narwhal.serve.router.scheduling.costs import arrival_s, stream_step_s, waited_s
+from narwhal.serve.router.scheduling.engines import Engine, Placement, Refusal
+from narwhal.serve.router.scheduling.pricing import (
     DecodeSeat,
     PrefillSeat,
     arrivals_per_step,
     best_decode,
     best_prefill,
 )
-from narwhal.serve.relay import DecodeRelay
-from narwhal.serve.scheduler import PREFILL_LINE, CurvePriced
-from narwhal.serve.settings import EngineSpec, settle
-from narwhal.serve.upstream import EnginePool
+from narwhal.serve.router.scheduling.scheduler import PREFILL_LINE, CurvePriced
+from narwhal.serve.router.settings import EngineSpec, settle
 from tests.unit.serve.clients import unconnected_client
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from narwhal.serve.token_estimate import BytesPerToken
+from narwhal.serve.router.request.token_estimate import BytesPerToken
 
 
 def test_before_any_reply_four_bytes_make_a_token() -> None:

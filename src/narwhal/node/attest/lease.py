@@ -1,7 +1,7 @@
 """The sidecar's share of the controller lease: at most one live grant, and epochs that only rise.
 
 A router holds the fleet's controller lease while a strict majority of the sidecars hold a live
-grant for it (serve/quorum_lease.py). Two majorities always share a sidecar, so the whole
+grant for it (serve/router/control/quorum_lease.py). Two majorities always share a sidecar, so the whole
 lease is safe if each sidecar keeps two rules, which is all this keeper does:
 
 - **One live grant at a time.** A grant is {holder, URL, pid, host, epoch} with an expiry on

@@ -1,0 +1,1 @@
+"""What the router shows: Prometheus metrics and the per-request journal."""
