@@ -25,7 +25,8 @@ hold (bookings.py: the prefill queue model and the decode streams). The family, 
   request the prefill pool turned away is one the decode pool would have run had prefill had
   room, and leaving it out would make the decode pool look lighter exactly when prefill is
   short.
-docs/router.md, "Curve-priced scheduling", has the rules' measured effects.
+docs/router.md, "Scheduling on measured curves and predictive admission", has the rules'
+measured effects.
 """
 
 from __future__ import annotations
