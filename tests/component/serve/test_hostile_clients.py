@@ -8,6 +8,7 @@ everyone else's service.
 from __future__ import annotations
 
 import contextlib
+import resource
 import select
 import socket
 import threading
@@ -178,6 +179,33 @@ def test_idle_sockets_beyond_the_descriptor_limit_do_not_cost_the_lease(spawn: S
     assert normal.statuses and set(normal.statuses) == {200}
 
 
+def test_a_descriptor_limit_lowered_while_serving_sheds_clients_not_the_lease(
+        spawn: Spawner) -> None:
+    """400 idle sockets under RLIMIT_NOFILE 1024, then the running router's soft limit is
+    lowered to 300 (prlimit): the router closes client connections down to the new cap and
+    keeps renewing its 1 s lease (it was fenced within about 2 s, every renewal failing on
+    'Too many open files')."""
+    r = _limited_router(spawn, nofile=1024, client_connection_share=1.0)
+    assert r.proc is not None
+    with _sockets(r.port, 400) as held:
+        assert len(held) == 400
+        time.sleep(0.5)
+        before = _state(r)
+        assert before["connections"]["open"] >= 390
+        resource.prlimit(r.proc.pid, resource.RLIMIT_NOFILE, (300, 1024))
+        time.sleep(1.0)
+        with NormalClient(r.port) as normal:
+            time.sleep(2.0)
+        state = _state(r)
+    assert r.proc.poll() is None
+    assert state["controller"]["role"] == "primary"
+    assert state["controller"]["renewals"] >= before["controller"]["renewals"] + 8
+    cap = state["connections"]["max_connections"]
+    assert 0 < cap < 300 - 64 and state["connections"]["shed"] >= 390 - cap
+    assert normal.statuses and set(normal.statuses) == {200}
+    assert all(e["admitted"] and e["ejections"] == 0 for e in state["engines"])
+
+
 def test_a_slowloris_head_gets_408_at_the_header_timeout(spawn: Spawner) -> None:
     r = _limited_router(spawn, header_timeout_s=1.0)
     with socket.create_connection(("127.0.0.1", r.port)) as s:
@@ -198,12 +226,18 @@ def test_a_slowloris_head_gets_408_at_the_header_timeout(spawn: Spawner) -> None
     assert 0.9 < waited < 3.0, waited
 
 
-def test_a_slow_body_gets_408_at_the_body_timeout(spawn: Spawner) -> None:
-    r = _limited_router(spawn, header_timeout_s=0.5, body_timeout_s=1.0)
+def test_a_slow_body_gets_408_at_the_body_timeout_after_its_head(spawn: Spawner) -> None:
+    """The body's clock starts when its head ends: a whole head, then one byte of 100, is cut
+    1 s later (it was cut at the header plus body timeouts, 3 s here)."""
+    r = _limited_router(spawn, header_timeout_s=2.0, body_timeout_s=1.0)
     with socket.create_connection(("127.0.0.1", r.port)) as s:
+        t0 = time.monotonic()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 100\r\n\r\n{")
         reply = _read_reply(s)
+        waited = time.monotonic() - t0
     assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
+    assert b"within 1 s of its head (serving.body_timeout_s)" in reply
+    assert 0.9 < waited < 2.0, waited
 
 
 def test_silent_and_idle_keep_alive_connections_are_closed(spawn: Spawner) -> None:
@@ -250,6 +284,44 @@ def test_when_every_connection_is_answering_a_new_one_gets_503(spawn: Spawner) -
             reply = _read_reply(extra)
     assert reply.startswith(b"HTTP/1.1 503 "), reply[:200]
     assert b"too_many_connections" in reply and b"retry-after: 1" in reply
+
+
+def test_at_the_connection_cap_every_refused_client_reads_its_503(spawn: Spawner) -> None:
+    """16 slots busy streaming; 40 more clients each connect and send a request at once. The
+    router refuses every one, and each reads the 503 (closing on unread input reset about
+    40 % of them before their client read it)."""
+    p = spawn.engine("p0")
+    d = spawn.engine("d0", "--token-gap-ms", "300")
+    fleet = spawn.fleet([("p0", p.url, "prefill"), ("d0", d.url, "decode")],
+                        serving={"max_connections": 16, "client_connection_share": 1.0})
+    r = Router(fleet, free_port(), {})
+    spawn.routers.append(r)
+    r.start()
+    stream = (b'{"model":"%b","prompt":"a","max_tokens":10,"stream":true}' % MODEL.encode())
+    plain = (b'{"model":"%b","prompt":"a","max_tokens":2}' % MODEL.encode())
+
+    def post(body: bytes) -> bytes:
+        return (b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json"
+                b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+    with _sockets(r.port, 16) as busy:
+        for s in busy:
+            s.sendall(post(stream))
+        time.sleep(0.5)
+        extra: list[socket.socket] = []
+        try:
+            for _ in range(40):
+                s = socket.create_connection(("127.0.0.1", r.port))
+                extra.append(s)
+                with contextlib.suppress(OSError):
+                    s.sendall(post(plain))
+            replies = [_read_reply(s) for s in extra]
+        finally:
+            for s in extra:
+                s.close()
+    refused = [x for x in replies if x.startswith(b"HTTP/1.1 503 ")]
+    assert len(refused) == 40, [x[:40] for x in replies if not x.startswith(b"HTTP/1.1 503 ")]
+    assert all(b"too_many_connections" in x for x in refused)
+    assert _state(r)["connections"]["refused"] == 40
 
 
 def _rss_kib(pid: int) -> int:

@@ -107,24 +107,33 @@ def test_a_prompt_the_estimate_missed_is_caught_after_prefill_and_its_kv_release
 # -- 4. engine legs carry ids only the router makes --------------------------------------
 
 def test_a_client_cannot_claim_the_id_of_another_request(spawn: Spawner) -> None:
-    """A claims the id the router will give next; B (no id) follows; C repeats A's id. Every
-    leg still has its own router-made id, so no two requests share a KV handoff key."""
+    """A claims the id the router will give next: refused, the `nw-` form is the router's own.
+    B (no id) follows; C and D repeat one id of their own. Every leg still has its own
+    router-made id, so no two requests share a KV handoff key, and the journal's ids say who
+    made them."""
     p, d, r = _pd(spawn)
     first = call(r.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2})
     prefix, _, seq = first.headers["x-request-id"].rpartition("-")
     guess = f"{prefix}-{int(seq, 16) + 1:x}"  # the id the router would give the next request
+    claimed = call(r.port, "POST", "/v1/completions",
+                   {"model": MODEL, "prompt": "b", "max_tokens": 2}, {"x-request-id": guess})
+    assert claimed.status == 400
+    assert claimed.json()["error"]["code"] == "invalid_request_id"
+    assert "'nw-'" in claimed.json()["error"]["message"]
     replies = [
-        call(r.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "b", "max_tokens": 2},
-             {"x-request-id": guess}),
         call(r.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "c", "max_tokens": 2}),
         call(r.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "d", "max_tokens": 2},
-             {"x-request-id": guess}),
+             {"x-request-id": "mine-1"}),
+        call(r.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "e", "max_tokens": 2},
+             {"x-request-id": "mine-1"}),
     ]
     assert [x.status for x in replies] == [200, 200, 200]
-    assert replies[0].headers["x-request-id"] == replies[2].headers["x-request-id"] == guess
-    rows = journal_rows(spawn.journal, 4)
+    assert replies[1].headers["x-request-id"] == replies[2].headers["x-request-id"] == "mine-1"
+    rows = [row for row in journal_rows(spawn.journal, 4) if row["status"] == 200]
+    assert [row["request_id"] for row in rows][2:] == ["mine-1", "mine-1"]
     engine_ids = [row["engine_request_id"] for row in rows]
     assert len(set(engine_ids)) == 4
+    assert all(e.startswith("nw-") for e in engine_ids)
     prefill_ids = [c["x_request_id"] for c in _completion_legs(p)]
     decode_ids = [c["x_request_id"] for c in _completion_legs(d)]
     assert prefill_ids == [f"{e}-prefill" for e in engine_ids]
@@ -146,15 +155,52 @@ def test_tokenize_and_detokenize_are_routed_to_an_engine(spawn: Spawner) -> None
 @pytest.mark.parametrize("raw", [
     b'{"model":"mini-model","prompt":"\\ud800","max_tokens":2}',
     b'{"model":"mini-model","prompt":"a","max_tokens":2,"x":' + b"[" * 5000 + b"]" * 5000 + b"}",
-], ids=["lone-surrogate", "nested-5000"])
+    b'{"model":"mini-model","prompt":"a","max_tokens":2,"x":' + b"[" * 1000 + b"]" * 1000 + b"}",
+    b'{"model":"mini-model","prompt":"a","max_tokens":2,"x":' + b"[" * 128 + b"]" * 128 + b"}",
+    b'{"model":"mini-model","prompt":"a","max_tokens":2,"x":' + b'{"k":' * 300 + b"1"
+    + b"}" * 300 + b"}",
+], ids=["lone-surrogate", "nested-5000", "nested-1000", "nested-129", "objects-301"])
 def test_json_no_engine_could_read_back_is_a_400_not_a_callback_error(
         spawn: Spawner, raw: bytes) -> None:
+    """Nesting orjson parses but the legs could not be encoded again (deeper than 128: the
+    1000-level case was a 500 with a traceback per request) is refused like bad JSON."""
     p, d, r = _pd(spawn)
     reply = call(r.port, "POST", "/v1/completions", raw=raw)
     assert reply.status == 400
     assert reply.json()["error"]["code"] == "invalid_json"
     assert p.calls() == [] and d.calls() == []
     assert call(r.port, "GET", "/health").status == 200
+    r.stop()
+    assert "Traceback" not in r.stderr and "this is a bug" not in r.stderr
+
+
+def test_nesting_to_the_limit_and_brackets_inside_strings_are_served(spawn: Spawner) -> None:
+    """127 levels under the body (128 with it) reach the engine; brackets in a string are text."""
+    _, d, r = _pd(spawn)
+    deep = (b'{"model":"mini-model","prompt":"a","max_tokens":2,"x":' + b"[" * 127 + b"]" * 127
+            + b"}")
+    text = json.dumps({"model": MODEL, "prompt": "a", "max_tokens": 2,
+                       "user": "[" * 3000 + "{" * 3000}).encode()
+    assert call(r.port, "POST", "/v1/completions", raw=deep).status == 200
+    assert call(r.port, "POST", "/v1/completions", raw=text).status == 200
+    assert len(_completion_legs(d)) == 2
+
+
+def test_a_body_after_a_utf8_byte_order_mark_is_read_as_vllm_reads_it(spawn: Spawner) -> None:
+    _, d, r = _pd(spawn)
+    raw = b"\xef\xbb\xbf" + json.dumps({"model": MODEL, "prompt": "a b", "max_tokens": 2}).encode()
+    reply = call(r.port, "POST", "/v1/completions", raw=raw)
+    assert reply.status == 200, reply.body[:300]
+    assert len(_completion_legs(d)) == 1
+
+
+@pytest.mark.parametrize("n", ["1.0", "true", "2", "\"1\""])
+def test_n_must_be_the_integer_1(spawn: Spawner, n: str) -> None:
+    p, d, r = _pd(spawn)
+    raw = b'{"model":"mini-model","prompt":"a","max_tokens":2,"n":%b}' % n.encode()
+    reply = call(r.port, "POST", "/v1/completions", raw=raw)
+    assert reply.status == 400 and reply.json()["error"]["param"] == "n"
+    assert p.calls() == [] and d.calls() == []
 
 
 @pytest.mark.parametrize("literal", [b"18446744073709551616", b"-9223372036854775809",
@@ -180,19 +226,41 @@ def test_a_websocket_upgrade_gets_exactly_one_response(spawn: Spawner) -> None:
     assert reply.startswith(b"HTTP/1.1 400 ")
 
 
-def test_a_pipelined_oversize_request_gets_its_413_after_the_first_reply(spawn: Spawner) -> None:
-    _, _, r = _pd(spawn, serving={"max_request_bytes": 2048})
-    ok = json.dumps({"model": MODEL, "prompt": "a b", "max_tokens": 2}).encode()
-    big = json.dumps({"model": MODEL, "prompt": "z" * 8000, "max_tokens": 2}).encode()
+def _post(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n"
+            b"%bcontent-length: %d\r\n\r\n%b" % (extra, len(body), body))
 
-    def req(body: bytes) -> bytes:
-        return (b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\n\r\n%b" % (len(body), body))
+
+def _statuses(reply: bytes) -> list[int]:
+    return [int(reply[i + 9:i + 12]) for i in range(len(reply))
+            if reply.startswith(b"HTTP/1.1 ", i)]
+
+
+@pytest.mark.parametrize("refused,status", [
+    (b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-length: 9000000\r\n\r\n", 413),
+    (b"GET /" + b"x" * 5000 + b" HTTP/1.1\r\nhost: r\r\n\r\n", 414),
+    (b"GET /health HTTP/1.1\r\nhost: r\r\nx-big: " + b"a" * 9000 + b"\r\n\r\n", 431),
+    (b"GET /health HTTP/1.1\r\nhost r\r\n\r\n", 400),
+], ids=["413", "414", "431", "400"])
+def test_pipelined_requests_before_a_refused_one_are_all_answered_in_order(
+        spawn: Spawner, refused: bytes, status: int) -> None:
+    """c1, c2, c3, then a request the parser refuses: c1..c3 each run and are answered and
+    journaled in order, then the refusal, then the close (c2 and c3 were dropped)."""
+    _, d, r = _pd(spawn, serving={"max_request_bytes": 2048, "max_request_line_bytes": 2048,
+                                  "max_header_bytes": 4096})
+    bodies = [json.dumps({"model": MODEL, "prompt": f"c{k}", "max_tokens": 2}).encode()
+              for k in (1, 2, 3)]
     with socket.create_connection(("127.0.0.1", r.port)) as s:
-        s.sendall(req(ok) + req(big))
+        s.sendall(b"".join(_post(b, b"x-request-id: c%d\r\n" % k)
+                           for k, b in enumerate(bodies, 1)) + refused)
         reply = _read_reply(s)
-    assert reply.startswith(b"HTTP/1.1 200 ")
-    assert b"HTTP/1.1 413 " in reply and reply.index(b"HTTP/1.1 413 ") > 0
+    assert _statuses(reply) == [200, 200, 200, status], reply[-400:]
+    tail = reply[reply.rindex(b"HTTP/1.1 "):]
+    assert b'"type":"invalid_request_error"' in tail
+    rows = journal_rows(spawn.journal, 3)
+    assert [row["request_id"] for row in rows] == ["c1", "c2", "c3"]
+    assert [row["status"] for row in rows] == [200, 200, 200]
+    assert [c["body"]["prompt"] for c in _completion_legs(d)] == ["c1", "c2", "c3"]
 
 
 def test_operational_pages_need_the_operator_key_when_tenants_have_keys(spawn: Spawner) -> None:

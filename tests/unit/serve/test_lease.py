@@ -117,3 +117,22 @@ def test_a_damaged_lease_file_is_an_error_naming_the_file(tmp_path: Path, conten
 def test_a_non_positive_ttl_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         FileLease(tmp_path / "x.lease", ttl_s=0)
+
+
+def test_a_fenced_reason_names_the_new_holder_once() -> None:
+    """The renewal names the holder; the failed re-acquire found the same one: said once."""
+    import time
+
+    from narwhal.serve.router.control.leadership import fence_reason
+    from narwhal.serve.router.control.lease import LeaseHeld, LeaseRecord
+
+    holder = LeaseRecord("h2", "http://10.0.0.2:8000", 42, "r2", 7, time.time(),
+                         time.time() + 5)
+    lost = f"the lease moved on (epoch 6 is fenced): {holder.describe(time.time())}"
+    reason = fence_reason(lost, LeaseHeld(holder))
+    assert reason == lost and reason.count("holds the lease") == 1
+    other = LeaseRecord("h3", "http://10.0.0.3:8000", 43, "r3", 8, time.time(), time.time() + 5)
+    both = fence_reason(lost, LeaseHeld(other))
+    assert "10.0.0.2" in both and "10.0.0.3" in both
+    assert fence_reason("the lease of epoch 6 expired before it was renewed",
+                        OSError("disk gone")).endswith("; disk gone")

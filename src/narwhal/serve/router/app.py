@@ -142,7 +142,9 @@ class Router:
                                   self.leadership,
                                   chooser if isinstance(chooser, CurvePriced) else None,
                                   self.roles)
-        self.connections = Connections(settings.clients)
+        budget = self.budget
+        self.connections = Connections(settings.clients, descriptors.LimitWatch(
+            budget.nofile, budget.max_connections, budget.max_concurrent, len(settings.engines)))
         self.routes.connections = self.connections
         self.metrics.connections = self.connections
         self._stop = asyncio.Event()

@@ -106,7 +106,7 @@ class Leadership:
                 except (LeaseHeld, OSError) as again:
                     if isinstance(again, LeaseHeld):
                         self.holder_seen = again.record
-                    self.fence(f"{exc}; {again}")
+                    self.fence(fence_reason(str(exc), again))
                     return
             except OSError as exc:  # transient: retry until our own deadline passes
                 if time.monotonic() >= grant.valid_until:
@@ -221,3 +221,11 @@ class Leadership:
             "fenced_reason": self.fenced_reason or None, "renewals": self.renewals,
             "handoffs_applied": self.handoffs_applied, "handoff_errors": self.handoff_errors,
         }
+
+
+def fence_reason(lost: str, again: Exception) -> str:
+    """Why a router whose renewal failed is fenced: the renewal's words, then the re-acquire's
+    unless they only name again the holder the renewal already named."""
+    if isinstance(again, LeaseHeld) and f"router {again.record.url} " in lost:
+        return lost
+    return f"{lost}; {again}"

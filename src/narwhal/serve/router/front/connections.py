@@ -6,7 +6,9 @@ comes from the descriptor budget (descriptors.py). At the cap, or when one peer 
 more than its share, a new connection does not wait and is not refused while an idle one
 exists: the idlest connection (of that peer first, else of all) is closed to make room, so
 sockets held open and silent cost their holder its oldest sockets, not other clients their
-service. Only when every connection is busy answering is the newcomer refused with a 503.
+service. Only when every connection is busy answering is the newcomer refused with a 503;
+it then leaves the count and lingers (at most `descriptors.LINGERING` at once) until its
+client has read the 503 and closed, so the refusal is not lost to a reset.
 
 A sweep every quarter of the shortest timeout closes what holds a slot without progress: a
 head not complete within `header_timeout_s` (slowloris) or a body within `body_timeout_s`
@@ -17,11 +19,17 @@ idle for `idle_timeout_s`. Nothing here runs per request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Iterator
 
+from narwhal.serve.router.front.descriptors import LINGERING, LimitWatch
 from narwhal.serve.router.front.front import ClientConnection
 from narwhal.serve.router.settings import ClientLimits
+
+_log = logging.getLogger("narwhal.serve.router.front.connections")
+_WATCH_PERIOD_S = 0.25  # how often the descriptor limit is read again (a getrlimit call)
 
 _FULL = ("the router is at its connection limit and every connection is answering a request "
          "(serving.max_connections); retry shortly")
@@ -30,14 +38,17 @@ _FULL = ("the router is at its connection limit and every connection is answerin
 class Connections:
     """The open client connections of one router (front.Registry)."""
 
-    def __init__(self, limits: ClientLimits) -> None:
+    def __init__(self, limits: ClientLimits, watch: LimitWatch | None = None) -> None:
         self.limits = limits
+        self._watch = watch
         self._open: set[ClientConnection] = set()
         self._by_peer: dict[str, set[ClientConnection]] = {}
+        self._lingering: set[ClientConnection] = set()  # refused at the cap, read by now
         self.evicted = 0  # idle connections closed to make room
         self.refused = 0  # new connections refused because every slot was busy
         self.timed_out = 0  # reads that took too long (408)
         self.idle_closed = 0  # keep-alive or silent connections closed by the idle timeouts
+        self.shed = 0  # closed because the descriptor limit was lowered under them
 
     def __len__(self) -> int:
         return len(self._open)
@@ -61,13 +72,18 @@ class Connections:
         victim = _idlest(pool, conn)
         if victim is None:
             self.refused += 1
-            conn.refuse_connection(_FULL)
+            linger = len(self._lingering) < LINGERING
+            if linger:
+                self.forget(conn)
+                self._lingering.add(conn)
+            conn.refuse_connection(_FULL, linger)
         else:
             self.evicted += 1
             victim.evict()
 
     def forget(self, conn: ClientConnection) -> None:
         self._open.discard(conn)
+        self._lingering.discard(conn)
         mine = self._by_peer.get(conn.peer)
         if mine is not None:
             mine.discard(conn)
@@ -76,6 +92,10 @@ class Connections:
 
     # -- timeouts ---------------------------------------------------------------------------
     def sweep(self, now: float) -> None:
+        for conn in list(self._lingering):
+            if now >= conn.linger_until:
+                conn.evict()
+                self._lingering.discard(conn)
         lim = self.limits
         for conn in list(self._open):
             if conn.closed:
@@ -86,33 +106,72 @@ class Connections:
                 continue
             since = conn.reading_since
             if since:
-                limit = lim.header_timeout_s if conn.parser_in_head else \
-                    lim.header_timeout_s + lim.body_timeout_s
-                if now - since > limit:
+                late = _late_read(conn, since, now, lim.header_timeout_s, lim.body_timeout_s)
+                if late:
                     self.timed_out += 1
-                    what = "head" if conn.parser_in_head else "body"
-                    conn.expire(408, f"the request {what} did not arrive within "
-                                f"{limit:g} s (serving.header_timeout_s"
-                                f"{'' if conn.parser_in_head else ' + body_timeout_s'})")
+                    conn.expire(408, late)
             elif not conn.busy:
                 limit = lim.idle_timeout_s if conn.served else lim.header_timeout_s
                 if now - conn.idle_since > limit:
                     self.idle_closed += 1
                     conn.expire(0, "")
 
+    def watch_limit(self) -> None:
+        """Follow a descriptor limit changed at run time: a lower one lowers the cap and
+        closes client connections down to it (lingering refusals, then the idlest, then the
+        newest busy ones), so the lease and the legs keep their reserve."""
+        cap = self._watch.changed() if self._watch is not None else None
+        if cap is None or cap == self.limits.max_connections:
+            return
+        _log.warning("RLIMIT_NOFILE is now %d: client connections capped at %d (was %d)",
+                     self._watch.nofile if self._watch else 0, cap, self.limits.max_connections)
+        self.limits = dataclasses.replace(self.limits, max_connections=cap)
+        for conn in list(self._lingering):
+            conn.evict()
+            self._lingering.discard(conn)
+        live = [c for c in self._open if not c.closed]
+        excess = len(live) - cap
+        if excess <= 0:
+            return
+        live.sort(key=lambda c: (c.busy, -(c.reading_since or c.idle_since) if c.busy
+                                 else c.reading_since or c.idle_since))
+        for conn in live[:excess]:
+            self.shed += 1
+            conn.evict()
+
     async def run(self) -> None:
         lim = self.limits
         period = max(0.05, min(1.0, lim.header_timeout_s / 4, lim.idle_timeout_s / 4))
+        tick = min(period, _WATCH_PERIOD_S)
+        swept = time.monotonic()
         while True:
-            await asyncio.sleep(period)
-            self.sweep(time.monotonic())
+            await asyncio.sleep(tick)
+            self.watch_limit()
+            now = time.monotonic()
+            if now - swept >= period - 1e-3:
+                swept = now
+                self.sweep(now)
 
     def state(self) -> dict[str, int]:
         return {"open": len(self._open), "peers": len(self._by_peer),
                 "max_connections": self.limits.max_connections,
                 "per_client": self.limits.per_client, "evicted": self.evicted,
                 "refused": self.refused, "timed_out": self.timed_out,
-                "idle_closed": self.idle_closed}
+                "idle_closed": self.idle_closed, "shed": self.shed}
+
+
+def _late_read(conn: ClientConnection, since: float, now: float, head_s: float,
+               body_s: float) -> str:
+    """The 408's words when the request being read is late, else '': a head is due
+    `head_s` after its first byte, a body `body_s` after its head ended."""
+    if conn.parser_in_head:
+        if now - since > head_s:
+            return f"the request head did not arrive within {head_s:g} s (serving.header_timeout_s)"
+        return ""
+    if now - (conn.body_since or since) > body_s:
+        return (f"the request body did not arrive within {body_s:g} s of its head "
+                "(serving.body_timeout_s)")
+    return ""
 
 
 def _idlest(pool: Iterable[ClientConnection], newcomer: ClientConnection) -> ClientConnection | None:

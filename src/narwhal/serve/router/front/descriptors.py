@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 RESERVED = 64  # lease and lock files, journal, logging, listener, event loop, standby poll
 PER_ENGINE = 6  # a health probe, a /tokenize and the idle connections kept at the floor
+# Connections refused at the cap, held open a moment so their 503 is read, not reset
+# (connections.py): beyond these, a refused connection is closed at once.
+LINGERING = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +58,42 @@ def raise_soft_limit() -> int:
 
 def plan(nofile: int, max_connections: int, max_concurrent: int, engines: int) -> Budget:
     """Client connections + 2 x concurrent requests + the reserves fit within `nofile`."""
-    available = nofile - RESERVED - PER_ENGINE * engines
+    reserved = RESERVED + LINGERING + PER_ENGINE * engines
+    available = nofile - reserved
     if available < 32:
         raise TooFewDescriptors(
             f"RLIMIT_NOFILE {nofile} leaves {max(available, 0)} descriptors after the "
-            f"{RESERVED + PER_ENGINE * engines} the router reserves for {engines} engines; "
+            f"{reserved} the router reserves for {engines} engines; "
             "raise it (ulimit -n, systemd LimitNOFILE) to at least "
-            f"{RESERVED + PER_ENGINE * engines + 256}")
+            f"{reserved + 256}")
     concurrent = min(max_concurrent, available // 4)
     connections = min(max_connections, available - 2 * concurrent)
     idle = min(256, max(4, concurrent // max(1, engines)))
     return Budget(nofile, connections, concurrent, idle)
+
+
+@dataclass(slots=True)
+class LimitWatch:
+    """The descriptor limit read again while serving: an operator (or a supervisor) may lower
+    RLIMIT_NOFILE of the running process (prlimit), and the sockets held under the old limit
+    would then leave the lease no descriptor to renew with. connections.py reads `changed`
+    a few times a second and sheds client connections down to the new cap."""
+
+    nofile: int
+    asked_connections: int
+    max_concurrent: int
+    engines: int
+
+    def changed(self) -> int | None:
+        """The client-connection cap under the soft limit now in force, when that limit
+        differs from the last one read; else None. Never raises: a limit below the reserve
+        gives a cap of 0 (every client shed, the lease kept)."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == self.nofile:
+            return None
+        self.nofile = soft
+        if soft == resource.RLIM_INFINITY:
+            return self.asked_connections
+        available = soft - RESERVED - LINGERING - PER_ENGINE * self.engines
+        concurrent = min(self.max_concurrent, max(0, available) // 4)
+        return max(0, min(self.asked_connections, available - 2 * concurrent))

@@ -92,7 +92,7 @@ class ClientConnection(asyncio.Protocol):
 
     __slots__ = ("_body", "_deferred", "_discarded", "_head", "_header_bytes", "_headers",
                  "_in_head", "_pending", "_refusal_sent", "_req", "_size", "_stopped", "_tail",
-                 "_url", "busy", "closed", "closing", "handler", "idle_since", "limits",
+                 "_url", "body_since", "busy", "closed", "closing", "handler", "idle_since", "limits",
                  "linger_until", "parser", "peer", "reading_since", "registry", "served",
                  "transport", "watcher", "write_paused")
 
@@ -111,6 +111,7 @@ class ClientConnection(asyncio.Protocol):
         self.served = 0
         self.idle_since = time.monotonic()  # since the last response ended (or the connect)
         self.reading_since = 0.0  # when the request being read began; 0 when none is
+        self.body_since = 0.0  # when that request's head ended (its body's clock)
         self._pending: deque[Request] = deque()
         self._req = Request()
         self._body: list[bytes] = []
@@ -248,6 +249,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self.body_since = time.monotonic()
         req = self._req
         parser = self.parser
         if parser.should_upgrade():
@@ -301,8 +303,9 @@ class ClientConnection(asyncio.Protocol):
 
     def respond(self, status: int, body: bytes, request_id: bytes, keep_alive: bool, *,
                 content_type: bytes = responses.JSON, extra: bytes = b"") -> None:
-        """Write a whole response and free the connection."""
-        keep = keep_alive and not self.closing and not self._deferred
+        """Write a whole response and free the connection. A refusal deferred behind it does
+        not end it: the pipelined requests between them are answered first (`finish`)."""
+        keep = keep_alive and not self.closing
         self.write(responses.head(status, request_id, keep, content_type=content_type,
                                   length=len(body), extra=extra) + body)
         self.finish(keep)
@@ -356,13 +359,20 @@ class ClientConnection(asyncio.Protocol):
             return
         self._close_now()
 
-    def refuse_connection(self, message: str) -> None:
-        """Every slot is busy answering: this new connection gets a 503 and is closed."""
+    def refuse_connection(self, message: str, linger: bool) -> None:
+        """Every slot is busy answering: this new connection gets a 503 and is closed. With
+        `linger` (the registry has room to hold it a moment), the close waits for the client
+        as any refusal does, so a request it already sent does not turn the 503 into a reset."""
         self.handler.refused(503)
         body = responses.error_body(503, message, code="too_many_connections")
-        self.write(responses.head(503, b"", False, length=len(body),
-                                  extra=b"retry-after: 1\r\n") + body)
-        self._close_now()
+        reply = responses.head(503, b"", False, length=len(body),
+                               extra=b"retry-after: 1\r\n") + body
+        if not linger:
+            self.write(reply)
+            self._close_now()
+            return
+        self._stop_reading()
+        self._linger(reply)
 
     # -- internals --------------------------------------------------------------------------
     def _dispatch(self, req: Request) -> None:

@@ -20,6 +20,8 @@ _ERROR_TYPES: dict[int, str] = {
     405: "invalid_request_error",
     408: "timeout",
     413: "invalid_request_error",
+    414: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "server_error",
     502: "engine_error",

@@ -105,9 +105,11 @@ class Routes:
                      req.keep_alive, extra=extra)
 
     def _request_id(self, req: Request) -> bytes | None:
-        """The client's x-request-id if it is safe to echo and journal, else ''; None if bad."""
+        """The client's x-request-id if it is safe to echo and journal, else ''; None if bad.
+        The `nw-` prefix is the router's own (`_leg_id`): a journal row's id then says who
+        made it."""
         rid = req.request_id
-        if rid and (len(rid) > 128 or rid.translate(None, _RID_OK)):
+        if rid and (len(rid) > 128 or rid.translate(None, _RID_OK) or rid.startswith(b"nw-")):
             return None
         return rid
 
@@ -140,7 +142,8 @@ class Routes:
         rid = self._request_id(req)
         if rid is None:
             self._refuse(conn, req, b"", 400, "x-request-id must be 1-128 characters from "
-                         "A-Z a-z 0-9 . _ : -", "invalid_request_id", route, param="x-request-id")
+                         "A-Z a-z 0-9 . _ : - and not begin with 'nw-' (the router's own ids)",
+                         "invalid_request_id", route, param="x-request-id")
             return
         if req.method != b"POST":
             self._refuse(conn, req, rid, 405, "use POST on this path", "method_not_allowed",

@@ -13,11 +13,16 @@ import time
 from typing import Any
 
 from narwhal.serve.router.front.front import ClientConnection
-from narwhal.serve.router.jsonio import dumps, loads
+from narwhal.serve.router.jsonio import dumps, loads, nests_deeper
 from narwhal.serve.router.request.decisions import Decision
 from narwhal.serve.router.request.relay import DecodeRelay
 from narwhal.serve.router.request.token_estimate import BytesPerToken
 from narwhal.serve.router.scheduling.engines import Engine, Placement
+
+# The deepest nesting a client body may hold: the legs are encoded again, and orjson writes at
+# most 254 levels (a leg adds one), so a body deeper than this is refused before any leg.
+MAX_BODY_DEPTH = 128
+_BOM = b"\xef\xbb\xbf"
 
 # Keys the router sets per leg; the client's values travel only in the decode prefix.
 _LEG_KEYS = frozenset({"stream", "stream_options", "max_tokens", "max_completion_tokens",
@@ -94,13 +99,20 @@ def _check_numbers(body: dict[str, Any]) -> None:
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:
-    """A client body as a JSON object; BadRequest (400) naming what is wrong with it."""
+    """A client body as a JSON object; BadRequest (400) naming what is wrong with it. A UTF-8
+    byte order mark before it is skipped, as vLLM's server does; nesting is bounded to what
+    the router can encode again when it writes the legs (`MAX_BODY_DEPTH`)."""
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
     try:
         body = loads(raw)
     except ValueError as exc:
         raise BadRequest(400, f"request body is not valid JSON ({exc})", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest(400, "request body must be a JSON object", None, "invalid_json")
+    if nests_deeper(raw, body, MAX_BODY_DEPTH):
+        raise BadRequest(400, f"request body nests arrays or objects deeper than {MAX_BODY_DEPTH} "
+                         "levels", None, "invalid_json")
     _check_numbers(body)
     return body
 
@@ -146,7 +158,8 @@ def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
                          "stream_options", "invalid_value")
     _positive_int(body, "max_tokens")
     _positive_int(body, "max_completion_tokens")
-    if body.get("n", 1) != 1:
+    n = body.get("n", 1)
+    if type(n) is not int or n != 1:
         raise BadRequest(400, "'n' must be 1 through prefill/decode routing; send n requests",
                          "n", "invalid_value")
     if "kv_transfer_params" in body:

@@ -32,7 +32,7 @@ from narwhal.serve.router.request.upstream import EngineUnreachable
 from narwhal.serve.router.scheduling.engines import Engine
 from narwhal.serve.router.settings import Limits
 
-_log = logging.getLogger("narwhal.serve.router.request.proxy")
+_log = logging.getLogger("narwhal.serve.router.request.side_legs")
 
 
 async def forward_once(conn: ClientConnection, engine: Engine, path: bytes, body: bytes,
