@@ -6,6 +6,8 @@ Routers, each pinned to the router core, all over the same two engines:
 
 - narwhal           this repository's narwhal-serve (prompt length from the prefill leg's usage)
 - narwhal-tokenize  the same router with serving.prompt_length "tokenize" (one /tokenize per request)
+- narwhal-base      the same router from another checkout's src (NARWHAL_BENCH_BASE_SRC, its
+                    compiled modules built in place): a change against its base, in one run
 - narwhal-inference 0.7.0's narwhal-serve at --log-level warning (its cheapest setting)
 - vllm-router       0.1.17 in --vllm-pd-disaggregation mode, round_robin, --log-level warning
 - floor             bench/_floor_relay.py: the bare two-leg relay on uvloop, none of a router's
@@ -16,6 +18,7 @@ Routers, each pinned to the router core, all over the same two engines:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -78,7 +81,8 @@ def start_engines(kind: str, cpu: str, work: Path, stub_python: Path | None) -> 
     return Engines(kind, model, owned[0], owned[1])
 
 
-def _narwhal(name: str, engines: Engines, cpu: str, work: Path, tokenize: bool) -> Owned:
+def _narwhal(name: str, engines: Engines, cpu: str, work: Path, tokenize: bool,
+             src: str = "") -> Owned:
     p, d = engines.urls()
     doc = {
         "schema": "narwhal.fleet", "schema_version": 1, "model": engines.model,
@@ -93,7 +97,7 @@ def _narwhal(name: str, engines: Engines, cpu: str, work: Path, tokenize: bool) 
     port = free_port()
     serve = Path(sys.executable).parent / "narwhal-serve"
     r = start(name, [str(serve), "--fleet", str(fleet), "--port", str(port)], cpu=cpu,
-              log=work / f"{name}.log", port=port)
+              log=work / f"{name}.log", port=port, env={"PYTHONPATH": src} if src else None)
     r.extra["ready_s"] = round(wait_status(port, "/ready", 30, r.proc), 3)
     return r
 
@@ -148,6 +152,13 @@ def start_router(name: str, engines: Engines, cpu: str, work: Path) -> Owned:
         return _narwhal(name, engines, cpu, work, tokenize=False)
     if name == "narwhal-tokenize":
         return _narwhal(name, engines, cpu, work, tokenize=True)
+    if name == "narwhal-base":
+        src = os.environ.get("NARWHAL_BENCH_BASE_SRC", "")
+        if not Path(src, "narwhal").is_dir():
+            raise ValueError("narwhal-base needs NARWHAL_BENCH_BASE_SRC: another checkout's "
+                             "src folder, its compiled modules built in place (setup.py "
+                             "build_ext --inplace)")
+        return _narwhal(name, engines, cpu, work, tokenize=False, src=src)
     if name == "narwhal-inference":
         return _narwhal_inference(engines, cpu, work)
     if name == "vllm-router":

@@ -55,13 +55,16 @@ def test_a_split_request_moves_from_reserved_to_running_and_leaves_nothing_behin
     assert d0.load.reserved_arrivals == pytest.approx(1 / 64)
     bookings.prefill_queued(request, p0)
     assert p0.load.prefill_pending == 1 and p0.load.prefill_queued_s > 0.0
-    bookings.prefill_sent(request)
+    bookings.prefill_sent(request, p0)
+    assert (p0.outstanding, p0.prefill_sent) == (1, 1)
     bookings.prefill_answered(request, p0)
-    assert idle(p0)
+    assert idle(p0) and (p0.outstanding, p0.prefill_sent) == (0, 0)
     bookings.decode_started(request, d0, relay(), split=True)
     assert (d0.load.reserved, d0.load.running, d0.load.resident_tokens) == (0, 1, 1032)
+    assert d0.outstanding == 1
     bookings.decode_ended(request, d0)
     assert d0.load.running == 1  # the stream stays booked until the request ends
+    assert d0.outstanding == 0  # but its leg is no longer out
     bookings.finished(request)
     assert idle(d0) and d0.load.departures == 1.0 and len(bookings) == 0
 
@@ -84,7 +87,7 @@ def test_a_request_that_ends_before_its_prefill_is_sent_takes_the_booking_back()
     bookings = Bookings()
     first = split_request(bookings, p0, d0)
     bookings.prefill_queued(first, p0)
-    bookings.prefill_sent(first)
+    bookings.prefill_sent(first, p0)
     waiting = split_request(bookings, p0, d0)
     bookings.prefill_queued(waiting, p0)  # in the router's line, not sent
     busy = p0.load.busy_until
@@ -149,7 +152,7 @@ def _through_load(target: ast.expr) -> bool:
     if not isinstance(target, ast.Attribute):
         return False
     owner = target.value
-    if target.attr == "load":
+    if target.attr in {"load", "outstanding", "prefill_sent"}:  # the engine's leg counters too
         return True
     if isinstance(owner, ast.Name):
         return owner.id == "load" and target.attr in LOAD_FIELDS

@@ -31,11 +31,14 @@ from narwhal.serve.router.scheduling.bookings import decode_tokens as _decode_to
 from narwhal.serve.router.scheduling.costs import arrival_s, stream_step_s, waited_s
 from narwhal.serve.router.scheduling.engines import Engine, Placement, Refusal
 from narwhal.serve.router.scheduling.pricing import (
+    TPOT_SPREAD_Z,
     DecodeSeat,
     PrefillSeat,
     arrivals_per_step,
     best_decode,
     best_prefill,
+    tpot_bias_s,
+    tpot_spread_s,
 )
 from narwhal.serve.router.scheduling.scheduler import PREFILL_LINE, CurvePriced
 from narwhal.serve.router.settings import EngineSpec, settle
@@ -768,6 +771,29 @@ def test_the_request_path_prices_a_step_as_the_shared_helper_does(
     assert choice is not None and choice.own_s == -1.0
     assert (choice.after_s, choice.judged_s) == pytest.approx(
         stream_step_s(d0, tokens, arrivals, steps, window, clock.now, 0.05, True)[:2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(running=st.integers(0, 12), reserved=st.integers(0, 12),
+       bias=st.floats(-0.05, 0.05), steps=st.integers(1, 512), tokens=st.integers(1, 4000))
+def test_a_step_is_judged_by_the_pricing_rules_bias_and_spread(
+        running: int, reserved: int, bias: float, steps: int, tokens: int) -> None:
+    """What the request path holds to the TPOT budget is the step plus pricing.py's bounded
+    bias and `TPOT_SPREAD_Z` spreads of the arrivals landing in the stream's life (no
+    departures counted out: the leg starts now)."""
+    d0 = engine("d0", "decode")
+    for k in range(running):
+        decode_started(d0, 300 + k, 0.05)
+    for k in range(reserved):
+        decode_reserved(d0, 200 + k, 0.1)
+    d0.load.tpot_error_s = bias
+    arrivals = arrivals_per_step(steps)
+    after, judged, _ = stream_step_s(d0, tokens, arrivals, steps, 0.0, 0.0, 0.05, True)
+    assert d0.profile is not None
+    landing = d0.load.arrival_rate + d0.load.reserved_arrivals + arrivals
+    assert judged - after == pytest.approx(
+        tpot_bias_s(bias, 0.05)
+        + TPOT_SPREAD_Z * tpot_spread_s(arrival_s(d0.profile), landing, steps), abs=1e-12)
 
 
 def _decode_full(overflow: bool = True) -> tuple[Clock, CurvePriced, Engine, Engine]:

@@ -298,9 +298,7 @@ class Proxy:
 
     def _send_prefill(self, call: Call, engine: Engine, leg: Collector, req: bytes,
                       fresh: bool = False) -> None:
-        self.bookings.prefill_sent(call)
-        engine.outstanding += 1
-        engine.prefill_sent += 1
+        self.bookings.prefill_sent(call, engine)
         dispatch(engine.pool, req, leg, self.deadlines, self._spawn, fresh=fresh)
 
     def _next_prefills(self, engine: Engine, flush: bool) -> None:
@@ -321,11 +319,9 @@ class Proxy:
 
     def _prefill_done(self, call: Call, engine: Engine, leg: Collector, fresh: bool) -> None:
         self.deadlines.discard(leg)
-        engine.outstanding -= 1
-        engine.prefill_sent -= 1
+        self.bookings.prefill_answered(call, engine)
         if engine.prefill_line:
             self._next_prefills(engine, leg.result != OK)
-        self.bookings.prefill_answered(call, engine)
         status = leg.status
         facts = self._call_facts(call, call.prefill_tries)
         if leg.result == OK:
@@ -426,7 +422,6 @@ class Proxy:
                                   conn, stream_head(call.request_id, False, False), False)
         else:
             relay = R.BufferRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s)
-        engine.outstanding += 1
         self.bookings.decode_started(call, engine, relay, kv is not None)
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
@@ -436,7 +431,6 @@ class Proxy:
 
     def _decode_done(self, call: Call, engine: Engine, relay: R.DecodeRelay, fresh: bool) -> None:
         self.deadlines.discard(relay)
-        engine.outstanding -= 1
         self.bookings.decode_ended(call, engine)
         call.relay = None
         result = relay.result

@@ -127,18 +127,24 @@ class Bookings:
                                                      time.monotonic())
             booking.prefill_unsent = engine
 
-    def prefill_sent(self, request: BookedRequest) -> None:
-        """Its prefill leg left the router: an end now is the engine's answer, not a take-back."""
+    def prefill_sent(self, request: BookedRequest, engine: Engine) -> None:
+        """Its prefill leg left the router for `engine`: an end now is the engine's answer,
+        not a take-back; the leg counts among the engine's outstanding and its line's sent."""
         self._by_request[request].prefill_unsent = None
+        engine.outstanding += 1
+        engine.prefill_sent += 1
 
     def prefill_answered(self, request: BookedRequest, engine: Engine) -> None:
         """Its prefill leg ended on `engine` (answered or failed)."""
+        engine.outstanding -= 1
+        engine.prefill_sent -= 1
         prefill_ended(engine, time.monotonic(), self._by_request[request].prefill_charge)
 
     def decode_started(self, request: BookedRequest, engine: Engine, relay: DecodeRelay,
                        split: bool) -> None:
         """Its decode leg was sent to `engine`; not `split`, that engine prefills it too, in
         a step the streams already running there share."""
+        engine.outstanding += 1
         booking = self._by_request[request]
         booking.plain_leg = not split
         if not split:
@@ -149,6 +155,7 @@ class Bookings:
     def decode_ended(self, request: BookedRequest, engine: Engine) -> None:
         """Its decode leg ended on `engine`; its stream stays booked until the request ends
         or a retry moves it, a plain leg's prefill ends here."""
+        engine.outstanding -= 1
         booking = self._by_request[request]
         if booking.plain_leg:
             prefill_ended(engine, time.monotonic(), booking.prefill_charge)
