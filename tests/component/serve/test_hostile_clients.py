@@ -265,20 +265,31 @@ def test_a_peer_over_its_share_loses_its_own_idlest_connection(spawn: Spawner) -
     assert _state(r)["connections"]["evicted"] >= 1
 
 
-def test_when_every_connection_is_answering_a_new_one_gets_503(spawn: Spawner) -> None:
+def _full_router(spawn: Spawner) -> Router:
+    """16 connection slots, one peer may hold them all, and a decode engine that streams a
+    token every 0.3 s: 16 streamed requests keep every slot answering for 3 s."""
     p = spawn.engine("p0")
     d = spawn.engine("d0", "--token-gap-ms", "300")
     fleet = spawn.fleet([("p0", p.url, "prefill"), ("d0", d.url, "decode")],
                         serving={"max_connections": 16, "client_connection_share": 1.0})
     r = Router(fleet, free_port(), {})
     spawn.routers.append(r)
-    r.start()
-    body = (b'{"model":"%b","prompt":"a","max_tokens":10,"stream":true}' % MODEL.encode())
-    req = (b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n"
-           b"content-length: %d\r\n\r\n%b" % (len(body), body))
+    return r.start()
+
+
+def _post(body: bytes) -> bytes:
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%b" % (len(body), body))
+
+
+_STREAM = b'{"model":"%b","prompt":"a","max_tokens":10,"stream":true}' % MODEL.encode()
+
+
+def test_when_every_connection_is_answering_a_new_one_gets_503(spawn: Spawner) -> None:
+    r = _full_router(spawn)
     with _sockets(r.port, 16) as busy:
         for s in busy:
-            s.sendall(req)
+            s.sendall(_post(_STREAM))
         time.sleep(0.5)
         with socket.create_connection(("127.0.0.1", r.port)) as extra:
             reply = _read_reply(extra)
@@ -290,22 +301,11 @@ def test_at_the_connection_cap_every_refused_client_reads_its_503(spawn: Spawner
     """16 slots busy streaming; 40 more clients each connect and send a request at once. The
     router refuses every one, and each reads the 503 (closing on unread input reset about
     40 % of them before their client read it)."""
-    p = spawn.engine("p0")
-    d = spawn.engine("d0", "--token-gap-ms", "300")
-    fleet = spawn.fleet([("p0", p.url, "prefill"), ("d0", d.url, "decode")],
-                        serving={"max_connections": 16, "client_connection_share": 1.0})
-    r = Router(fleet, free_port(), {})
-    spawn.routers.append(r)
-    r.start()
-    stream = (b'{"model":"%b","prompt":"a","max_tokens":10,"stream":true}' % MODEL.encode())
+    r = _full_router(spawn)
     plain = (b'{"model":"%b","prompt":"a","max_tokens":2}' % MODEL.encode())
-
-    def post(body: bytes) -> bytes:
-        return (b"POST /v1/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json"
-                b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
     with _sockets(r.port, 16) as busy:
         for s in busy:
-            s.sendall(post(stream))
+            s.sendall(_post(_STREAM))
         time.sleep(0.5)
         extra: list[socket.socket] = []
         try:
@@ -313,7 +313,7 @@ def test_at_the_connection_cap_every_refused_client_reads_its_503(spawn: Spawner
                 s = socket.create_connection(("127.0.0.1", r.port))
                 extra.append(s)
                 with contextlib.suppress(OSError):
-                    s.sendall(post(plain))
+                    s.sendall(_post(plain))
             replies = [_read_reply(s) for s in extra]
         finally:
             for s in extra:

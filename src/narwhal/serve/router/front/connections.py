@@ -133,9 +133,9 @@ class Connections:
         excess = len(live) - cap
         if excess <= 0:
             return
-        live.sort(key=lambda c: (c.busy, -(c.reading_since or c.idle_since) if c.busy
-                                 else c.reading_since or c.idle_since))
-        for conn in live[:excess]:
+        idle = sorted((c for c in live if not c.busy), key=lambda c: c.reading_since or c.idle_since)
+        busy = sorted((c for c in live if c.busy), key=lambda c: c.idle_since, reverse=True)
+        for conn in (idle + busy)[:excess]:
             self.shed += 1
             conn.evict()
 

@@ -56,18 +56,25 @@ def raise_soft_limit() -> int:
     return int(soft)
 
 
+def _caps(nofile: int, max_connections: int, max_concurrent: int,
+          engines: int) -> tuple[int, int, int]:
+    """(descriptors left after the reserves, concurrent requests, client connections): a
+    quarter of what is left for requests, then two engine sockets each, the rest for clients."""
+    available = nofile - RESERVED - LINGERING - PER_ENGINE * engines
+    concurrent = min(max_concurrent, max(0, available) // 4)
+    return available, concurrent, min(max_connections, available - 2 * concurrent)
+
+
 def plan(nofile: int, max_connections: int, max_concurrent: int, engines: int) -> Budget:
     """Client connections + 2 x concurrent requests + the reserves fit within `nofile`."""
     reserved = RESERVED + LINGERING + PER_ENGINE * engines
-    available = nofile - reserved
+    available, concurrent, connections = _caps(nofile, max_connections, max_concurrent, engines)
     if available < 32:
         raise TooFewDescriptors(
             f"RLIMIT_NOFILE {nofile} leaves {max(available, 0)} descriptors after the "
             f"{reserved} the router reserves for {engines} engines; "
             "raise it (ulimit -n, systemd LimitNOFILE) to at least "
             f"{reserved + 256}")
-    concurrent = min(max_concurrent, available // 4)
-    connections = min(max_connections, available - 2 * concurrent)
     idle = min(256, max(4, concurrent // max(1, engines)))
     return Budget(nofile, connections, concurrent, idle)
 
@@ -94,6 +101,5 @@ class LimitWatch:
         self.nofile = soft
         if soft == resource.RLIM_INFINITY:
             return self.asked_connections
-        available = soft - RESERVED - LINGERING - PER_ENGINE * self.engines
-        concurrent = min(self.max_concurrent, max(0, available) // 4)
-        return max(0, min(self.asked_connections, available - 2 * concurrent))
+        connections = _caps(soft, self.asked_connections, self.max_concurrent, self.engines)[2]
+        return max(0, connections)
