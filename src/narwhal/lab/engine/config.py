@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from narwhal.core.kv.events import EventsConfig
 from narwhal.core.launch_record import ENGINE_API_KEY_ENV
 from narwhal.lab.engine.flags import DTYPE_ALIASES, NIXL_CONNECTORS, build_parser, normalize_argv
 
@@ -124,6 +125,12 @@ class EngineConfig:
     def transfer_mode(self) -> str:
         connector = (self.kv_transfer_config or {}).get("kv_connector")
         return NIXL_CONNECTORS.get(str(connector), "pull")
+
+    @property
+    def kv_events(self) -> EventsConfig | None:
+        """The --kv-events-config when it publishes (vLLM's rule), else None."""
+        config = self.args.kv_events_config
+        return config if isinstance(config, EventsConfig) and config.publishes else None
 
     @property
     def kv_load_failure_policy(self) -> str:

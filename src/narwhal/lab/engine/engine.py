@@ -29,7 +29,7 @@ from narwhal.lab.engine.generator import Generator, Planned
 from narwhal.lab.engine.logs import ENGINE_CORE, at
 from narwhal.lab.engine.metrics import EngineMetrics
 from narwhal.lab.engine.nixl.api import KvConnector, KvLoadFailed
-from narwhal.lab.engine.prefix_cache import PrefixCache
+from narwhal.lab.engine.prefix_cache import EventSink, PrefixCache
 from narwhal.lab.engine.scheduler import Scheduler, Seq
 from narwhal.lab.engine.timing import TimingModel
 from narwhal.lab.engine.tokenizer import Tokenizer
@@ -102,7 +102,8 @@ class Engine:
 
     def __init__(self, cfg: EngineConfig, plan: EnginePlan, tokenizer: Tokenizer,
                  timing: TimingModel, metrics: EngineMetrics, faults: EngineFaults,
-                 connector: KvConnector | None, log: logging.Logger) -> None:
+                 connector: KvConnector | None, log: logging.Logger,
+                 cache_events: EventSink | None = None) -> None:
         self.cfg = cfg
         self.plan = plan
         self.tokenizer = tokenizer
@@ -114,7 +115,7 @@ class Engine:
         self.log = log
         self.loop = asyncio.get_running_loop()
         self.prefix_cache = PrefixCache(plan.block_size, plan.num_blocks,
-                                        plan.launch.enable_prefix_caching)
+                                        plan.launch.enable_prefix_caching, cache_events)
         self.scheduler = Scheduler(
             num_blocks=plan.num_blocks, block_size=plan.block_size,
             max_num_seqs=cfg.serve.max_num_seqs, max_batched_tokens=plan.max_num_batched_tokens,

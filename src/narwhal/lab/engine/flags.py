@@ -13,6 +13,8 @@ import json
 import re
 from typing import Any
 
+from narwhal.core.kv.events import EventsConfig, parse_events_config
+
 BooleanFlag = argparse.BooleanOptionalAction
 _SIZE = re.compile(r"^(?P<num>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kKmMgGtT]?)$")
 _UNITS = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30,
@@ -105,6 +107,14 @@ def kv_transfer_config(text: str) -> dict[str, Any]:
     return value
 
 
+def kv_events_config(text: str) -> EventsConfig:
+    """`--kv-events-config`: vLLM's KVEventsConfig JSON (core/kv/events.py reads it)."""
+    try:
+        return parse_events_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def normalize_argv(argv: list[str]) -> list[str]:
     """`--max_model_len=5` -> `--max-model-len=5`: vLLM accepts underscores in flag names."""
     out = []
@@ -161,6 +171,7 @@ def _parallel_and_cache_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-caching-hash-algo", default="sha256")
     g.add_argument("--attention-backend")
     g.add_argument("--kv-transfer-config", type=kv_transfer_config)
+    g.add_argument("--kv-events-config", type=kv_events_config)
     g.add_argument("--disable-hybrid-kv-cache-manager", action=BooleanFlag, default=None)
     g.add_argument("--mamba-cache-dtype", default="auto")
     g.add_argument("--mamba-ssm-cache-dtype", default="auto")

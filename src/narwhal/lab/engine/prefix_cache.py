@@ -3,22 +3,31 @@
 Full blocks of prompt tokens are identified by a hash chained over the previous block, like
 vLLM's block hashes, and kept in an LRU bounded by the engine's block count. A hit skips the
 prefill of those tokens and is counted as `local_cache_hit`; like vLLM, at least the last
-prompt token is always computed.
+prompt token is always computed. Every change is told to `sink` as vLLM's KV cache events
+(stored blocks with their token ids, evicted blocks, a full reset), so an engine started with
+`--kv-events-config` publishes what a real one would.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from narwhal.core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+
+EventSink = Callable[[list[Event]], None]
+MEDIUM = "GPU"  # what vLLM names the device tier, on its CPU platform too
 
 
 class PrefixCache:
     """LRU of chained block hashes; `lookup_and_insert` is called once per admitted prompt."""
 
-    def __init__(self, block_size: int, capacity_blocks: int, enabled: bool) -> None:
+    def __init__(self, block_size: int, capacity_blocks: int, enabled: bool,
+                 sink: EventSink | None = None) -> None:
         self.block_size = block_size
         self.capacity = max(capacity_blocks, 0)
         self.enabled = enabled and self.capacity > 0
+        self.sink = sink
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
     def lookup_and_insert(self, prompt_ids: Sequence[int]) -> int:
@@ -29,20 +38,46 @@ class PrefixCache:
         blocks = self._blocks
         parent = 0
         hit_blocks = 0
-        matching = True
+        stored: list[int] = []
+        first_new = 0
         for start in range(0, len(prompt_ids) - bs + 1, bs):
             key = hash((parent, tuple(prompt_ids[start:start + bs])))
-            if matching and key in blocks:
+            if not stored and key in blocks:
                 hit_blocks += 1
                 blocks.move_to_end(key)
             else:
-                matching = False
+                if not stored:
+                    first_new = start
+                stored.append(key)
                 blocks[key] = None
+                blocks.move_to_end(key)
             parent = key
-        while len(blocks) > self.capacity:
-            blocks.popitem(last=False)
+        evicted = [blocks.popitem(last=False)[0] for _ in range(len(blocks) - self.capacity)]
+        if self.sink is not None and (stored or evicted):
+            self.sink(self._events(prompt_ids, stored, first_new, evicted))
         # vLLM looks for hits within the first len-1 tokens, in whole blocks
         return min(hit_blocks * bs, max(len(prompt_ids) - 1, 0) // bs * bs)
 
+    def _events(self, prompt_ids: Sequence[int], stored: list[int], first_new: int,
+                evicted: list[int]) -> list[Event]:
+        events: list[Event] = []
+        if stored:
+            end = first_new + len(stored) * self.block_size
+            parent = None if first_new == 0 else self._parent_of(prompt_ids, first_new)
+            events.append(BlockStored(tuple(stored), parent, tuple(prompt_ids[first_new:end]),
+                                      self.block_size, MEDIUM))
+        if evicted:
+            events.append(BlockRemoved(tuple(evicted), MEDIUM))
+        return events
+
+    def _parent_of(self, prompt_ids: Sequence[int], start: int) -> int:
+        bs = self.block_size
+        parent = 0
+        for s in range(0, start, bs):
+            parent = hash((parent, tuple(prompt_ids[s:s + bs])))
+        return parent
+
     def reset(self) -> None:
         self._blocks.clear()
+        if self.sink is not None and self.enabled:
+            self.sink([AllBlocksCleared()])

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import zmq
 from aiohttp import web
 
 from narwhal.core.errors import NarwhalError
@@ -29,6 +30,7 @@ from narwhal.lab.engine.engine_plan import EnginePlan, build_plan
 from narwhal.lab.engine.faults import EngineFaults
 from narwhal.lab.engine.flags import build_parser, normalize_argv
 from narwhal.lab.engine.http_app import EngineServer, UvicornAccessLogger, build_app
+from narwhal.lab.engine.kv_events_pub import KvEventPublisher
 from narwhal.lab.engine.metrics import EngineMetrics
 from narwhal.lab.engine.model_dir import load_model_dir
 from narwhal.lab.engine.nixl.api import KvConnector
@@ -69,10 +71,11 @@ class Running:
     """A started engine: what shutdown needs."""
 
     def __init__(self, runner: web.AppRunner, engine: Engine,
-                 connector: KvConnector | None) -> None:
+                 connector: KvConnector | None, publisher: KvEventPublisher | None) -> None:
         self.runner = runner
         self.engine = engine
         self.connector = connector
+        self.publisher = publisher
 
     async def stop(self) -> None:
         self.engine.unpark()  # parked requests would hold the HTTP shutdown for its timeout
@@ -80,6 +83,19 @@ class Running:
         await self.engine.stop()
         if self.connector is not None:
             await self.connector.stop()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+def _publisher(cfg: EngineConfig) -> KvEventPublisher | None:
+    events = cfg.kv_events
+    if events is None:
+        return None
+    try:
+        return KvEventPublisher(events, cfg.data_parallel_rank)
+    except zmq.ZMQError as exc:
+        raise StartupError(f"argument --kv-events-config: cannot open {events.endpoint}: "
+                           f"{exc}") from None
 
 
 async def start(cfg: EngineConfig, plan: EnginePlan, tokenizer: Tokenizer,
@@ -96,7 +112,9 @@ async def start(cfg: EngineConfig, plan: EnginePlan, tokenizer: Tokenizer,
             await connector.start()
         except NarwhalError as exc:
             raise StartupError(f"argument --kv-transfer-config: {exc}") from None
-    engine = Engine(cfg, plan, tokenizer, load_timing(cfg.emu), metrics, faults, connector, log)
+    publisher = _publisher(cfg)
+    engine = Engine(cfg, plan, tokenizer, load_timing(cfg.emu), metrics, faults, connector, log,
+                    None if publisher is None else publisher.add)
     startup_log.log_kv_cache(log, cfg, plan, time.monotonic() - began)
     engine.start()
     server = EngineServer(engine, log)
@@ -114,9 +132,11 @@ async def start(cfg: EngineConfig, plan: EnginePlan, tokenizer: Tokenizer,
         await engine.stop()
         if connector is not None:
             await connector.stop()
+        if publisher is not None:
+            publisher.close()
         raise StartupError(f"argument --port: cannot bind {host}:{cfg.serve.port}: {exc}") from None
     startup_log.log_serving(log, host, cfg.serve.port)
-    return Running(runner, engine, connector)
+    return Running(runner, engine, connector, publisher)
 
 
 async def _stats(log: logging.Logger, engine: Engine) -> None:
