@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,24 @@ class Timing:
                 "--max-num-seqs", str(self.max_num_seqs)]
 
 
+@dataclass(frozen=True)
+class CacheSetup:
+    """Prefix-cache geometry for bench/prefix.py: a bounded cache per engine (`num_blocks` of
+    `block_size` tokens, so a trace does not fit in one engine), vLLM's ZMQ KV events on a
+    port per engine, and VLLM_SERVER_DEV_MODE=1 for POST /reset_prefix_cache between rows."""
+
+    num_blocks: int
+    block_size: int = 16
+    max_model_len: int = 2048
+
+
 @dataclass
 class Fleet:
     model: str
     engines: list[Owned]
     roles: list[str]
+    model_dir: Path | None = None
+    kv_ports: list[int] = field(default_factory=list)  # each engine's KV event port (CacheSetup)
 
     def url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.engines[i].port}"
@@ -66,24 +79,44 @@ class Fleet:
         return [self.url(i) for i, r in enumerate(self.roles) if r == role]
 
 
-def start_fleet(n: int, timing: Timing, cpu: str, work: Path) -> Fleet:
+def _engine_argv(model_dir: Path, port: int, timing: Timing, cache: CacheSetup | None,
+                 kv_port: int) -> list[str]:
+    argv = [sys.executable, "-m", "narwhal.lab.engine", "serve", str(model_dir),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+            "--kv-transfer-config", KV_BOTH, "--emu-platform", "cpu",
+            "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "256M",
+            "--max-model-len", str(cache.max_model_len if cache else 2048),
+            "--emu-eos-probability", "0", *timing.flags()]
+    if cache is not None:
+        events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": f"tcp://*:{kv_port}", "topic": ""}
+        argv += ["--block-size", str(cache.block_size), "--num-gpu-blocks-override",
+                 str(cache.num_blocks), "--kv-events-config", json.dumps(events)]
+    return argv
+
+
+def start_fleet(n: int, timing: Timing, cpu: str, work: Path,
+                cache: CacheSetup | None = None) -> Fleet:
     from narwhal.lab.engine.testing import write_tiny_llama
 
     model_dir = write_tiny_llama(work / "tiny")
     owned: list[Owned] = []
+    kv_ports: list[int] = []
     try:
-        ports = free_ports(2 * n)  # each engine's HTTP port and NIXL side channel
+        # each engine's HTTP port and NIXL side channel (and KV event port, with `cache`)
+        per = 3 if cache else 2
+        ports = free_ports(per * n)
         for i in range(n):
-            port, side = ports[2 * i], ports[2 * i + 1]
-            argv = [sys.executable, "-m", "narwhal.lab.engine", "serve", str(model_dir),
-                    "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-                    "--kv-transfer-config", KV_BOTH, "--emu-platform", "cpu",
-                    "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "256M",
-                    "--max-model-len", "2048", "--emu-eos-probability", "0", *timing.flags()]
+            port, side = ports[per * i], ports[per * i + 1]
+            kv_port = ports[per * i + 2] if cache else 0
             env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)}
-            owned.append(start(f"engine-e{i}", argv, cpu=cpu, log=work / f"e{i}.log", port=port,
-                               env=env, cwd=REPO))
+            if cache:
+                env["VLLM_SERVER_DEV_MODE"] = "1"
+                kv_ports.append(kv_port)
+            owned.append(start(f"engine-e{i}", _engine_argv(model_dir, port, timing, cache,
+                                                            kv_port),
+                               cpu=cpu, log=work / f"e{i}.log", port=port, env=env, cwd=REPO))
         for eng in owned:
             wait_status(eng.port, "/health", 90, eng.proc)
     except BaseException:
@@ -91,7 +124,7 @@ def start_fleet(n: int, timing: Timing, cpu: str, work: Path) -> Fleet:
             eng.stop()
         raise
     roles = ["prefill" if i < n // 2 else "decode" for i in range(n)]
-    return Fleet("tiny", owned, roles)
+    return Fleet("tiny", owned, roles, model_dir, kv_ports)
 
 
 def _live_generation(url: str) -> dict[str, Any]:
@@ -136,20 +169,28 @@ PLANNER = {"mode": "planner", "interval_s": 0.5, "window_s": 3.0, "cooldown_s": 
 
 def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
                   work: Path, name: str = "narwhal", flips: dict[str, object] | None = None,
-                  profiled: bool = False) -> Owned:
+                  profiled: bool = False, prefix_aware: bool = False) -> Owned:
+    """Narwhal over the fleet; `prefix_aware` adds cache-aware placement (the fleet's
+    tokenizer and each engine's KV event endpoint; needs a fleet started with CacheSetup)."""
     folder = work / name
     folder.mkdir(exist_ok=True)
     if not profiled:
         (folder / "profiles.json").write_text(json.dumps(narwhal_profiles(fleet, timing),
                                                          indent=1))
+    engines: list[dict[str, object]] = [
+        {"id": f"e{i}", "url": fleet.url(i), "role": "both" if flips else role}
+        for i, role in enumerate(fleet.roles)]
+    if prefix_aware:
+        for entry, kv_port in zip(engines, fleet.kv_ports, strict=True):
+            entry["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{kv_port}", "topic": ""}
     doc: dict[str, object] = {
         "schema": "narwhal.fleet", "schema_version": 1, "model": fleet.model,
-        "engines": [{"id": f"e{i}", "url": fleet.url(i), "role": "both" if flips else role}
-                    for i, role in enumerate(fleet.roles)],
-        "slo": slo, "journal": {"path": str(folder / "journal.jsonl")},
+        "engines": engines, "slo": slo, "journal": {"path": str(folder / "journal.jsonl")},
         "profiles": {"path": str(folder / "profiles.json")}}
     if flips:
         doc["role_flips"] = flips
+    if prefix_aware:
+        doc["prefix_cache"] = {"tokenizer_dir": str(fleet.model_dir)}
     (folder / "fleet.json").write_text(json.dumps(doc, indent=1))
     if profiled:
         profile = Path(sys.executable).parent / "narwhal-profile"

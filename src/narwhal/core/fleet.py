@@ -39,6 +39,14 @@ class EngineContract(StrictModel):
     attestation_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
 
 
+class KvEvents(StrictModel):
+    """Where an engine publishes vLLM's KV cache events: its --kv-events-config endpoint as
+    the router reaches it (tcp://HOST:PORT) and the topic it publishes on."""
+
+    endpoint: str = Field(min_length=1, max_length=256)
+    topic: str = Field(default="", max_length=256)
+
+
 class EngineEntry(StrictModel):
     """One engine: a stable id, its OpenAI-compatible base URL and the legs it may serve;
     after Gate E, its attestation sidecar's URL and the contract it attested."""
@@ -48,6 +56,17 @@ class EngineEntry(StrictModel):
     role: Literal["prefill", "decode", "both"]
     attestation_url: str | None = None  # http://HOST:PORT/v1/attestation
     contract: EngineContract | None = None
+    kv_events: KvEvents | None = None  # absent: the router follows its routing history
+
+
+class PrefixCache(StrictModel):
+    """Cache-aware placement (docs/router.md, "Placing on engine cache state"): the folder
+    holding the model's tokenizer.json (and tokenizer_config.json) on the router host, and
+    the blocks the router assumes an engine without KV events holds (0: the engine's own
+    num_gpu_blocks, read from its vllm:cache_config_info)."""
+
+    tokenizer_dir: str = Field(min_length=1, max_length=4096)
+    approximate_blocks: int = Field(default=0, ge=0, le=1 << 30)
 
 
 class Slo(StrictModel):
@@ -227,6 +246,7 @@ class FleetDocument(StrictModel):
     role_flips: RoleFlips | None = None
     calibration: CalibrationRef | None = None
     operations: Operations = Operations()
+    prefix_cache: PrefixCache | None = None  # absent: placement is blind to engine caches
 
 
 def _url_problem(url: str) -> str:
@@ -237,6 +257,22 @@ def _url_problem(url: str) -> str:
         return "must name a host and an explicit port, e.g. http://10.0.0.5:8000"
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
         return "must be a bare base URL without path, query or credentials"
+    return ""
+
+
+def _events_endpoint_problem(endpoint: str) -> str:
+    """A router connects to an engine's event publisher over TCP, to one host and port."""
+    if not endpoint.startswith("tcp://"):
+        return "must start with tcp:// (the router subscribes over TCP)"
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError:
+        return "has a port that is not a number in 1-65535"
+    if not parts.hostname or port is None or parts.hostname == "*":
+        return "must name the engine's host and port (the router connects; it does not bind)"
+    if parts.path or parts.query or parts.fragment or parts.username:
+        return "must be tcp://HOST:PORT without path, query or credentials"
     return ""
 
 
@@ -325,6 +361,13 @@ def _relations(doc: FleetDocument) -> list[Problem]:
             problems.append(Problem(f"{where}.contract", "an attestation_url and a contract "
                                     "come together (Gate E writes both)",
                                     "give both, or neither"))
+        if engine.kv_events is not None:
+            why = _events_endpoint_problem(engine.kv_events.endpoint)
+            if why:
+                problems.append(Problem(f"{where}.kv_events.endpoint",
+                                        f"{engine.kv_events.endpoint!r} {why}",
+                                        "write tcp://ENGINE_HOST:PORT, the port of the engine's "
+                                        "--kv-events-config endpoint"))
         key = engine.url.rstrip("/")
         if key in seen_urls:
             problems.append(Problem(f"{where}.url", f"same URL as engines[{seen_urls[key]}]",
@@ -340,6 +383,9 @@ def _relations(doc: FleetDocument) -> list[Problem]:
     if doc.profiles is not None and not doc.profiles.path.strip():
         problems.append(Problem("profiles.path", "is empty",
                                 "name the narwhal.profiles document, e.g. runs/profiles.json"))
+    if doc.prefix_cache is not None and not doc.prefix_cache.tokenizer_dir.strip():
+        problems.append(Problem("prefix_cache.tokenizer_dir", "is empty",
+                                "name the folder holding the model's tokenizer.json"))
     if doc.calibration is not None and not doc.calibration.path.strip():
         problems.append(Problem("calibration.path", "is empty",
                                 "name the narwhal.first-token-calibration document written by "

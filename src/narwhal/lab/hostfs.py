@@ -17,6 +17,7 @@ import sysconfig
 from pathlib import Path
 
 from narwhal.lab import identity
+from narwhal.lab.engine import hf_tokenizer
 from narwhal.lab.plan import HostPlan, LabPlan
 from narwhal.lab.run import run
 
@@ -319,6 +320,7 @@ def _model(plan: LabPlan, h: HostPlan) -> None:
     _write(mdir / "tokenizer_config.json", json.dumps(
         {"tokenizer_class": "LlamaTokenizer", "model_max_length": config.get(
             "max_position_embeddings", 4096)}) + "\n")
+    hf_tokenizer.write(mdir)  # the tokenizer files a real checkpoint carries
 
 
 def prepare_host(plan: LabPlan, h: HostPlan) -> None:

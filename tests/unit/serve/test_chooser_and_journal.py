@@ -22,6 +22,7 @@ class Facts:
     ttft_error_s: float | None = None
     tpot_error_s: float | None = None
     placement: Placement | None = None
+    cached: dict[str, int] | None = None
 
 
 def _engine(name: str, role: str) -> Engine:

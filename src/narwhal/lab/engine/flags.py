@@ -196,6 +196,7 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug", "trace"))
     g.add_argument("--enable-request-id-headers", action="store_true")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true")
     g.add_argument("--response-role", default="assistant")
     g.add_argument("--chat-template")
     g.add_argument("--root-path")
@@ -212,7 +213,7 @@ def _accepted_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--swap-space", type=float)
     g.add_argument("--cpu-offload-gb", type=float)
     g.add_argument("--max-parallel-loading-workers", type=int)
-    for flag in ("--enable-auto-tool-choice", "--enable-prompt-tokens-details",
+    for flag in ("--enable-auto-tool-choice",
                  "--enable-force-include-usage", "--disable-frontend-multiprocessing",
                  "--enable-expert-parallel", "--return-tokens-as-token-ids"):
         g.add_argument(flag, action="store_true")

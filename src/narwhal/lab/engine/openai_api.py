@@ -65,6 +65,8 @@ class OpenAIRoutes:
         self.max_logprobs = engine.cfg.serve.max_logprobs
         self.interval = engine.cfg.serve.stream_interval
         self.role = engine.cfg.serve.response_role
+        # vLLM's --enable-prompt-tokens-details: usage says how many prompt tokens were cached
+        self.details = bool(engine.cfg.args.enable_prompt_tokens_details)
         cfg, launch = engine.cfg, engine.plan.launch
         self.fingerprint = R.system_fingerprint(
             cfg.vllm_version, launch.tensor_parallel_size, launch.pipeline_parallel_size,
@@ -211,10 +213,20 @@ class OpenAIRoutes:
         prompt_ids = job.prompt_ids if job.return_token_ids else None
         n_prompt = len(job.prompt_ids)
         if job.chat:
-            return R.chat_body(job.head, job.role, text, logprobs, run.finish_reason, token_ids,
+            body = R.chat_body(job.head, job.role, text, logprobs, run.finish_reason, token_ids,
                                prompt_ids, job.prompt_text, n_prompt, len(ids), kv)
-        return R.completion_body(job.head, text, logprobs, run.finish_reason, token_ids,
-                                 prompt_ids, n_prompt, len(ids), kv)
+        else:
+            body = R.completion_body(job.head, text, logprobs, run.finish_reason, token_ids,
+                                     prompt_ids, n_prompt, len(ids), kv)
+        self._cached(body["usage"], run)
+        return body
+
+    def _cached(self, usage: dict[str, Any], run: Run) -> None:
+        """With --enable-prompt-tokens-details, vLLM's `cached_tokens`: the prompt tokens not
+        computed here, found in the prefix cache or pulled from a producer."""
+        if self.details:
+            usage["prompt_tokens_details"] = {"cached_tokens": run.seq.local_hit
+                                              + run.seq.external}
 
     def _logprobs(self, job: Job, run: Run, ids: list[int], start: int,
                   offset: int) -> tuple[dict[str, Any] | None, int]:
@@ -273,7 +285,9 @@ class OpenAIRoutes:
             await response.write(R.sse(R.error_chunk(ENGINE_DEAD_MESSAGE, "InternalServerError",
                                                      500)))
         elif job.include_usage:
-            await response.write(R.sse(R.usage_chunk(head, n_prompt, run.seq.produced)))
+            chunk = R.usage_chunk(head, n_prompt, run.seq.produced)
+            self._cached(chunk["usage"], run)
+            await response.write(R.sse(chunk))
         await response.write(R.DONE)
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from narwhal.lab.engine import hf_tokenizer
+
 TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 432,
     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
@@ -54,11 +56,13 @@ TINY_QWEN3_NEXT: dict[str, Any] = {
 
 def write_model_dir(path: Path, config: Mapping[str, Any],
                     tokenizer_config: Mapping[str, Any] | None = None) -> Path:
-    """A model directory holding config.json (and tokenizer_config.json when given)."""
+    """A model directory: config.json, tokenizer_config.json (the given keys, and the chat
+    template) and the tokenizer.json that encodes as the emulator does (hf_tokenizer.py)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(dict(config), indent=1))
     if tokenizer_config is not None:
         (path / "tokenizer_config.json").write_text(json.dumps(dict(tokenizer_config), indent=1))
+    hf_tokenizer.write(path)
     return path
 
 

@@ -3,8 +3,10 @@
 Ids are laid out once from the vocabulary size and the special ids in config.json: the special
 ids keep their numbers, the next 256 ids are the bytes 0-255, the rest are words (common English
 words first, then made-up syllable words). Encoding splits text into word-like pieces with one C
-regex pass and one dict lookup per piece; a piece that is not a word falls back to its UTF-8
-bytes, so decode(encode(text)) == text for every string. Special-token strings in the text
+regex pass and one dict lookup per piece; a piece that is not a word falls back, character by
+character, to the character's word or its UTF-8 bytes (a BPE with byte fallback and no merges
+does the same, so lab/engine/hf_tokenizer.py can write this tokenizer as a tokenizer.json), so
+decode(encode(text)) == text for every string. Special-token strings in the text
 (`<s>`, `</s>`) encode to their ids, which is how the chat template marks turns.
 """
 
@@ -117,8 +119,13 @@ class Tokenizer:
             token = words.get(piece)
             if token is not None:
                 out.append(token)
-            else:
-                out.extend(byte_ids[b] for b in piece.encode())
+                continue
+            for char in piece:  # as a BPE with byte fallback: a character that is a word
+                token = words.get(char)
+                if token is not None:
+                    out.append(token)
+                else:
+                    out.extend(byte_ids[b] for b in char.encode())
 
     def is_special(self, token: int) -> bool:
         return token in self._special_text

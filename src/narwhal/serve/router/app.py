@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from narwhal.core.errors import InputError, Problem
+from narwhal.serve.router.cache.view import CacheFamilies, CacheView
 from narwhal.serve.router.control.attestation import HELD, Attestation, Attestor
 from narwhal.serve.router.control.leadership import Leadership
 from narwhal.serve.router.control.lease import Claimant, FileLease, Lease
@@ -30,8 +31,9 @@ from narwhal.serve.router.observe.journal import Journal
 from narwhal.serve.router.observe.metrics import RouterMetrics
 from narwhal.serve.router.request.deadlines import Deadlines
 from narwhal.serve.router.request.health import Health
+from narwhal.serve.router.request.legs import LegFailed, LegTimedOut, exchange, request_bytes
 from narwhal.serve.router.request.proxy import Proxy
-from narwhal.serve.router.request.upstream import Connector, EnginePool
+from narwhal.serve.router.request.upstream import Connector, EnginePool, EngineUnreachable
 from narwhal.serve.router.scheduling.choosers import EngineChooser, LeastOutstanding
 from narwhal.serve.router.scheduling.engines import Engine
 from narwhal.serve.router.scheduling.generation import Binder, ProfileBook
@@ -134,6 +136,7 @@ class Router:
         self.roles = self._role_controller(chooser)
         self.proxy = Proxy(settings.limits, chooser, self.health, self.metrics, self.journal,
                            self.deadlines)
+        self.cache = self._cache()
         self.leadership = self._leadership(lease, standby_of)
         self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal,
                              self.leadership, self.binder.book if self.binder else None,
@@ -214,6 +217,37 @@ class Router:
         return CurvePriced(self.engines, self.settings.ttft_s, self.settings.tpot_s,
                            weights=self.settings.tenants.weights,
                            overflow=flips is not None and flips.mode == "planner")
+
+    def _cache(self) -> CacheView | None:
+        """Cache-aware placement when the fleet asks for it: the model's tokenizer is read here
+        (a missing one stops startup, exit 2), the proxy asks the view before placing, and
+        /metrics carries its families."""
+        settings = self.settings.cache
+        if settings is None:
+            return None
+        view = CacheView(settings, [e.id for e in self.engines])
+        self.proxy.cache = view
+        self.metrics.registry.register(CacheFamilies(view))
+        return view
+
+    async def _size_caches(self) -> None:
+        """Block size and capacity of every engine followed by routing history, from its own
+        vllm:cache_config_info; an engine that does not say stays unsized (never learns)."""
+        view = self.cache
+        if view is None:
+            return
+        timeout = self.settings.health.probe_timeout_s
+        for engine in self.engines:
+            if engine.ejected or view.fleet.engines[engine.id].mode != "approximate":
+                continue
+            try:
+                status, text = await exchange(engine.pool, request_bytes(
+                    b"GET", b"/metrics", engine.spec.host_header, b"", None,
+                    bearer=engine.spec.bearer), timeout, self.deadlines)
+            except (EngineUnreachable, LegFailed, LegTimedOut):
+                continue
+            if status == 200:
+                view.size(engine.id, text)
 
     def _role_controller(self, chooser: EngineChooser) -> RoleController | None:
         """The controller that moves `both` engines between pools, when the fleet asks for
@@ -297,6 +331,7 @@ class Router:
             await self.attestor.sweep()
         if self.binder is not None:
             await self.binder.sweep()
+        await self._size_caches()
 
     def _start_background(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:
         """The periodic work off the request path (timeout sweep, health, loop-lag watch,
@@ -312,6 +347,8 @@ class Router:
             loop.add_signal_handler(signal.SIGHUP, self.binder.reload_now)
         if self.roles is not None:
             background.append(loop.create_task(self.roles.run()))
+        if self.cache is not None:
+            background += [loop.create_task(feed) for feed in self.cache.feeds()]
         return background
 
     async def _shutdown(self, server: asyncio.Server) -> dict[str, Any]:

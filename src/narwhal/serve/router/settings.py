@@ -156,6 +156,16 @@ class ControllerPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheSettings:
+    """The fleet's prefix_cache section, resolved: the tokenizer folder, the blocks assumed for
+    engines without events (0: read from the engine), and each engine's event endpoint."""
+
+    tokenizer_dir: Path
+    approximate_blocks: int
+    events: Mapping[str, tuple[str, str]]  # engine id -> (endpoint, topic)
+
+
+@dataclass(frozen=True, slots=True)
 class RouterSettings:
     model: str
     engines: tuple[EngineSpec, ...]
@@ -173,6 +183,7 @@ class RouterSettings:
     ops: OpsAccess = OpsAccess(True, b"", None)
     # engine id -> (its sidecar's /v1/attestation URL, the contract Gate E attested)
     attestations: Mapping[str, tuple[str, EngineContract]] = field(default_factory=dict)
+    cache: CacheSettings | None = None  # cache-aware placement (router/cache/)
 
 
 def _engine(entry_id: str, url: str, role: str, key: Secret | None = None) -> EngineSpec:
@@ -307,4 +318,9 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         ops=_ops(doc, env, fleet_path, tenants),
         attestations={e.id: (e.attestation_url, e.contract) for e in doc.engines
                       if e.attestation_url is not None and e.contract is not None},
+        cache=None if doc.prefix_cache is None else CacheSettings(
+            beside(fleet_path, doc.prefix_cache.tokenizer_dir),
+            doc.prefix_cache.approximate_blocks,
+            {e.id: (e.kv_events.endpoint, e.kv_events.topic) for e in doc.engines
+             if e.kv_events is not None}),
     )

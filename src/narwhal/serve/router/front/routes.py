@@ -261,6 +261,7 @@ class Routes:
             "scheduler": (chooser.state() if isinstance(chooser := self.proxy.chooser, CurvePriced)
                           else {"policy": "least_outstanding"}),
             "role_flips": self.roles.state() if self.roles is not None else None,
+            "prefix_cache": self.proxy.cache.state() if self.proxy.cache is not None else None,
             "journal": {"path": str(self.journal.path), "written": self.journal.written,
                         "dropped": self.journal.dropped, "queued": self.journal.queued},
             "connections": self.connections.state() if self.connections is not None else None,

@@ -96,6 +96,17 @@ class RouterMetrics:
         key = (route, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
 
+    def settled(self, route: str, outcome: str, ttft_s: float | None, tpot_s: float | None,
+                handoff_s: float | None) -> None:
+        """One request settled: its outcome counted, the latencies it had observed."""
+        self.request(route, outcome)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+        if tpot_s is not None:
+            self.tpot.observe(tpot_s)
+        if handoff_s is not None:
+            self.handoff.observe(handoff_s)
+
     def retry(self, leg: str) -> None:
         self.retries[leg] = self.retries.get(leg, 0) + 1
 

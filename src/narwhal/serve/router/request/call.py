@@ -171,11 +171,12 @@ def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
 class Call:
     """Everything the router knows about one accepted request, through to its journal row."""
 
-    __slots__ = ("_base", "body", "chat", "conn", "decision", "decode_attempts",
+    __slots__ = ("_base", "body", "cached", "chat", "conn", "decision", "decode_attempts",
                  "decode_engine", "decode_tries", "estimate", "estimator", "events", "finished",
                  "gone", "handoff_s", "http11", "keep_alive", "kv", "leg_id", "max_tokens",
-                 "mode", "path", "placement", "prefill_engine", "prefill_s", "prefill_tries",
-                 "prompt_tokens", "reason", "received", "relay", "request_id", "route", "status", "stream", "t0", "t_prefill_done",
+                 "mode", "observed_hit", "path", "placement", "prefill_engine", "prefill_s",
+                 "prefill_tries", "prompt_keys", "prompt_tokens", "reason", "received", "relay",
+                 "request_id", "route", "status", "stream", "t0", "t_prefill_done",
                  "t_prefill_start", "tenant", "tpot_s", "ttft_s")
 
     def __init__(self, body: dict[str, Any], chat: bool, request_id: bytes, tenant: str | None,
@@ -217,6 +218,11 @@ class Call:
         self.events = 0
         self.status = 0
         self.decision: Decision | None = None  # the decision table's row that settled it
+        # cache-aware placement (router/cache/view.py): matched prefix tokens per engine, the
+        # prompt's block keys, and the cached tokens the computing engine reported
+        self.cached: dict[str, int] | None = None
+        self.prompt_keys: Any = None
+        self.observed_hit: int | None = None
         self.reason = ""
         base = {k: v for k, v in body.items() if k not in _LEG_KEYS}
         self._base = dumps(base)
@@ -344,4 +350,15 @@ class Call:
             "outcome": decision.outcome,
             "rule": decision.name,
             "reason": self.reason or None,
+            **({} if self.cached is None else {"cache": self._cache_row()}),
         }
+
+    def _cache_row(self) -> dict[str, Any]:
+        """What cache-aware placement saw and did: matched tokens per engine, the hit it
+        priced on the computing engine, what that engine reported, how the request ran."""
+        placement = self.placement
+        return {"matched": self.cached,
+                "predicted_hit": placement.cached_tokens if placement is not None else None,
+                "observed_hit": self.observed_hit,
+                "decision": None if placement is None else "local_cached"
+                if placement.cache_local else "plain" if placement.single else "split"}

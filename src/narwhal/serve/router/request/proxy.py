@@ -73,6 +73,7 @@ class Proxy:
         self.inflight = 0
         self.served = 0
         self.estimator = BytesPerToken()  # prompt tokens per body byte, learned (token_estimate.py)
+        self.cache: Any = None  # router/cache/view.CacheView when the fleet asks for it
         # Prefill legs waiting in the router's line for an engine (`Engine.prefill_line`), each
         # booked on its queue when placed, sent in the order placed as its legs answer.
         self._lines: dict[Engine, deque[tuple[Call, Collector, bytes]]] = {}
@@ -138,14 +139,7 @@ class Proxy:
         self._calls.discard(call)
         if call.placement is not None:
             self.chooser.finished(call)
-        m = self.metrics
-        m.request(call.route, outcome)
-        if call.ttft_s is not None:
-            m.ttft.observe(call.ttft_s)
-        if call.tpot_s is not None:
-            m.tpot.observe(call.tpot_s)
-        if call.handoff_s is not None:
-            m.handoff.observe(call.handoff_s)
+        self.metrics.settled(call.route, outcome, call.ttft_s, call.tpot_s, call.handoff_s)
         self.journal.record(call.row())
         if self.inflight == 0:
             self._idle.set()
@@ -211,6 +205,8 @@ class Proxy:
 
     # -- placement --------------------------------------------------------------------------
     def _place(self, call: Call) -> None:
+        if (cache := self.cache) is not None:
+            cache.before(call)
         placement = self.chooser.place(call)
         if placement is None:
             self._settle(call, D.NO_ENGINE, extra=b"retry-after: 1\r\n")
@@ -220,6 +216,8 @@ class Proxy:
             return
         call.placement = placement
         self.bookings.placed(call, placement)
+        if cache is not None:
+            cache.placed(call, placement)
         context = context_of(placement)
         if not self._fits(call, context):
             return
@@ -393,10 +391,12 @@ class Proxy:
         if not isinstance(kv, dict) or not kv:
             self._settle(call, D.NO_HANDOFF, engine)
             return None
-        if call.prompt_tokens is None:
-            usage = doc.get("usage")
-            if isinstance(usage, dict) and type(usage.get("prompt_tokens")) is int:
-                call.learned(usage["prompt_tokens"])
+        usage = doc.get("usage")
+        if call.prompt_tokens is None and isinstance(usage, dict) \
+                and type(usage.get("prompt_tokens")) is int:
+            call.learned(usage["prompt_tokens"])
+        if self.cache is not None:
+            self.cache.observed(call, engine, usage)
         return dumps(kv)
 
     # -- decode leg -------------------------------------------------------------------------
@@ -490,4 +490,6 @@ class Proxy:
             pt = usage.get("prompt_tokens")
             if type(pt) is int:
                 call.learned(pt)
+        if self.cache is not None and call.placement is not None and call.placement.single:
+            self.cache.observed(call, call.placement.decode, usage)  # a plain request's prompt
         self._settle(call, D.REPLIED, body=dumps(body))

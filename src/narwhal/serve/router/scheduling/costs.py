@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from narwhal.core.profiles import ProfileRow
+from narwhal.core.profiles import PrefillCurve, ProfileRow
 from narwhal.serve.router.scheduling.bookings import departures_per_s
 from narwhal.serve.router.scheduling.engines import Engine
 from narwhal.serve.router.scheduling.pricing import (
@@ -29,6 +29,18 @@ def arrival_s(profile: ProfileRow) -> float:
     prompt token computed as a first prefill chunk (the curve's constant and one token)."""
     c = profile.prefill
     return c.a_s + c.b_s_per_token
+
+
+def uncached_s(curve: PrefillCurve, tokens: int, held: int) -> float:
+    """The prefill of a `tokens` prompt whose first `held` tokens the engine's prefix cache
+    holds: the curve's constant, its linear term on the tokens computed, and its quadratic
+    (attention) term on those tokens attending to the whole prompt so far, t^2 - held^2."""
+    if held <= 0:
+        return curve.a_s + curve.b_s_per_token * tokens + curve.c_s_per_token2 * tokens * tokens
+    if held >= tokens:
+        held = tokens - 1 if tokens > 0 else 0
+    return (curve.a_s + curve.b_s_per_token * (tokens - held)
+            + curve.c_s_per_token2 * (tokens * tokens - held * held))
 
 
 def waited_s(engine: Engine, now: float) -> float:

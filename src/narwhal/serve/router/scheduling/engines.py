@@ -9,7 +9,7 @@ themselves live in choosers.py (the seam) and scheduler.py (curve pricing).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -239,6 +239,12 @@ class RequestFacts(Protocol):
     @property
     def placement(self) -> Placement | None: ...
 
+    @property
+    def cached(self) -> Mapping[str, int] | None:
+        """Prompt tokens each engine holds in its prefix cache, by engine id, as the router's
+        cache state predicts them (None: the router does not know the prompt's tokens)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -253,6 +259,10 @@ class Placement:
     # when the router sends the decode leg (monotonic clock; 0: as soon as the prefill ends):
     # held until streams on the decode engine end, so that every stream there keeps TPOT
     decode_at: float = 0.0
+    # prompt tokens the engine that computes the prompt holds in its prefix cache, as priced
+    cached_tokens: int = 0
+    # run whole on `decode` because its cached prefix made that sooner than a split
+    cache_local: bool = False
 
     @property
     def single(self) -> bool:

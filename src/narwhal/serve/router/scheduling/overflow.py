@@ -12,10 +12,10 @@ pool at a time, and a request refused by its own pool may still fit on one of th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from narwhal.serve.router.scheduling.bookings import PREFILL_SHARE_TAU_S, prefill_share
-from narwhal.serve.router.scheduling.costs import stream_step_s, waited_s
+from narwhal.serve.router.scheduling.costs import stream_step_s, uncached_s, waited_s
 from narwhal.serve.router.scheduling.engines import Engine
 
 # A prefill engine busier than this with prefill takes no overflow stream: gaps stretched by
@@ -111,7 +111,8 @@ def best_home(pool: Sequence[Engine], demand: PoolPrefill, tokens: int, resident
 
 
 def best_local(pool: Sequence[Engine], tokens: int, resident: int, steps: int | None,
-               now: float, tpot_budget_s: float, ttft_limit_s: float) -> Choice | None:
+               now: float, tpot_budget_s: float, ttft_limit_s: float,
+               cached: Mapping[str, int] | None = None) -> Choice | None:
     """Overflow to the decode pool: the `both` engine of `pool` (the decode engines) that
     prefills and decodes the request itself (one plain request) with the lowest TTFT, if both
     budgets still hold.
@@ -128,16 +129,21 @@ def best_local(pool: Sequence[Engine], tokens: int, resident: int, steps: int | 
 
     An engine with a whole request placed but not yet sent (its prompt being counted) takes
     no other: that one's prefill and stream are not booked yet, so a second would be priced
-    as if they were not there."""
+    as if they were not there.
+
+    With `cached` (the scheduler's cache-local question), the candidates are the decode
+    engines that hold part of the prompt, `decode` ones included (every engine of a fleet is
+    kv_both: the role is the router's), each priced on the tokens it lacks."""
     best: Choice | None = None
     for engine in pool:
         profile = engine.profile
         load = engine.load
+        held = cached.get(engine.spec.id, 0) if cached is not None else 0
         if (engine.ejected or engine.held or profile is None or not engine.serves_decode
-                or engine.serves_prefill or not engine.spec.can_prefill
-                or load.whole_reserved > 0):
+                or engine.serves_prefill or load.whole_reserved > 0
+                or (held <= 0 if cached is not None else not engine.spec.can_prefill)):
             continue
-        cost = profile.prefill.seconds(tokens)
+        cost = uncached_s(profile.prefill, tokens, held)
         queued = load.busy_until - now
         wait = (queued if queued > 0.0 else 0.0) + waited_s(engine, now)
         running_step, _, _ = stream_step_s(engine, 0, 0.0, None, 0.0, now, tpot_budget_s,

@@ -55,6 +55,7 @@ from narwhal.serve.router.scheduling.costs import (
     decode_step_s,
     first_token_s,
     stream_step_s,
+    uncached_s,
     waited_s,
 )
 from narwhal.serve.router.scheduling.engines import (
@@ -128,6 +129,8 @@ class CurvePriced:
         # Admitted as one plain request on an engine of the other pool (overflow.py).
         self.overflow_to_decode_pool = 0
         self.overflow_to_prefill_pool = 0
+        # Run whole on a decode engine because its prefix cache made that the sooner way.
+        self.cache_local = 0
         self.last_refusal: Refusal | None = None
         # Prefill seconds offered to the fleet, admitted or refused, priced at the best
         # engine's curve: the planner's measure of prefill demand (roles.py, planner.py).
@@ -166,10 +169,11 @@ class CurvePriced:
                 active += weights.get(other, 1.0) if other is not None else 1.0
         return inflight.get(tenant, 0) + 1 > mine / active * (self._total + 1)
 
-    def _best_prefill(self, tokens: int, exclude: Sequence[Engine],
-                      now: float) -> tuple[Engine | None, float]:
+    def _best_prefill(self, tokens: int, exclude: Sequence[Engine], now: float,
+                      cached: Mapping[str, int] | None = None) -> tuple[Engine | None, float]:
         """(the prefill engine whose queue answers a prompt of `tokens` soonest, that TTFT
-        before the handoff); ties rotate so equal engines share load."""
+        before the handoff); ties rotate so equal engines share load. Each engine computes
+        only what its prefix cache lacks (`uncached_s`)."""
         pool = self._prefill
         n = len(pool)
         start = self._turn % n if n else 0
@@ -181,11 +185,11 @@ class CurvePriced:
             if (engine.ejected or engine.held or profile is None or not engine.serves_prefill
                     or engine in exclude):
                 continue
-            c = profile.prefill
             load = engine.load
             queued = load.busy_until - now
-            t = ((queued if queued > 0.0 else 0.0) + waited_s(engine, now) + c.a_s
-                 + c.b_s_per_token * tokens + c.c_s_per_token2 * tokens * tokens)
+            held = cached.get(engine.spec.id, 0) if cached is not None else 0
+            t = ((queued if queued > 0.0 else 0.0) + waited_s(engine, now)
+                 + uncached_s(profile.prefill, tokens, held))
             if load.running:  # overflow streams decode here: the step carries them too
                 d = profile.decode
                 t += (d.base_s + d.per_token_s * load.resident_tokens
@@ -251,10 +255,12 @@ class CurvePriced:
         self._turn += 1
         now = self._clock()
         tokens = facts.price_tokens
-        prefill, window = self._best_prefill(tokens, (), now)
+        cached = facts.cached
+        prefill, window = self._best_prefill(tokens, (), now, cached)
         if prefill is None or prefill.profile is None:
             return None
-        work = prefill.profile.prefill.seconds(tokens)
+        held = cached.get(prefill.spec.id, 0) if cached is not None else 0
+        work = uncached_s(prefill.profile.prefill, tokens, held)
         self.offered_prefill_s += work
         resident = decode_tokens(tokens, facts.max_tokens)
         arrivals = arrivals_per_step(facts.max_tokens)
@@ -263,6 +269,10 @@ class CurvePriced:
         if choice is None:
             return None
         modelled, decode_at = self._first_token(prefill, choice, window, now)
+        if cached and choice.engine is not prefill:
+            local = self._cache_local(facts, cached, resident, now, modelled)
+            if local is not None:
+                return local
         predicted = modelled + self.ttft_margin_s
         verdict = admit(self._facts(facts.tenant, predicted, choice.judged_s))
         if isinstance(verdict, Admit):
@@ -274,7 +284,7 @@ class CurvePriced:
             if own >= 0.0:
                 commit_projections(decode)
             return Placement(prefill, decode, modelled, choice.after_s,
-                             own if own > 0.0 else 0.0, decode_at)
+                             own if own > 0.0 else 0.0, decode_at, held)
         if isinstance(verdict, Overflow):
             placed = self._overflow(verdict.pool, facts, resident, work, now)
             if placed is not None:
@@ -282,6 +292,26 @@ class CurvePriced:
             verdict = verdict.otherwise
         return self._refuse(verdict.kind, facts, resident, arrivals, choice.after_s,
                             predicted, choice.judged_s)
+
+    def _cache_local(self, facts: RequestFacts, cached: Mapping[str, int], resident: int,
+                     now: float, split_s: float) -> Placement | None:
+        """The request run whole on a decode engine whose prefix cache makes that sooner than
+        the split priced at `split_s` (its prefill elsewhere, then the handoff), when admission
+        takes it there. Priced as overflow.best_local prices a plain request, on the tokens
+        that engine lacks; never a fixed share of cached tokens."""
+        local = best_local(self._decode, facts.price_tokens, resident, facts.max_tokens, now,
+                           self.tpot_s, self._ttft_limit(), cached)
+        if local is None or local.ttft_s >= split_s:
+            return None
+        verdict = admit(self._facts(facts.tenant, local.ttft_s + self.ttft_margin_s,
+                                    local.step_s))
+        if not isinstance(verdict, Admit):
+            return None
+        self._admit(facts.tenant)
+        self.cache_local += 1
+        held = cached.get(local.engine.spec.id, 0)
+        return Placement(local.engine, local.engine, local.ttft_s, local.step_s,
+                         cached_tokens=held, cache_local=True)
 
     def _first_token(self, prefill: Engine, choice: DecodeChoice, window: float,
                      now: float) -> tuple[float, float]:
@@ -410,6 +440,7 @@ class CurvePriced:
             "refused_tpot": self.refused_tpot,
             "overflow": {"to_decode_pool": self.overflow_to_decode_pool,
                          "to_prefill_pool": self.overflow_to_prefill_pool},
+            "cache_local": self.cache_local,
             "ttft_model_error": {"mean_s": round(self.ttft_error_mean_s, 6),
                                  "deviation_s": round(self.ttft_error_dev_s, 6),
                                  "margin_s": round(self.ttft_margin_s, 6)},

@@ -1,0 +1,108 @@
+"""A prompt's token ids in the router process, from the model's own tokenizer files.
+
+Cache-aware placement keys a prompt's blocks by its token ids, so the router must see the ids
+the engine will see: the model's tokenizer.json through the `tokenizers` library and, for chat,
+the model's chat template (tokenizer_config.json) rendered in a sandboxed Jinja environment
+with vLLM's defaults (completions: special tokens added, e.g. BOS; chat: the template writes
+them, none added). A per-request /tokenize call would put an engine round trip on every
+request's path. A prompt this cannot render (a batch of prompts, a template that raises, a
+message shape the template does not take) has no ids: it is placed blind to cache state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from narwhal.core.errors import InputError, Problem
+
+
+def _content_text(content: object) -> str:
+    """A message's text: a string, or the `text` parts of a content list (vLLM's string
+    content format)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content
+                       if isinstance(p, dict) and p.get("type", "text") == "text")
+    return str(content)
+
+
+class PromptTokenizer:
+    """The model's tokenizer and chat template, loaded once at router start."""
+
+    def __init__(self, folder: Path) -> None:
+        tokenizer_json = folder / "tokenizer.json"
+        try:
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        except Exception as exc:  # the library raises its own untyped errors
+            raise InputError("the fleet document", [Problem("prefix_cache.tokenizer_dir",
+                                      f"{tokenizer_json} cannot be read as a tokenizer: {exc}",
+                                      "place the model's tokenizer.json there")]) from None
+        config = self._config(folder / "tokenizer_config.json")
+        template = config.get("chat_template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._chat = env.from_string(template) if isinstance(template, str) else None
+        self._specials = {k: self._token_text(config.get(k))
+                          for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        self.failures = 0
+
+    @staticmethod
+    def _config(path: Path) -> dict[str, Any]:
+        if not path.exists():
+            return {}
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError("the fleet document", [Problem("prefix_cache.tokenizer_dir", f"{path}: {exc}",
+                                      "place the model's tokenizer_config.json there")]) from None
+        return value if isinstance(value, dict) else {}
+
+    @staticmethod
+    def _token_text(value: object) -> str:
+        if isinstance(value, dict):
+            value = value.get("content")
+        return value if isinstance(value, str) else ""
+
+    def completion_ids(self, prompt: object) -> list[int] | None:
+        """/v1/completions: one text prompt (special tokens added) or one list of ids."""
+        if isinstance(prompt, str):
+            return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return prompt
+        return None
+
+    def chat_ids(self, body: Mapping[str, Any]) -> list[int] | None:
+        """/v1/chat/completions: the messages through the model's chat template."""
+        messages = body.get("messages")
+        if self._chat is None or not isinstance(messages, list):
+            return None
+        rows: list[dict[str, str]] = []
+        for m in messages:
+            if not isinstance(m, dict):
+                return None
+            rows.append({**{k: v for k, v in m.items() if isinstance(v, str)},
+                         "content": _content_text(m.get("content"))})
+        add = body.get("add_special_tokens", False) is True
+        try:
+            text = self._chat.render(
+                messages=rows, add_generation_prompt=body.get("add_generation_prompt", True),
+                continue_final_message=body.get("continue_final_message", False) is True,
+                **self._specials)
+        except (TemplateError, TypeError, ValueError):
+            self.failures += 1
+            return None
+        return self._tokenizer.encode(text, add_special_tokens=add).ids
+
+    def ids(self, route: str, body: Mapping[str, Any]) -> list[int] | None:
+        if route == "chat":
+            return self.chat_ids(body)
+        return self.completion_ids(body.get("prompt"))
