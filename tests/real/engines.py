@@ -62,6 +62,7 @@ class EngineSpec:
     model: Path
     log: Path
     kv_role: str = "kv_both"
+    events_port: int = 0  # vLLM's KV cache events published here (0: none)
 
     @property
     def base_url(self) -> str:
@@ -80,7 +81,20 @@ class EngineSpec:
             "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--enforce-eager",
             "--kv-cache-memory-bytes", str(KV_CACHE_MEMORY_BYTES),
             "--kv-transfer-config", json.dumps(self.kv_transfer_config()),
+            *self.events_args(),
         ]
+
+    def events_args(self) -> list[str]:
+        if not self.events_port:
+            return []
+        return ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://*:{self.events_port}"})]
+
+    @property
+    def events_endpoint(self) -> str:
+        """Where a subscriber on this host connects (the engine binds every address)."""
+        return f"tcp://127.0.0.1:{self.events_port}"
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -115,9 +115,9 @@ def running_pair(python: Path, model: Path, logs: Path, timings: Timings) -> Ite
     began = time.monotonic()
     specs = [
         EngineSpec("prefill", core=0, http_port=free_port(), side_channel_port=free_port(),
-                   model=model, log=logs / "prefill.log"),
+                   model=model, log=logs / "prefill.log", events_port=free_port()),
         EngineSpec("decode", core=1, http_port=free_port(), side_channel_port=free_port(),
-                   model=model, log=logs / "decode.log"),
+                   model=model, log=logs / "decode.log", events_port=free_port()),
     ]
     engines: list[Engine] = []
     try:

@@ -145,3 +145,21 @@ def test_a_bad_events_config_stops_the_engine_naming_the_key(
     from narwhal.lab.engine.testing import EngineStartFailed
     with pytest.raises(EngineStartFailed, match="enable_kv_cache_event"):
         engines("--kv-events-config", '{"enable_kv_cache_event": true}')
+
+
+def test_the_emulator_publishes_the_shape_a_live_vllm_engine_publishes(
+        engines: Callable[..., RunningEngine]) -> None:
+    from tests.fidelity.kv_events import LIVE, first_batch, shape
+    port = free_port()
+    engine = engines(*_events_args(port))
+    ids = _ids(9, 4 * BLOCK + 3)
+
+    def send() -> None:
+        async def go() -> None:
+            async with aiohttp.ClientSession() as http:
+                await _complete(http, engine.url, ids)
+        asyncio.run(go())
+
+    frames = first_batch(f"tcp://127.0.0.1:{port}", send)
+    assert len(frames) == 3 and len(frames[1]) == 8
+    assert shape(frames[2]) == shape(LIVE.read_bytes())

@@ -119,3 +119,15 @@ def test_the_events_config_reads_vllm_s_keys_and_refuses_others() -> None:
         parse_events_config('{"endpoint": "http://x:1"}')
     with pytest.raises(ValueError, match="hwm"):
         parse_events_config('{"hwm": "1e9"}')
+
+
+LIVE = Path(__file__).parents[2] / "fixtures" / "vllm-0.32.0" / "kv-events-live-batch.msgpack"
+
+
+def test_a_batch_a_live_vllm_0_32_cpu_engine_published_decodes() -> None:
+    # captured from the real tier's engine (tiny llama, 128-token blocks, one 300-token prompt)
+    batch = decode_batch(0, LIVE.read_bytes())
+    (stored,) = batch.events
+    assert isinstance(stored, BlockStored) and stored.block_size == 128
+    assert len(stored.block_hashes) == 2 and len(stored.token_ids) == 256
+    assert stored.group_idx == 0 and stored.kv_cache_spec_kind == "full_attention"

@@ -54,6 +54,7 @@ class BlockStored:
     medium: str | None = None
     lora_name: str | None = None
     group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None  # e.g. "full_attention" (vLLM 0.32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,8 @@ def _stored(item: Mapping[str, Any]) -> BlockStored:
     return BlockStored(
         hashes, None if parent is None else _hash(parent), tuple(tokens), block_size,
         _name(item.get("medium"), "medium"), _name(item.get("lora_name"), "lora_name"),
-        _optional_int(item.get("group_idx"), "group_idx"))
+        _optional_int(item.get("group_idx"), "group_idx"),
+        _name(item.get("kv_cache_spec_kind"), "kv_cache_spec_kind"))
 
 
 def _event(item: Any) -> Event:
@@ -231,11 +233,16 @@ def decode_frames(frames: Sequence[bytes]) -> tuple[bytes, EventBatch]:
 
 def _event_map(event: Event) -> dict[str, Any]:
     if isinstance(event, BlockStored):
+        # vLLM 0.32 omits fields at their default (msgspec omit_defaults) and writes one
+        # extra_keys entry per block (None without LoRA, multimodal or cache salt)
+        optional = {"group_idx": event.group_idx,
+                    "kv_cache_spec_kind": event.kv_cache_spec_kind}
         return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
                 "parent_block_hash": event.parent_block_hash,
                 "token_ids": list(event.token_ids), "block_size": event.block_size,
                 "lora_id": None, "medium": event.medium, "lora_name": event.lora_name,
-                **({} if event.group_idx is None else {"group_idx": event.group_idx})}
+                "extra_keys": [None] * len(event.block_hashes),
+                **{k: v for k, v in optional.items() if v is not None}}
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes),
                 "medium": event.medium,

@@ -17,6 +17,7 @@ from narwhal.core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, 
 
 EventSink = Callable[[list[Event]], None]
 MEDIUM = "GPU"  # what vLLM names the device tier, on its CPU platform too
+FULL_ATTENTION = "full_attention"  # the emulated models' one KV cache group
 
 
 class PrefixCache:
@@ -65,7 +66,8 @@ class PrefixCache:
             end = first_new + len(stored) * self.block_size
             parent = None if first_new == 0 else self._parent_of(prompt_ids, first_new)
             events.append(BlockStored(tuple(stored), parent, tuple(prompt_ids[first_new:end]),
-                                      self.block_size, MEDIUM))
+                                      self.block_size, MEDIUM, group_idx=0,
+                                      kv_cache_spec_kind=FULL_ATTENTION))
         if evicted:
             events.append(BlockRemoved(tuple(evicted), MEDIUM))
         return events

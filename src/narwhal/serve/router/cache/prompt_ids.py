@@ -36,6 +36,26 @@ def _content_text(content: object) -> str:
     return str(content)
 
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where newer checkpoints keep the template
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def _template(in_config: object, beside: Path) -> str | None:
+    """The model's default chat template: tokenizer_config.json's `chat_template` (a string,
+    or a list of named templates) or, in newer checkpoints, chat_template.jinja."""
+    if isinstance(in_config, list):
+        named = {t.get("name"): t.get("template") for t in in_config if isinstance(t, dict)}
+        in_config = named.get("default")
+    if isinstance(in_config, str):
+        return in_config
+    try:
+        if beside.stat().st_size <= MAX_TEMPLATE_BYTES:
+            return beside.read_text()
+    except (OSError, UnicodeDecodeError):
+        pass
+    return None
+
+
 class PromptTokenizer:
     """The model's tokenizer and chat template, loaded once at router start."""
 
@@ -48,7 +68,7 @@ class PromptTokenizer:
                                       f"{tokenizer_json} cannot be read as a tokenizer: {exc}",
                                       "place the model's tokenizer.json there")]) from None
         config = self._config(folder / "tokenizer_config.json")
-        template = config.get("chat_template")
+        template = _template(config.get("chat_template"), folder / CHAT_TEMPLATE_FILE)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._chat = env.from_string(template) if isinstance(template, str) else None
         self._specials = {k: self._token_text(config.get(k))
