@@ -163,3 +163,26 @@ def test_the_emulator_publishes_the_shape_a_live_vllm_engine_publishes(
     frames = first_batch(f"tcp://127.0.0.1:{port}", send)
     assert len(frames) == 3 and len(frames[1]) == 8
     assert shape(frames[2]) == shape(LIVE.read_bytes())
+
+
+def test_a_reply_s_blocks_are_cached_for_the_next_turn(engines: Callable[..., RunningEngine]
+                                                       ) -> None:
+    prompt = _ids(11, 2 * BLOCK + 5)
+
+    async def body(probe: Probe, http: aiohttp.ClientSession) -> None:
+        request = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 3 * BLOCK,
+                   "ignore_eos": True, "return_token_ids": True}
+        async with http.post(f"{probe.engine.url}/v1/completions", json=request) as reply:
+            assert reply.status == 200
+            output = (await reply.json())["choices"][0]["token_ids"]
+        whole = (len(prompt) + len(output) - 1) // BLOCK
+        for _ in range(200):  # the prompt's blocks, then the reply's
+            if probe.cache.blocks >= whole:
+                break
+            await asyncio.sleep(0.01)
+        following = [*prompt, *output, *_ids(12, 10)]
+        predicted, reported = await probe.send(http, following, stores=False)
+        # every full block of prompt + reply but the last token's: 5 blocks of 16
+        assert predicted == reported == whole * BLOCK
+
+    _run(engines, body)

@@ -97,6 +97,36 @@ class Run:
         return self.planned.finish_reason
 
 
+class _Finishing:
+    """The scheduler's observer: the engine's metrics, and the engine told of each request
+    that finished."""
+
+    def __init__(self, metrics: EngineMetrics, then: Callable[[Seq], None]) -> None:
+        self._metrics = metrics
+        self._then = then
+
+    def scheduled(self, seq: Seq) -> None:
+        self._metrics.scheduled(seq)
+
+    def first_token(self, seq: Seq) -> None:
+        self._metrics.first_token(seq)
+
+    def token(self, seq: Seq, gap: float) -> None:
+        self._metrics.token(seq, gap)
+
+    def finished(self, seq: Seq) -> None:
+        self._metrics.finished(seq)
+        self._then(seq)
+
+    def step(self, running: int, waiting: int, blocked_by_capacity: bool, used_blocks: int,
+             total_blocks: int, tokens: int = 0) -> None:
+        self._metrics.step(running, waiting, blocked_by_capacity, used_blocks, total_blocks,
+                           tokens)
+
+    def preempted(self, seq: Seq) -> None:
+        self._metrics.preempted(seq)
+
+
 class Engine:
     """Ties the tokenizer, generator, scheduler, metrics and connector together."""
 
@@ -119,7 +149,9 @@ class Engine:
         self.scheduler = Scheduler(
             num_blocks=plan.num_blocks, block_size=plan.block_size,
             max_num_seqs=cfg.serve.max_num_seqs, max_batched_tokens=plan.max_num_batched_tokens,
-            timing=timing, observer=metrics, clock=self.loop.time, gate=faults.hang_gate)
+            timing=timing, observer=_Finishing(metrics, self._finished), clock=self.loop.time,
+            gate=faults.hang_gate)
+        self._runs: dict[Seq, Run] = {}  # requests in flight, for their output at the end
         self.dead = False
         self.on_dead: Callable[[], None] | None = None  # the server's shutdown, set by it
         self._parked: set[asyncio.Future[None]] = set()
@@ -169,8 +201,17 @@ class Engine:
         self.metrics.admitted(len(prompt_ids), sampling.max_tokens, local_hit, external, queried)
         produce = bool(params and params.get("do_remote_decode"))
         run = Run(request_id, internal, prompt_ids, planned, seq, produce)
+        self._runs[seq] = run
         self.scheduler.submit(seq)
         return run
+
+    def _finished(self, seq: Seq) -> None:
+        """A request ended: the blocks its reply filled join the prefix cache (not an
+        aborted one's: vLLM frees those)."""
+        run = self._runs.pop(seq, None)
+        if run is not None and seq.finish_reason != "abort":
+            self.prefix_cache.keep_output(
+                [*run.prompt_ids, *run.planned.token_ids[:seq.produced]])
 
     async def _remote_prefill(self, params: dict[str, Any], prompt_ids: list[int],
                               request_id: str, internal: str, sampling: Sampling,

@@ -72,6 +72,32 @@ class PrefixCache:
             events.append(BlockRemoved(tuple(evicted), MEDIUM))
         return events
 
+    def keep_output(self, token_ids: Sequence[int]) -> None:
+        """A finished request's prompt and generated tokens: the full blocks whose KV was
+        computed (all but the last token) stay cached, as vLLM caches blocks filled while
+        decoding, so the next turn of a conversation finds the reply too."""
+        if not self.enabled:
+            return
+        bs = self.block_size
+        blocks = self._blocks
+        parent = 0
+        stored: list[int] = []
+        first_new = 0
+        computed = len(token_ids) - 1
+        for start in range(0, computed - bs + 1, bs):
+            key = hash((parent, tuple(token_ids[start:start + bs])))
+            if key in blocks:
+                blocks.move_to_end(key)
+            elif not stored or start == first_new + len(stored) * bs:
+                if not stored:
+                    first_new = start
+                stored.append(key)
+                blocks[key] = None
+            parent = key
+        evicted = [blocks.popitem(last=False)[0] for _ in range(len(blocks) - self.capacity)]
+        if self.sink is not None and (stored or evicted):
+            self.sink(self._events(token_ids, stored, first_new, evicted))
+
     def _parent_of(self, prompt_ids: Sequence[int], start: int) -> int:
         bs = self.block_size
         parent = 0
