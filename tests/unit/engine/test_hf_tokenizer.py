@@ -3,6 +3,7 @@ router's prompt ids (from those files) are the ids the emulator computes for the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,29 @@ def test_a_folder_without_tokenizer_json_is_an_error_naming_the_field(tmp_path: 
     from narwhal.core.errors import InputError
     with pytest.raises(InputError, match=r"prefix_cache\.tokenizer_dir"):
         PromptTokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "text", "says"), [
+    ("tokenizer.json", "{not json", "cannot be read as a tokenizer"),
+    ("tokenizer.json", '{"model": {"type": "Nope"}}', "cannot be read as a tokenizer"),
+    ("tokenizer_config.json", '{"chat_template": "{% for %}"}', "does not parse"),
+    ("tokenizer_config.json", "[1, 2", "tokenizer_config.json"),
+])
+def test_broken_tokenizer_files_stop_startup_naming_the_field(
+        tmp_path: Path, name: str, text: str, says: str) -> None:
+    from narwhal.core.errors import InputError
+    folder = write_tiny_llama(tmp_path / "m")
+    (folder / name).write_text(text)
+    with pytest.raises(InputError, match=r"prefix_cache\.tokenizer_dir") as info:
+        PromptTokenizer(folder)
+    assert says in str(info.value)
+
+
+def test_a_template_file_too_large_to_be_one_is_not_read(tmp_path: Path) -> None:
+    folder = write_tiny_llama(tmp_path / "m")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").write_text("x" * (2 << 20))
+    assert PromptTokenizer(folder).chat_ids({"messages": [{"role": "user", "content": "a"}]}) \
+        is None

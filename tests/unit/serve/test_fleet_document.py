@@ -255,3 +255,48 @@ def test_a_missing_or_linked_key_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "controller.key").symlink_to(real)
     with pytest.raises(InputError, match="cannot be opened"):
         settle(doc, {}, tmp_path / "fleet.json")
+
+
+def _cached(**changes: Any) -> dict[str, Any]:
+    doc = _with(**{"profiles": {"path": "profiles.json"},
+                   "prefix_cache": {"tokenizer_dir": "model"}, **changes})
+    doc["engines"][0]["kv_events"] = {"endpoint": "tcp://10.0.0.5:5557"}
+    return doc
+
+
+def test_cache_aware_placement_settles_tokenizer_and_event_endpoints(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps(_cached()))
+    settings = settle(load_fleet(path), {}, path)
+    assert settings.cache is not None
+    assert settings.cache.tokenizer_dir == tmp_path / "model"
+    assert settings.cache.events == {"p0": ("tcp://10.0.0.5:5557", "")}
+
+
+@pytest.mark.parametrize(("endpoint", "why"), [
+    ("tcp://*:5557", "must name the engine's host"),
+    ("http://10.0.0.5:5557", "must start with tcp://"),
+    ("tcp://10.0.0.5", "must name the engine's host and port"),
+    ("tcp://10.0.0.5:99999", "not a number in 1-65535"),
+    ("tcp://10.0.0.5:5557/x?y", "without path"),
+    ("ipc:///tmp/kv", "must start with tcp://"),
+])
+def test_an_event_endpoint_the_router_cannot_connect_to_is_refused(endpoint: str,
+                                                                   why: str) -> None:
+    doc = _cached()
+    doc["engines"][0]["kv_events"]["endpoint"] = endpoint
+    assert any(p.startswith("engines[0].kv_events.endpoint") and why in p
+               for p in _problems(doc)), _problems(doc)
+
+
+def test_cache_awareness_needs_curves_and_events_need_it() -> None:
+    doc = _cached()
+    del doc["profiles"]
+    assert any(p.startswith("prefix_cache: prices placement") for p in _problems(doc))
+    doc = _cached()
+    del doc["prefix_cache"]
+    assert any(p.startswith("prefix_cache: is missing") for p in _problems(doc))
+    doc = _cached(prefix_cache={"tokenizer_dir": " "})
+    assert any(p.startswith("prefix_cache.tokenizer_dir: is empty") for p in _problems(doc))
+    doc = _cached(prefix_cache={"tokenizer_dir": "m", "approximate_blocks": -1})
+    assert any(p.startswith("prefix_cache.approximate_blocks") for p in _problems(doc))

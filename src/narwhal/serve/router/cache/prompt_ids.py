@@ -70,7 +70,13 @@ class PromptTokenizer:
         config = self._config(folder / "tokenizer_config.json")
         template = _template(config.get("chat_template"), folder / CHAT_TEMPLATE_FILE)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._chat = env.from_string(template) if isinstance(template, str) else None
+        try:
+            self._chat = env.from_string(template) if isinstance(template, str) else None
+        except TemplateError as exc:
+            raise InputError("the fleet document", [Problem(
+                "prefix_cache.tokenizer_dir", f"{folder}: the model's chat template does not "
+                f"parse: {exc}", "place the model's own tokenizer_config.json or "
+                "chat_template.jinja there")]) from None
         self._specials = {k: self._token_text(config.get(k))
                           for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         self.failures = 0
