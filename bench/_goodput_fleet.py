@@ -62,6 +62,7 @@ class CacheSetup:
     num_blocks: int
     block_size: int = 16
     max_model_len: int = 2048
+    platform: str = "cuda"  # the emulated CPU_ATTN takes only multiples of 32 tokens a block
 
 
 @dataclass
@@ -83,7 +84,7 @@ def _engine_argv(model_dir: Path, port: int, timing: Timing, cache: CacheSetup |
                  kv_port: int) -> list[str]:
     argv = [sys.executable, "-m", "narwhal.lab.engine", "serve", str(model_dir),
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-            "--kv-transfer-config", KV_BOTH, "--emu-platform", "cpu",
+            "--kv-transfer-config", KV_BOTH, "--emu-platform", cache.platform if cache else "cpu",
             "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "256M",
             "--max-model-len", str(cache.max_model_len if cache else 2048),
             "--emu-eos-probability", "0", *timing.flags()]

@@ -186,3 +186,22 @@ def test_a_reply_s_blocks_are_cached_for_the_next_turn(engines: Callable[..., Ru
         assert predicted == reported == whole * BLOCK
 
     _run(engines, body)
+
+
+def test_published_block_hashes_are_unsigned_64_bit_as_vllm_s(
+        engines: Callable[..., RunningEngine]) -> None:
+    from tests.fidelity.kv_events import first_batch
+    port = free_port()
+    engine = engines(*_events_args(port))
+
+    def send() -> None:
+        async def go() -> None:
+            async with aiohttp.ClientSession() as http:
+                # 30 blocks: signed hashes would show a negative one but once in 2^30
+                await _complete(http, engine.url, _ids(20, 30 * BLOCK + 1))
+        asyncio.run(go())
+
+    import msgpack
+    frames = first_batch(f"tcp://127.0.0.1:{port}", send)
+    hashes = [h for e in msgpack.unpackb(frames[2])[1] for h in e["block_hashes"]]
+    assert hashes and all(0 <= h < 1 << 64 for h in hashes)

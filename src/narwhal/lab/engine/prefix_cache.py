@@ -18,6 +18,12 @@ from narwhal.core.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, 
 EventSink = Callable[[list[Event]], None]
 MEDIUM = "GPU"  # what vLLM names the device tier, on its CPU platform too
 FULL_ATTENTION = "full_attention"  # the emulated models' one KV cache group
+UNSIGNED_64 = (1 << 64) - 1  # vLLM publishes block hashes as unsigned 64-bit integers
+
+
+def block_key(parent: int, tokens: Sequence[int]) -> int:
+    """A block's hash chained over its parent's, unsigned as vLLM's published hashes are."""
+    return hash((parent, tuple(tokens))) & UNSIGNED_64
 
 
 class PrefixCache:
@@ -42,7 +48,7 @@ class PrefixCache:
         stored: list[int] = []
         first_new = 0
         for start in range(0, len(prompt_ids) - bs + 1, bs):
-            key = hash((parent, tuple(prompt_ids[start:start + bs])))
+            key = block_key(parent, prompt_ids[start:start + bs])
             if not stored and key in blocks:
                 hit_blocks += 1
                 blocks.move_to_end(key)
@@ -85,7 +91,7 @@ class PrefixCache:
         first_new = 0
         computed = len(token_ids) - 1
         for start in range(0, computed - bs + 1, bs):
-            key = hash((parent, tuple(token_ids[start:start + bs])))
+            key = block_key(parent, token_ids[start:start + bs])
             if key in blocks:
                 blocks.move_to_end(key)
             elif not stored or start == first_new + len(stored) * bs:
@@ -102,7 +108,7 @@ class PrefixCache:
         bs = self.block_size
         parent = 0
         for s in range(0, start, bs):
-            parent = hash((parent, tuple(prompt_ids[s:s + bs])))
+            parent = block_key(parent, prompt_ids[s:s + bs])
         return parent
 
     def reset(self) -> None:
