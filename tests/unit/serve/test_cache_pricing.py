@@ -70,3 +70,16 @@ def test_admission_prices_ttft_on_the_cached_numbers() -> None:
     aware = CurvePriced([p0, d0], ttft_s=0.3, tpot_s=0.1, clock=Clock())
     p = placed(aware.place(Facts(price_tokens=4000, cached={"p0": 3600})))
     assert p.prefill is p0 and p.cached_tokens == 3600 and p.predicted_ttft_s < 0.3
+
+
+def test_a_busy_decode_engine_keeps_its_streams_rather_than_save_one_request_a_handoff() -> None:
+    from narwhal.serve.router.scheduling.bookings import decode_started
+    p0 = engine("p0", "prefill")
+    d0 = engine("d0", "decode")
+    handoff_seen(d0, 0.05)
+    chooser = CurvePriced([p0, d0], ttft_s=5.0, tpot_s=0.1, clock=Clock())
+    facts = Facts(price_tokens=2000, max_tokens=16, cached={"d0": 1000})
+    assert placed(chooser.place(facts)).cache_local  # idle: 0.11 s there beats 0.26 s split
+    for _ in range(3):  # three streams there would each wait the 0.11 s prefill: 0.33 s lost
+        decode_started(d0, 200)
+    assert not placed(chooser.place(facts)).cache_local

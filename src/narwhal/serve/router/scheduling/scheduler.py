@@ -298,10 +298,23 @@ class CurvePriced:
         """The request run whole on a decode engine whose prefix cache makes that sooner than
         the split priced at `split_s` (its prefill elsewhere, then the handoff), when admission
         takes it there. Priced as overflow.best_local prices a plain request, on the tokens
-        that engine lacks; never a fixed share of cached tokens."""
-        local = best_local(self._decode, facts.price_tokens, resident, facts.max_tokens, now,
+        that engine lacks; never a fixed share of cached tokens.
+
+        Its prefill rides one of that engine's steps, so every stream there gets its next
+        token that much later: the seconds it saves this request must exceed the seconds it
+        costs those streams together (streams x its prefill), or the fleet loses more than the
+        request gains. A short new turn on a conversation the engine holds passes; a long
+        uncached prompt moved onto a busy decode engine does not."""
+        tokens = facts.price_tokens
+        local = best_local(self._decode, tokens, resident, facts.max_tokens, now,
                            self.tpot_s, self._ttft_limit(), cached)
         if local is None or local.ttft_s >= split_s:
+            return None
+        engine = local.engine
+        load = engine.load
+        assert engine.profile is not None
+        stall = uncached_s(engine.profile.prefill, tokens, cached.get(engine.spec.id, 0))
+        if split_s - local.ttft_s <= (load.running + load.reserved) * stall:
             return None
         verdict = admit(self._facts(facts.tenant, local.ttft_s + self.ttft_margin_s,
                                     local.step_s))
@@ -309,9 +322,8 @@ class CurvePriced:
             return None
         self._admit(facts.tenant)
         self.cache_local += 1
-        held = cached.get(local.engine.spec.id, 0)
-        return Placement(local.engine, local.engine, local.ttft_s, local.step_s,
-                         cached_tokens=held, cache_local=True)
+        return Placement(engine, engine, local.ttft_s, local.step_s,
+                         cached_tokens=cached.get(engine.spec.id, 0), cache_local=True)
 
     def _first_token(self, prefill: Engine, choice: DecodeChoice, window: float,
                      now: float) -> tuple[float, float]:
