@@ -137,7 +137,7 @@ def test_a_tokenizer_file_changed_since_gate_a_is_refused(tmp_path: Path) -> Non
 
 
 def test_a_checkpoint_without_tokenizer_json_blocks_events_naming_the_field() -> None:
-    inputs, plans, _ = _launch(NARWHAL_KV_EVENTS_PORT="5557")
+    _, plans, _ = _launch(NARWHAL_KV_EVENTS_PORT="5557")
     wanted = tokenizer.wanted(_facts({"tokenizer.model": b"sp"}))
     (problem,) = tokenizer.missing(plans[0], wanted)
     assert problem.field == "node-1: NARWHAL_KV_EVENTS_PORT"
