@@ -67,6 +67,16 @@ def test_preflight_profiles_each_generation_once_and_proves_every_pair_and_the_c
     contract = _verdicts(evidence, "contract")
     assert set(contract) >= set(ENGINES) | PAIRS
     assert set(contract.values()) == {"pass"}  # held to Gate C's captures, not SKIP
+    # the lab's .env turns KV events on: every engine publishes, the router's index fed by
+    # them predicts each engine's own hits, and the router host has the checkpoint's tokenizer
+    assert _verdicts(evidence, "events") == {e: "pass" for e in ENGINES}
+    placed = json.loads((first / "fleet.json").read_text())
+    assert placed["prefix_cache"] == {"tokenizer_dir": "tokenizer"}
+    assert all(e["kv_events"]["endpoint"].startswith("tcp://") for e in placed["engines"])
+    kept = json.loads((op.last_attempt("discover") / "router-tokenizer.json").read_text())
+    listed = _on_router(attested, f"sha256sum {_router_folder(attested)}/tokenizer/*")
+    assert {line.split()[1].rsplit("/", 1)[1]: line.split()[0]
+            for line in listed.splitlines()} == kept["files"]
     fleet = json.loads((op.last_attempt("attest") / "fleet.json").read_text())
     attested_digest = {e["id"]: e["contract"]["attestation_digest"] for e in fleet["engines"]}
     store = json.loads((first / "profiles.json").read_text())

@@ -39,6 +39,9 @@ class Ports(_Strict):
     attest: int = Field(ge=1, le=65535)
     nixl_side_channel: int = Field(ge=1, le=65535)
     ucx_tcp: tuple[int, int]
+    # where the engine publishes vLLM's KV cache events (its --kv-events-config endpoint binds
+    # tcp://*:PORT); absent: it publishes none
+    kv_events: int | None = Field(default=None, ge=1, le=65535)
 
 
 class Image(_Strict):

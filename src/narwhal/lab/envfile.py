@@ -54,6 +54,8 @@ def env_pairs(plan: LabPlan, *, reveal: bool) -> list[tuple[str, str]]:
         ("NARWHAL_NIXL_SIDE_CHANNEL_PORT", str(spec.ports.nixl_side_channel)),
         ("NARWHAL_UCX_TCP_PORT_RANGE", spec.ports.ucx_tcp_range),
     ]
+    if spec.ports.kv_events is not None:
+        pairs.append(("NARWHAL_KV_EVENTS_PORT", str(spec.ports.kv_events)))
     return pairs
 
 

@@ -120,6 +120,9 @@ class Ports(_Strict):
     attest: Annotated[int, Field(ge=1024, le=65535)] = 8010
     nixl_side_channel: Annotated[int, Field(ge=1024, le=65535)] = 5600
     ucx_tcp_range: Annotated[str, Field(pattern=r"^[0-9]{4,5}-[0-9]{4,5}$")] = "30000-30100"
+    # the engines publish KV cache events here (NARWHAL_KV_EVENTS_PORT), so the demo deploys
+    # with the router following the engines' caches; null deploys without events
+    kv_events: Annotated[int, Field(ge=1024, le=65535)] | None = 5557
 
 
 class LabSpec(_Strict):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.flag_types import number
 from narwhal.core.fleet import beside, engine_key, load_fleet
+from narwhal.core.kv.events import EventBatch
 from narwhal.core.private_file import write_private_json
 from narwhal.serve.engine_client import clients
 from narwhal.serve.preflight import report
@@ -38,14 +40,38 @@ from narwhal.serve.preflight.options import CalibrateOptions, CheckOptions
 from narwhal.serve.preflight.runner import run_gates
 from narwhal.serve.preflight.state import NEEDS, CheckState
 from narwhal.serve.preflight.verdicts import GATES, Verdict, failed
+from narwhal.serve.router.cache.fleet import FleetCache, PromptKeys
+from narwhal.serve.router.cache.index import EngineCache
 from narwhal.serve.router.control.attestation import attested_engines
 
 COMMAND = "narwhal-check"
-DESCRIPTION = ("Preflight (gate F): reach, model, profile, pace, tokenize, the live KV contract "
-               "on every producer->consumer pair, contract and SLO feasibility; or calibrate "
+DESCRIPTION = ("Preflight (gate F): reach, model, profile, pace, tokenize, KV events, the "
+               "live KV contract on every producer->consumer pair, contract and SLO feasibility; or calibrate "
                "the first-token deadline.")
 CALIBRATION_GATES = ("reach", "model", "profile", "tokenize")
 DEFAULT_CALIBRATION = "first-token-calibration.json"
+
+
+class RouterIndex:
+    """The router's cache state for one engine fed by its events (the events gate's index):
+    the same EngineCache, keys and matched-token rule the router places with."""
+
+    def __init__(self) -> None:
+        self.cache = EngineCache("events", 0)
+        self.fleet = FleetCache({"engine": self.cache})
+
+    @property
+    def batches(self) -> int:
+        return self.cache.counts["batches"]
+
+    def apply(self, batch: EventBatch) -> None:
+        self.cache.apply(batch)
+
+    def refused(self) -> None:
+        self.cache.refused()
+
+    def matched_tokens(self, token_ids: Sequence[int]) -> int:
+        return self.fleet.matched_tokens(PromptKeys(token_ids))["engine"]
 
 
 def _gate_list(text: str) -> tuple[str, ...]:
@@ -103,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"allowed multiple of prediction and fleet median (default {d.pace_factor:g})")
     p.add_argument("--pace-slack", type=number(f, 0, 60), default=d.pace_slack_s,
                    help=f"seconds added to both pace budgets (default {d.pace_slack_s:g})")
+    p.add_argument("--events-timeout", type=number(f, 0.1, 600), default=d.events_timeout_s,
+                   help="seconds for an engine's KV events publisher to answer and for its "
+                        f"blocks to arrive (default {d.events_timeout_s:g})")
     p.add_argument("--kv-tokens", type=number(int, 16, 100_000), default=d.kv_tokens,
                    help=f"prompt tokens of a kv handoff probe (default {d.kv_tokens})")
     p.add_argument("--slo-context", type=number(int, 1, 10_000_000), default=d.slo_context_tokens,
@@ -127,6 +156,7 @@ def _options(args: argparse.Namespace) -> tuple[CheckOptions, CalibrateOptions]:
         max_fit_error=args.max_fit_error, max_loo_error=args.max_loo_error,
         pace_tokens=args.pace_tokens, pace_repeats=args.pace_repeats,
         pace_factor=args.pace_factor, pace_slack_s=args.pace_slack, kv_tokens=args.kv_tokens,
+        events_timeout_s=args.events_timeout,
         ring=args.ring, slo_context_tokens=args.slo_context)
     return check, CalibrateOptions(repeats=args.calibrate_repeats,
                                    safety_factor=args.calibrate_safety,
@@ -138,7 +168,7 @@ def _prepare(args: argparse.Namespace) -> tuple[CheckState, Path, Path | None]:
     fleet = load_fleet(args.fleet)
     check, _ = _options(args)
     state = CheckState(fleet=fleet, fleet_path=args.fleet, options=check, clients={},
-                       engine_key=engine_key(fleet, args.fleet))
+                       engine_key=engine_key(fleet, args.fleet), event_index=RouterIndex)
     if args.captures is not None:
         state.captures = load_captures(args.captures, fleet)
     if fleet.calibration is not None:

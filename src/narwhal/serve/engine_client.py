@@ -228,7 +228,7 @@ class EngineClient:
             raise EngineCallFailed(self.id, "POST /tokenize", "tokens is not a list")
         return [int(t) for t in tokens]
 
-    async def complete(self, model: str, prompt: str, max_tokens: int, *,
+    async def complete(self, model: str, prompt: str | list[int], max_tokens: int, *,
                        kv_transfer_params: Mapping[str, Any] | None = None,
                        extra: Mapping[str, Any] | None = None) -> Completion:
         """A non-streamed completion; a non-200 answer is returned, not raised (gates judge it)."""

@@ -60,6 +60,7 @@ CHANGES: dict[str, tuple[dict[str, Any], str | None, str]] = {
     "ENGINE_PORT": ({}, None, "8100"),
     "ATTEST_PORT": ({}, None, "8110"),
     "NIXL_SIDE_CHANNEL_PORT": ({}, None, "5700"),
+    "KV_EVENTS_PORT": ({}, None, "5557"),
     "UCX_TCP_PORT_RANGE": ({}, None, "31000-31100"),
     "GPU_IDS": ({}, "0", "1"),
     "TENSOR_PARALLEL_SIZE": ({"NARWHAL_GPU_IDS": "0,1"}, "1", "2"),

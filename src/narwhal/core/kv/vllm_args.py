@@ -50,7 +50,7 @@ BOOL_FLAGS: dict[str, tuple[str, bool]] = {
 # Flags of `vllm serve` that take a value but do not shape the cache: their value is skipped.
 OTHER_VALUE_FLAGS = frozenset({
     "--served-model-name", "--port", "--host", "--gpu-memory-utilization",
-    "--kv-transfer-config", "--max-num-seqs", "--max-num-batched-tokens", "--seed",
+    "--kv-transfer-config", "--kv-events-config", "--max-num-seqs", "--max-num-batched-tokens", "--seed",
     "--tokenizer", "--revision", "--api-key", "--uvicorn-log-level", "--swap-space",
     "--distributed-executor-backend", "--load-format", "--quantization", "--chat-template",
     "--generation-config", "--override-generation-config", "--limit-mm-per-prompt"})

@@ -75,14 +75,15 @@ def run_inputs(args: argparse.Namespace) -> int:
         return EXIT_OK
     console = Console()
     table = Table(title=f"deployment {inputs.deployment} (revision {inputs.revision[:12]})")
-    for column in ("role", "ssh", "auth", "image", "ports (engine/attest/nixl)", "fabric"):
+    for column in ("role", "ssh", "auth", "image", "ports (engine/attest/nixl/events)", "fabric"):
         table.add_column(column)
     table.add_row("router", inputs.router.ssh.text,
                   "password" if inputs.router.ssh_password else "key", "", "", "")
     for engine in inputs.engines:
         table.add_row(engine.role, engine.ssh.text, "password" if engine.ssh_password else "key",
                       engine.engine_image[:19] + "…",
-                      f"{engine.engine_port}/{engine.attest_port}/{engine.nixl_side_channel_port}",
+                      f"{engine.engine_port}/{engine.attest_port}/{engine.nixl_side_channel_port}"
+                      f"/{engine.kv_events_port or '-'}",
                       f"{engine.fabric_interface} {engine.ip or ''}".strip())
     console.print(table)
     load = inputs.workload

@@ -28,6 +28,7 @@ from narwhal.core.errors import (
 )
 from narwhal.core.host_facts import parse_host_facts
 from narwhal.deploy.gates import discover_checks as checks
+from narwhal.deploy.gates import tokenizer
 from narwhal.deploy.gates.generated import fleet_draft, launch_record
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Spread
@@ -62,7 +63,8 @@ def plan(inputs: Inputs) -> list[ProbeTarget]:
         engines = [e for e in inputs.engines if e.role in host.roles]
         first = engines[0] if engines else None
         ports = sorted({p for e in engines
-                        for p in (e.engine_port, e.attest_port, e.nixl_side_channel_port)})
+                        for p in (e.engine_port, e.attest_port, e.nixl_side_channel_port,
+                                  e.kv_events_port) if p is not None})
         targets.append(ProbeTarget(host.alias, "engine" if engines else "router", {
             "schema": REQUEST_SCHEMA, "schema_version": 1,
             "role": "engine" if engines else "router",
@@ -163,6 +165,10 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
     engine_facts = {a: f for a, f in facts.items() if a != "workstation"}
     found, plans = checks.all_problems(inputs, engine_facts, host_of, facts.get("workstation"))
     problems += found
+    kept: dict[str, bytes] = {}
+    if not problems:
+        kept, found = router_tokenizer(sessions, attempt, plans, facts)
+        problems += found
     if problems:
         attempt.add_artifact("problems.json", canonical_json(
             [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]).encode())
@@ -179,4 +185,28 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
                              canonical_json(launch_record(inputs, p)).encode() + b"\n")
     attempt.add_artifact("fleet-draft.json", canonical_json(fleet_draft(inputs, plans))
                          .encode() + b"\n")
+    for name, data in kept.items():
+        attempt.add_artifact(name, data)
     return discovery
+
+
+def router_tokenizer(sessions: Sessions, attempt: Attempt, plans: list[checks.EnginePlan],
+                     facts: dict[str, dict[str, Any]]) -> tuple[dict[str, bytes], list[Problem]]:
+    """When an engine publishes KV events: the checkpoint's tokenizer files, read from that
+    engine's host and held to what the probe measured, with their manifest (gates/tokenizer.py
+    says why the router needs them); nothing otherwise."""
+    src = tokenizer.source(plans)
+    if src is None:
+        return {}, []
+    files = tokenizer.wanted(facts.get(src.host) or {})
+    problems = tokenizer.missing(src, files)
+    if problems:
+        return {}, problems
+    host = sessions.get(src.host)
+    try:
+        with attempt.bind(host):
+            data = tokenizer.fetch(host, src.engine.model_dir, files)
+    except HostError as exc:
+        return {}, [tokenizer.read_failed(src, exc)]
+    manifest = canonical_json(tokenizer.manifest(src, files)).encode() + b"\n"
+    return {**data, tokenizer.MANIFEST: manifest}, []

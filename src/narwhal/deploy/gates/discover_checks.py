@@ -55,7 +55,8 @@ class EnginePlan:
                        "mtu": self.fabric_mtu},
             "ports": {"engine": e.engine_port, "attest": e.attest_port,
                       "nixl_side_channel": e.nixl_side_channel_port,
-                      "ucx_tcp": list(e.ucx_tcp_port_range)},
+                      "ucx_tcp": list(e.ucx_tcp_port_range),
+                      **({"kv_events": e.kv_events_port} if e.kv_events_port else {})},
             "image": self.image, "model": self.model, "run_dir": e.run_dir,
         }
 
@@ -166,6 +167,8 @@ def _listeners(engine: EngineInputs, host: str, facts: Mapping[str, Any],
                problems: list[Problem]) -> None:
     ports = {engine.engine_port: "ENGINE_PORT", engine.attest_port: "ATTEST_PORT",
              engine.nixl_side_channel_port: "NIXL_SIDE_CHANNEL_PORT"}
+    if engine.kv_events_port is not None:
+        ports[engine.kv_events_port] = "KV_EVENTS_PORT"
     for row in facts.get("listeners") or []:
         name = ports.get(int(row.get("port", 0)))
         if name is None:

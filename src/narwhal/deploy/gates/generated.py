@@ -15,9 +15,10 @@ from narwhal.core import launch_record as lr
 from narwhal.core.documents import stamp
 from narwhal.core.secret import Secret
 from narwhal.deploy.gates.discover_checks import EnginePlan
-from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.inputs.model import EngineInputs, Inputs
 
 KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+EVENTS_TOPIC = ""  # every batch; one engine per endpoint, so a topic would tell nothing apart
 FLEET_SCHEMA = "narwhal.fleet"
 
 
@@ -39,6 +40,26 @@ def bind_host(plan: EnginePlan) -> str | None:
     except ValueError:
         return None
     return host
+
+
+def events_config(port: int) -> str:
+    """vLLM's --kv-events-config for a ZMQ publisher on `port`. The endpoint must be a
+    wildcard: vLLM's publisher binds an endpoint holding `*` (or `::`) and connects to any
+    other, so `tcp://<fabric address>:PORT` would make the engine dial out instead of listen."""
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                       "endpoint": f"tcp://*:{port}", "topic": EVENTS_TOPIC},
+                      separators=(",", ":"))
+
+
+def ports(e: EngineInputs) -> dict[str, Any]:
+    """The launch record's ports; `kv_events` only when the engine publishes, so records of
+    engines without events stay byte-identical to those written before the field existed."""
+    out: dict[str, Any] = {"engine": e.engine_port, "attest": e.attest_port,
+                           "nixl_side_channel": e.nixl_side_channel_port,
+                           "ucx_tcp": list(e.ucx_tcp_port_range)}
+    if e.kv_events_port is not None:
+        out["kv_events"] = e.kv_events_port
+    return out
 
 
 def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
@@ -68,6 +89,8 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
         args += ["--dtype", e.model_dtype]
     if e.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
+    if e.kv_events_port is not None:
+        args += ["--kv-events-config", events_config(e.kv_events_port)]
     args += list(e.engine_args or ())
     kv_config = dict(KV_BOTH)
     if e.kv_buffer_device is not None:
@@ -83,9 +106,7 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
         "model_tree_sha256": plan.model.get("model_tree_sha256"),
         "served_model_name": e.model_name, "run_dir": e.run_dir,
         "fabric_interface": e.fabric_interface, "fabric_address": plan.fabric_address,
-        "ports": {"engine": e.engine_port, "attest": e.attest_port,
-                  "nixl_side_channel": e.nixl_side_channel_port,
-                  "ucx_tcp": list(e.ucx_tcp_port_range)},
+        "ports": ports(e),
         "kv_transfer_config": kv_config, "environment": env,
         "secret_environment": sorted(secret_names), "vllm_args": args,
     })
@@ -115,13 +136,32 @@ def credentials(inputs: Inputs) -> dict[str, Any]:
     return out
 
 
+def events_endpoint(plan: EnginePlan) -> str | None:
+    """Where the router host subscribes to the engine's KV events: the host it reaches the
+    engine's HTTP at (its URL's, the fabric address by default) and the events port."""
+    port = plan.engine.kv_events_port
+    if port is None:
+        return None
+    host = urlsplit(engine_url(plan)).hostname or plan.fabric_address
+    return f"tcp://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def fleet_engine(plan: EnginePlan) -> dict[str, Any]:
+    """One engine of the fleet: id, URL, role, and where it publishes KV events (if it does)."""
+    entry: dict[str, Any] = {"id": plan.engine.role, "url": engine_url(plan), "role": "both"}
+    endpoint = events_endpoint(plan)
+    if endpoint is not None:
+        entry["kv_events"] = {"endpoint": endpoint, "topic": EVENTS_TOPIC}
+    return entry
+
+
 def fleet_draft(inputs: Inputs, plans: list[EnginePlan]) -> dict[str, Any]:
-    """A `narwhal.fleet` v1 draft: every engine `both` (kv_both), the SLO and the credential
-    sections from the inputs. Gate E completes it (attestation URLs); the router host reads
+    """A `narwhal.fleet` v1 draft: every engine `both` (kv_both) with its KV events endpoint
+    when it publishes, the SLO and the credential sections from the inputs. Gate E completes it (attestation URLs); the router host reads
     it after Gate B."""
     return {
         "schema": FLEET_SCHEMA, "schema_version": 1, "model": inputs.engines[0].model_name,
-        "engines": [{"id": p.engine.role, "url": engine_url(p), "role": "both"} for p in plans],
+        "engines": [fleet_engine(p) for p in plans],
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
         "journal": {"path": "journal.jsonl"},
         **credentials(inputs),

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
+from narwhal.deploy.gates import tokenizer as tok
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import install_dir, installed_tool
@@ -59,11 +60,15 @@ class PreflightPlan:
     fleet: dict[str, Any]  # as the router host gets it
     files: dict[str, bytes]  # captures/<name> -> bytes (Gate A's launch records, C's captures)
     cover: int = 1  # the workload's prompt tokens: every profile row must have measured them
+    # tokenizer/<name> -> bytes: Gate A's copy of the checkpoint's tokenizer, when engines
+    # publish KV events (the router keys prompts with it; deploy/gates/tokenizer.py)
+    tokenizer: dict[str, bytes] = field(default_factory=dict)
 
     def document(self) -> dict[str, Any]:
         return {"router_host": self.router, "engines": [e["id"] for e in self.fleet["engines"]],
                 "slo": self.fleet["slo"], "profiles": self.fleet["profiles"],
-                "profile_cover_tokens": self.cover, "captures": sorted(self.files)}
+                "profile_cover_tokens": self.cover, "captures": sorted(self.files),
+                **({"tokenizer": sorted(self.tokenizer)} if self.tokenizer else {})}
 
 
 def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
@@ -77,7 +82,20 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
         for gate, name in (("discover", f"launch-{e['id']}.json"),
                            ("engines", f"cache-layout-{e['id']}.json")):
             files[name] = passed_artifact(ledger, "preflight", Reads(gate, name)).read_bytes()
-    return PreflightPlan(router_host, install, fleet, files, inputs.workload.prompt_tokens)
+    tokenizer = router_tokenizer(ledger) if any(e.get("kv_events") for e in fleet["engines"]) \
+        else {}
+    if tokenizer:
+        fleet["prefix_cache"] = {**fleet.get("prefix_cache", {}),
+                                 "tokenizer_dir": tok.ROUTER_DIR}
+    return PreflightPlan(router_host, install, fleet, files, inputs.workload.prompt_tokens,
+                         tokenizer)
+
+
+def router_tokenizer(ledger: Ledger) -> dict[str, bytes]:
+    """The tokenizer files Gate A kept (its manifest names them), for the router host."""
+    manifest = passed_artifact(ledger, "preflight", Reads("discover", tok.MANIFEST)).json()
+    return {name: passed_artifact(ledger, "preflight", Reads("discover", name)).read_bytes()
+            for name in manifest["files"]}
 
 
 def _result(host: Host, done_text: str, stderr: bytes, command: str) -> result_line.ResultLine:
@@ -120,6 +138,11 @@ class RouterFolder:
         self.host.put(canonical_json(p.fleet).encode() + b"\n", self.fleet, exclusive=False)
         for name, data in p.files.items():
             self.host.put(data, f"{self.captures}/{name}", exclusive=False)
+        if p.tokenizer:  # the folder the fleet names in prefix_cache.tokenizer_dir
+            folder = f"{self.path}/{tok.ROUTER_DIR}"
+            self.host.run(cl.private_dir(folder), check=True)
+            for name, data in p.tokenizer.items():
+                self.host.put(data, f"{folder}/{name}", exclusive=False)
 
     def has_store(self) -> bool:
         return self.host.stat_file(f"{self.path}/{STORE}") is not None

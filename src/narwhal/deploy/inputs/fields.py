@@ -41,6 +41,8 @@ FIXES: dict[str, str] = {
     "engine_port": "use a TCP port number from 1 to 65535",
     "attest_port": "use a TCP port number from 1 to 65535",
     "nixl_side_channel_port": "use a TCP port number from 1 to 65535",
+    "kv_events_port": "use a TCP port number from 1 to 65535 (the engine publishes its KV "
+                      "cache events there), or delete the line to publish none",
     "ucx_tcp_port_range": "write LOW-HIGH with 1 <= LOW <= HIGH <= 65535, e.g. 30000-30100",
     "gpu_ids": "list GPU indices or NVIDIA UUIDs separated by commas, e.g. 0,1",
     "tensor_parallel_size": "use a whole number >= 1, at most the GPUs of the engine",

@@ -24,6 +24,7 @@ from narwhal.deploy.inputs.destination import FORMS, Destination, parse_destinat
 from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
 from narwhal.deploy.inputs.envsource import read_env_file
 from narwhal.deploy.inputs.hostnames import HOST_FORMS
+from narwhal.deploy.inputs.kv_events import conflicts as events_conflicts
 from narwhal.deploy.inputs.masked import masked_env
 from narwhal.deploy.inputs.model import (
     DEFAULT_ROUTER_URL,
@@ -151,6 +152,10 @@ class _Reader:
         if typed is None or dest is None:
             return None
         self._check_urls(n, typed)
+        for key, problem, fix in events_conflicts(typed.kv_events_port, typed.engine_args or (),
+                                                  self.var(n, "ENGINE_ARGS"),
+                                                  self.var(n, "KV_EVENTS_PORT")):
+            self.add(key, problem, fix)
         self._check_key_file(self.var(n, "SSH_KEY"), typed.ssh_key)
         password = own.get("SSH_PASSWORD")
         values = typed.model_dump()

@@ -32,6 +32,8 @@ class EngineInputs(_Frozen):
     engine_port: int
     attest_port: int
     nixl_side_channel_port: int
+    # where the engine publishes vLLM's KV cache events (--kv-events-config); None: it does not
+    kv_events_port: int | None = None
     ucx_tcp_port_range: tuple[int, int]
     gpu_ids: tuple[str, ...] | None = None
     tensor_parallel_size: int | None = None

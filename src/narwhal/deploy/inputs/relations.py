@@ -27,7 +27,8 @@ from narwhal.core.gpu_sharing import (
 from narwhal.deploy.inputs.model import EngineInputs
 
 PORT_FIELDS = {"ENGINE_PORT": "engine_port", "ATTEST_PORT": "attest_port",
-               "NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port"}
+               "NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port",
+               "KV_EVENTS_PORT": "kv_events_port"}  # optional: None when unset
 
 
 def check_colocation(engines: list[EngineInputs], var: Callable[[int, str], str],
@@ -42,14 +43,16 @@ def check_colocation(engines: list[EngineInputs], var: Callable[[int, str], str]
         for engine in group:
             for field, attr in PORT_FIELDS.items():
                 port = getattr(engine, attr)
+                if port is None:
+                    continue
                 key = var(engine.n, field)
                 user = f"{engine.role} {field.lower().replace('_', ' ')}"
                 if port in used:
                     problems.append(Problem(
                         key, f"{user} {port} collides with {used[port]} on the same host "
                         f"({_where(group)})",
-                        "give every engine, attestation and side-channel port on a host its own "
-                        "number (set NARWHAL_NODE_<n>_... overrides)"))
+                        "give every engine, attestation, side-channel and KV events port on a "
+                        "host its own number (set NARWHAL_NODE_<n>_... overrides)"))
                 else:
                     used[port] = user
         if len(group) > 1:

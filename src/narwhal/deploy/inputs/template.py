@@ -36,6 +36,10 @@ NARWHAL_ENGINE_PORT=8000
 NARWHAL_ATTEST_PORT=8010
 NARWHAL_NIXL_SIDE_CHANNEL_PORT=5600
 NARWHAL_UCX_TCP_PORT_RANGE=30000-30100
+# KV cache events (optional): each engine publishes vLLM's KV events on this port (every
+# interface; open it to the router host only) and the router places requests on the engines'
+# cache state. Unset: no events; the router follows its own routing history instead.
+# NARWHAL_KV_EVENTS_PORT=5557
 
 # Launch policy (optional): TENSOR_PARALLEL_SIZE, MODEL_DTYPE (bfloat16|float16), BLOCK_SIZE,
 # ENGINE_ARGS (JSON array), ENGINE_ENV (JSON object), TRANSFER_TRANSPORT (ucx_tcp|ucx_rdma),

@@ -21,6 +21,7 @@ ENGINE_FIELDS: dict[str, str] = {
     "ENGINE_PORT": "engine_port",
     "ATTEST_PORT": "attest_port",
     "NIXL_SIDE_CHANNEL_PORT": "nixl_side_channel_port",
+    "KV_EVENTS_PORT": "kv_events_port",
     "UCX_TCP_PORT_RANGE": "ucx_tcp_port_range",
     "GPU_IDS": "gpu_ids",
     "TENSOR_PARALLEL_SIZE": "tensor_parallel_size",
@@ -99,6 +100,7 @@ class EngineFieldValues(BaseModel):
     engine_port: f.Port
     attest_port: f.Port
     nixl_side_channel_port: f.Port
+    kv_events_port: f.Port | None = None  # unset: the engine publishes no KV events
     ucx_tcp_port_range: f.PortRange
     gpu_ids: f.GpuIds | None = None
     tensor_parallel_size: f.PositiveInt | None = None

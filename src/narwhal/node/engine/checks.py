@@ -133,6 +133,8 @@ def fabric(plan: dict[str, Any]) -> dict[str, Any]:
 
 def ports(plan: dict[str, Any]) -> dict[str, Any]:
     planned = [plan["ports"]["engine"], plan["ports"]["nixl_side_channel"]]
+    if plan["ports"].get("kv_events"):  # the KV events publisher binds it at start
+        planned.append(plan["ports"]["kv_events"])
     busy = hp.listener_facts(shutil.which("ss"), planned)
     if busy:
         said = ", ".join(f"{b['port']} ({b.get('process') or 'owner unknown'}"

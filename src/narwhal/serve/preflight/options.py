@@ -18,6 +18,7 @@ class CheckOptions:
     pace_repeats: int = 3  # --pace-repeats: probes per engine (their median is judged)
     pace_factor: float = 3.0  # --pace-factor: allowed multiple of prediction and fleet median
     pace_slack_s: float = 0.05  # --pace-slack: added to both (HTTP and scheduling overhead)
+    events_timeout_s: float = 5.0  # --events-timeout: a publisher answers, its blocks arrive
     kv_tokens: int = 96  # --kv-tokens: the handoff probe's prompt length (several blocks)
     ring: bool = False  # --ring: a subset of pairs, every engine produces and consumes once
     slo_context_tokens: int = 128  # --slo-context: the short context the SLO floors assume

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from narwhal.serve.preflight import basic, contract, kv_gate, pace, profile_gate
+from narwhal.serve.preflight import basic, contract, events_gate, kv_gate, pace, profile_gate
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.preflight.verdicts import Verdict
 
@@ -17,6 +17,7 @@ ORDER: tuple[tuple[str, Gate], ...] = (
     ("profile", profile_gate.profile),
     ("pace", pace.pace),
     ("tokenize", basic.tokenize),
+    ("events", events_gate.events),
     ("kv", kv_gate.kv),
     ("contract", contract.contract),
     ("slo", profile_gate.slo),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from narwhal.core.profiles import Generation, ProfileStore
 from narwhal.core.secret import Secret
 from narwhal.serve.engine_client import EngineClient
 from narwhal.serve.preflight.captures import EngineCapture
+from narwhal.serve.preflight.events_feed import EventIndex
 from narwhal.serve.preflight.options import CheckOptions
 
 # Which earlier gates an engine must have passed for a later gate to measure it.
@@ -19,6 +21,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "profile": ("reach",),
     "pace": ("reach", "model", "profile"),
     "tokenize": ("reach", "model"),
+    "events": ("reach", "model"),
     "kv": ("reach", "model", "tokenize"),
     "contract": ("reach",),
     "slo": ("profile",),
@@ -40,6 +43,8 @@ class CheckState:
     captures: dict[str, EngineCapture] | None = None  # --captures: Gate C's evidence
     failed: dict[str, set[str]] = field(default_factory=dict)
     engine_key: Secret | None = None  # the engines' API key (fleet: engine_auth)
+    # a fresh router index for one engine's KV events (check_cli wires in the router's own)
+    event_index: Callable[[], EventIndex] | None = None
 
     @property
     def engines(self) -> tuple[EngineEntry, ...]:

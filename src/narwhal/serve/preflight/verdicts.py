@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Status = Literal["pass", "fail", "skip"]
-GATES = ("reach", "model", "profile", "pace", "tokenize", "kv", "contract", "slo")
+GATES = ("reach", "model", "profile", "pace", "tokenize", "events", "kv", "contract", "slo")
 
 
 @dataclass(frozen=True)
