@@ -391,11 +391,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                                 "curves, and this fleet has none",
                                 "add a profiles section (narwhal-profile writes the store), or "
                                 "remove prefix_cache"))
-    if doc.prefix_cache is None and any(e.kv_events is not None for e in doc.engines):
-        problems.append(Problem("prefix_cache", "is missing while engines name kv_events: "
-                                "the router would not read them",
-                                "add prefix_cache with the model's tokenizer_dir, or remove "
-                                "kv_events"))
+
     if doc.calibration is not None and not doc.calibration.path.strip():
         problems.append(Problem("calibration.path", "is empty",
                                 "name the narwhal.first-token-calibration document written by "

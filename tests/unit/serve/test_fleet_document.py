@@ -289,13 +289,10 @@ def test_an_event_endpoint_the_router_cannot_connect_to_is_refused(endpoint: str
                for p in _problems(doc)), _problems(doc)
 
 
-def test_cache_awareness_needs_curves_and_events_need_it() -> None:
+def test_cache_awareness_needs_curves_and_a_tokenizer_folder() -> None:
     doc = _cached()
     del doc["profiles"]
     assert any(p.startswith("prefix_cache: prices placement") for p in _problems(doc))
-    doc = _cached()
-    del doc["prefix_cache"]
-    assert any(p.startswith("prefix_cache: is missing") for p in _problems(doc))
     doc = _cached(prefix_cache={"tokenizer_dir": " "})
     assert any(p.startswith("prefix_cache.tokenizer_dir: is empty") for p in _problems(doc))
     doc = _cached(prefix_cache={"tokenizer_dir": "m", "approximate_blocks": -1})

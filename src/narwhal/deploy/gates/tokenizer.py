@@ -21,9 +21,11 @@ from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 
 # What serve/router/cache/prompt_ids.py reads (tokenizer.json, the chat template in
-# tokenizer_config.json) and what a Hugging Face tokenizer folder may add beside them.
+# tokenizer_config.json or, in newer checkpoints, chat_template.jinja) and what a Hugging Face
+# tokenizer folder may add beside them.
 REQUIRED = "tokenizer.json"
-FILES = (REQUIRED, "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+FILES = (REQUIRED, "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+         "tokenizer.model")
 MANIFEST = "router-tokenizer.json"  # Gate A's artifact naming the files it kept
 ROUTER_DIR = "tokenizer"  # beside the router's fleet.json: prefix_cache.tokenizer_dir
 
