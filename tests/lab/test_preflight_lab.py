@@ -178,8 +178,28 @@ for root in sys.argv[2:]:
 
 
 
+# Run on the router host: two turns of one conversation through the router (argv[1] its base
+# URL, the tenant key read from the file argv[2]), then print the router's prefix_cache state.
+CHAT = """import json, sys, time, urllib.request
+base, key_file, model = sys.argv[1:4]
+headers = {"Content-Type": "application/json",
+           "Authorization": "Bearer " + open(key_file).read().strip()}
+def post(messages):
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": 4}).encode()
+    req = urllib.request.Request(base + "/v1/chat/completions", data=body, headers=headers)
+    return json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"]
+first = [{"role": "user", "content": " ".join("the sea and the land" for _ in range(80))}]
+answer = post(first)
+time.sleep(1.0)
+post(first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "and then"}])
+state = json.load(urllib.request.urlopen(base + "/narwhal/state", timeout=30))
+print(json.dumps(state["prefix_cache"]))
+"""
+
+
 def _put_scripts(fleet: Installer, host: str) -> None:
-    for name, text in (("narwhal-call.py", CALL), ("narwhal-scan.py", SCAN)):
+    for name, text in (("narwhal-call.py", CALL), ("narwhal-scan.py", SCAN),
+                       ("narwhal-chat.py", CHAT)):
         done = ssh(fleet.op.plan, host, f"cat > /tmp/{name} <<'PY'\n{text}PY")
         assert done.returncode == 0, done.stderr
 
@@ -205,6 +225,25 @@ def test_the_router_serves_only_requests_with_the_tenant_key(attested: Installer
     assert _call(attested, router, url, "-") == 401
     assert _call(attested, router, url, f"{secrets_dir}/NARWHAL_ENGINE_KEY") == 401
     assert _call(attested, router, url, f"{secrets_dir}/NARWHAL_ROUTER_API_KEY") == 200
+
+
+def test_the_router_follows_every_engine_s_kv_events_and_places_the_next_turn_on_them(
+        attested: Installer) -> None:
+    """Gate G's router, fed by the engines' KV events over the lab fabric and tokenizing with
+    the checkpoint's files Gate F placed, predicts a hit for a conversation's second turn."""
+    router, secrets_dir = attested.lab_host("router"), attested.secrets_dir()
+    _put_scripts(attested, router)
+    done = ssh(attested.op.plan, router, f"python3 /tmp/narwhal-chat.py http://127.0.0.1:8000 "
+               f"{secrets_dir}/NARWHAL_ROUTER_API_KEY {attested.op.plan.spec.model.name}",
+               timeout=120)
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout)
+    engines = state["engines"]
+    assert {e["mode"] for e in engines.values()} == {"events"}, engines
+    assert sum(e["events"]["batches"] for e in engines.values()) > 0, engines
+    assert all(e["events"]["refused"] == e["events"]["gaps"] == 0 for e in engines.values())
+    assert state["blind_requests"] == 0 and sum(state["decisions"].values()) >= 2, state
+    assert sum(state["predicted_hit_tokens"].values()) > 0, state
 
 
 def test_an_engine_reached_from_the_router_host_needs_the_engine_key(
