@@ -5,6 +5,10 @@ caches, KV events on), each in the cache-aware setting its own documentation rec
                       emulators' coefficients, 2 prefill + 2 decode, no cache awareness
 - narwhal             the same plus `prefix_cache` (the model's tokenizer) and each engine's
                       `kv_events` endpoint: placement on the engines' own cache state
+- narwhal-planner     narwhal (cache-aware) at its best setting for a moving prefill/decode
+                      mix: every engine `both`, the pool planner (the goodput bench's PLANNER)
+                      sizing the pools from demand
+- narwhal-planner-blind  the same planner, no cache awareness
 - vllm-router         0.1.17, P/D, `--prefill-policy cache_aware` (its text radix tree, the
                       documented defaults: cache threshold 0.3, balance 64 / 1.5) and
                       `--decode-policy power_of_two` (the --help's P/D example)
@@ -23,13 +27,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _goodput_fleet import Fleet, Timing, start_narwhal, start_narwhal_inference, start_vllm_router
+from _goodput_fleet import (
+    PLANNER,
+    Fleet,
+    Timing,
+    start_narwhal,
+    start_narwhal_inference,
+    start_vllm_router,
+)
 from _procs import Owned, free_ports, start, wait_status
 from _targets import venv
 
-ROUTERS = ("narwhal-blind", "narwhal", "vllm-router", "vllm-router-kv", "sglang-router",
+ROUTERS = ("narwhal-blind", "narwhal", "narwhal-planner-blind", "narwhal-planner", "vllm-router", "vllm-router-kv", "sglang-router",
            "sglang-router-pd", "narwhal-inference", "vllm-router-rr")
-DEFAULT_ROUTERS = ("narwhal-blind", "narwhal", "vllm-router", "sglang-router",
+DEFAULT_ROUTERS = ("narwhal-blind", "narwhal", "narwhal-planner-blind", "narwhal-planner", "vllm-router", "sglang-router",
                    "narwhal-inference")
 
 
@@ -89,6 +100,9 @@ def start_prefix_router(name: str, fleet: Fleet, timing: Timing, slo: dict[str, 
         return start_narwhal(fleet, timing, slo, cpu, work, name)
     if name == "narwhal":
         return start_narwhal(fleet, timing, slo, cpu, work, name, prefix_aware=True)
+    if name in ("narwhal-planner", "narwhal-planner-blind"):
+        return start_narwhal(fleet, timing, slo, cpu, work, name, flips=PLANNER,
+                             prefix_aware=not name.endswith("-blind"))
     if name in ("vllm-router", "vllm-router-kv"):
         return _vllm_router_cache(fleet, cpu, work, kv_aware=name.endswith("-kv"))
     if name in ("sglang-router", "sglang-router-pd"):
