@@ -221,7 +221,7 @@ def test_colocated_engines_sharing_a_gpu_block(operator: Operator) -> None:
     assert eng1.host.hardware is not None
     uuid = eng1.host.hardware.accelerators.devices[0].uuid
     ports = {k: str(int(_env_value(operator, f"NARWHAL_{k}")) + 1)
-             for k in ("ENGINE_PORT", "ATTEST_PORT", "NIXL_SIDE_CHANNEL_PORT")}
+             for k in ("ENGINE_PORT", "ATTEST_PORT", "NIXL_SIDE_CHANNEL_PORT", "KV_EVENTS_PORT")}
     env = operator.variant("colocated", NARWHAL_NODE_2_SSH=_env_value(operator, "NARWHAL_NODE_1_SSH"),
                            NARWHAL_NODE_2_IP=eng1.fabric_ip, NARWHAL_NODE_1_GPU_IDS="0",
                            NARWHAL_NODE_2_GPU_IDS=uuid,

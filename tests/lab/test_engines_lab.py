@@ -21,7 +21,7 @@ from tests.lab.installing import Installer, rows
 from narwhal.core.kv.geometry import plan_geometry
 from narwhal.core.kv.vllm_args import launch_plan_from_args
 from narwhal.core.launch_record import LaunchRecord
-from narwhal.lab.engine.testing import TINY_QWEN3_NEXT
+from narwhal.lab.engine.testing import TINY_QWEN3_NEXT, write_model_dir
 from narwhal.lab.faults import Faults
 from narwhal.lab.plan import LabPlan
 from narwhal.lab.testing import ssh
@@ -230,6 +230,7 @@ def test_engines_sharing_a_gpu_start_one_after_another_and_the_rest_at_once(
         NARWHAL_NODE_2_GPU_IDS=eng1.host.hardware.accelerators.devices[0].uuid,
         NARWHAL_NODE_3_GPU_IDS="0", NARWHAL_NODE_2_ENGINE_PORT="8001",
         NARWHAL_NODE_2_ATTEST_PORT="8011", NARWHAL_NODE_2_NIXL_SIDE_CHANNEL_PORT="5601",
+            NARWHAL_NODE_2_KV_EVENTS_PORT="5558",
         **{f"NARWHAL_NODE_{n}_TENSOR_PARALLEL_SIZE": "1" for n in (1, 2, 3)})
     try:
         code, doc = op.discover(env=env)
@@ -269,15 +270,16 @@ HYBRID_DIR = "/srv/models/tiny-qwen3-next"
 
 
 def test_a_hybrid_fleet_passes_gate_c_with_ds_conv_state_and_is_named_without_it(
-        installed: Installer) -> None:
+        installed: Installer, tmp_path: Path) -> None:
     """A Mamba/GDN fleet configured as vLLM documents it (VLLM_SSM_CONV_STATE_LAYOUT=DS in
     NARWHAL_ENGINE_ENV, what NIXL's handoff of conv state needs) passes Gate C: the prediction
     reads the launch environment as the engines do. Without it Gate C blocks, naming the
     variable and the fix."""
     plan, op = installed.op.plan, installed.op
-    files = {"config.json": json.dumps(HYBRID_CONFIG, indent=1),
-             "tokenizer_config.json": json.dumps({"bos_token": "<s>", "eos_token": "</s>",
-                                                  "pad_token": "<pad>"})}
+    local = write_model_dir(tmp_path / "hybrid", HYBRID_CONFIG, {
+        "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"})
+    # the checkpoint's files, its tokenizer.json too (the router tokenizes with it)
+    files = {p.name: p.read_text() for p in sorted(local.iterdir())}
     for h in plan.engines():  # the checkpoint placed on every engine host, as an operator does
         for name, text in files.items():
             done = ssh(plan, h.name, f"mkdir -p {HYBRID_DIR} && cat > {HYBRID_DIR}/{name} "
