@@ -101,7 +101,7 @@ def test_the_three_engine_hosts_hold_one_checkpoint(probed: dict[str, HostFacts]
     digests = {m.model_tree_sha256 for m in models if m is not None}
     assert len(digests) == 1 and None not in digests
     assert [r[0] for r in models[0].rows] == [  # type: ignore[union-attr]
-        "config.json", "generation_config.json", "tokenizer_config.json"]
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
     assert models[0].architectures == ["LlamaForCausalLM"]  # type: ignore[union-attr]
 
 
