@@ -335,6 +335,31 @@ def _quorum_problems(c: Controller) -> list[Problem]:
     return problems
 
 
+def _address_problems(where: str, engine: EngineEntry) -> list[Problem]:
+    """Where the router reaches one engine: its URL, its sidecar and its event publisher."""
+    problems: list[Problem] = []
+    why = _url_problem(engine.url)
+    if why:
+        problems.append(Problem(f"{where}.url", f"{engine.url!r} {why}", "fix the URL"))
+    if engine.attestation_url is not None:
+        why = _attestation_url_problem(engine.attestation_url)
+        if why:
+            problems.append(Problem(f"{where}.attestation_url",
+                                    f"{engine.attestation_url!r} {why}", "fix the URL"))
+    if (engine.attestation_url is None) != (engine.contract is None):
+        problems.append(Problem(f"{where}.contract", "an attestation_url and a contract "
+                                "come together (Gate E writes both)",
+                                "give both, or neither"))
+    if engine.kv_events is not None:
+        why = _events_endpoint_problem(engine.kv_events.endpoint)
+        if why:
+            problems.append(Problem(f"{where}.kv_events.endpoint",
+                                    f"{engine.kv_events.endpoint!r} {why}",
+                                    "write tcp://ENGINE_HOST:PORT, the port of the engine's "
+                                    "--kv-events-config endpoint"))
+    return problems
+
+
 def _relations(doc: FleetDocument) -> list[Problem]:
     """Checks between fields that a schema cannot express."""
     problems: list[Problem] = []
@@ -349,25 +374,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
             problems.append(Problem(f"{where}.id", f"{engine.id!r} repeats engines[{seen_ids[engine.id]}]",
                                     "give every engine its own id"))
         seen_ids.setdefault(engine.id, i)
-        why = _url_problem(engine.url)
-        if why:
-            problems.append(Problem(f"{where}.url", f"{engine.url!r} {why}", "fix the URL"))
-        if engine.attestation_url is not None:
-            why = _attestation_url_problem(engine.attestation_url)
-            if why:
-                problems.append(Problem(f"{where}.attestation_url",
-                                        f"{engine.attestation_url!r} {why}", "fix the URL"))
-        if (engine.attestation_url is None) != (engine.contract is None):
-            problems.append(Problem(f"{where}.contract", "an attestation_url and a contract "
-                                    "come together (Gate E writes both)",
-                                    "give both, or neither"))
-        if engine.kv_events is not None:
-            why = _events_endpoint_problem(engine.kv_events.endpoint)
-            if why:
-                problems.append(Problem(f"{where}.kv_events.endpoint",
-                                        f"{engine.kv_events.endpoint!r} {why}",
-                                        "write tcp://ENGINE_HOST:PORT, the port of the engine's "
-                                        "--kv-events-config endpoint"))
+        problems += _address_problems(where, engine)
         key = engine.url.rstrip("/")
         if key in seen_urls:
             problems.append(Problem(f"{where}.url", f"same URL as engines[{seen_urls[key]}]",
@@ -383,14 +390,7 @@ def _relations(doc: FleetDocument) -> list[Problem]:
     if doc.profiles is not None and not doc.profiles.path.strip():
         problems.append(Problem("profiles.path", "is empty",
                                 "name the narwhal.profiles document, e.g. runs/profiles.json"))
-    if doc.prefix_cache is not None and not doc.prefix_cache.tokenizer_dir.strip():
-        problems.append(Problem("prefix_cache.tokenizer_dir", "is empty",
-                                "name the folder holding the model's tokenizer.json"))
-    if doc.prefix_cache is not None and doc.profiles is None:
-        problems.append(Problem("prefix_cache", "prices placement on the engines' measured "
-                                "curves, and this fleet has none",
-                                "add a profiles section (narwhal-profile writes the store), or "
-                                "remove prefix_cache"))
+    problems += _cache_problems(doc)
 
     if doc.calibration is not None and not doc.calibration.path.strip():
         problems.append(Problem("calibration.path", "is empty",
@@ -406,6 +406,22 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                                 "poll the handoff document several times per lease period"))
     if not doc.journal.path.strip():
         problems.append(Problem("journal.path", "is empty", "name the JSONL file, e.g. runs/journal.jsonl"))
+    return problems
+
+
+def _cache_problems(doc: FleetDocument) -> list[Problem]:
+    """Cache-aware placement needs a tokenizer folder and curves to price hits on."""
+    if doc.prefix_cache is None:
+        return []
+    problems: list[Problem] = []
+    if not doc.prefix_cache.tokenizer_dir.strip():
+        problems.append(Problem("prefix_cache.tokenizer_dir", "is empty",
+                                "name the folder holding the model's tokenizer.json"))
+    if doc.profiles is None:
+        problems.append(Problem("prefix_cache", "prices placement on the engines' measured "
+                                "curves, and this fleet has none",
+                                "add a profiles section (narwhal-profile writes the store), or "
+                                "remove prefix_cache"))
     return problems
 
 

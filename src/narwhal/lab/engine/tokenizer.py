@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
+from narwhal.core.chat_content import message_text
 from narwhal.lab.engine.model_dir import SpecialTokens
 
 BYTE_TOKENS = 256
@@ -190,15 +191,3 @@ def render_chat(messages: Sequence[dict[str, object]], special: SpecialTokens,
     if add_generation_prompt and not continue_final_message:
         out.append(f"{bos}{role}: ")
     return "".join(out)
-
-
-def message_text(content: object) -> str:
-    """A message's text: a string, or the `text` parts of a content list."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content
-                       if isinstance(p, dict) and p.get("type", "text") == "text")
-    return str(content)

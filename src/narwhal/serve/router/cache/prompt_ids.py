@@ -20,21 +20,8 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from narwhal.core.chat_content import message_text
 from narwhal.core.errors import InputError, Problem
-
-
-def _content_text(content: object) -> str:
-    """A message's text: a string, or the `text` parts of a content list (vLLM's string
-    content format)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content
-                       if isinstance(p, dict) and p.get("type", "text") == "text")
-    return str(content)
-
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where newer checkpoints keep the template
 MAX_TEMPLATE_BYTES = 1 << 20
@@ -116,7 +103,7 @@ class PromptTokenizer:
             if not isinstance(m, dict):
                 return None
             rows.append({**{k: v for k, v in m.items() if isinstance(v, str)},
-                         "content": _content_text(m.get("content"))})
+                         "content": message_text(m.get("content"))})
         add = body.get("add_special_tokens", False) is True
         try:
             text = self._chat.render(
