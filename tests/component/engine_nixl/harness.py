@@ -19,10 +19,18 @@ from tests.unit.engine_nixl.helpers import Lines, Metrics, Switches, recorded_lo
 HOST = "127.0.0.1"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and never handed to another engine of this run."""
+    while True:
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
@@ -33,6 +41,7 @@ class Engine:
     lines: Lines
     metrics: Metrics
     faults: Switches = field(default_factory=Switches)
+    rebind: Callable[[], NixlConnector] | None = None
 
     @property
     def geometry(self) -> Geometry:
@@ -47,21 +56,39 @@ def engine(name: str, geometry: Geometry | None = None, *, role: str = "kv_both"
                           "kv_connector_extra_config": extra or {}}
     if engine_id:
         kv["engine_id"] = engine_id
-    settings = settle(NixlConfig(kv, side_channel_host=HOST,
-                                 side_channel_port=port or free_port(), kv_scale=kv_scale))
-    # A short initiator timeout keeps failure tests quick; vLLM's is 5 s (settings default).
-    settings = dataclasses.replace(settings, handshake_timeout_s=handshake_timeout_s)
     log, lines = recorded_logger(name)
     metrics, faults = Metrics(), Switches()
-    conn = NixlConnector(settings, geometry or tiny(), metrics, faults, log)
-    return Engine(conn, lines, metrics, faults)
+
+    def build(chosen: int) -> NixlConnector:
+        settings = settle(NixlConfig(kv, side_channel_host=HOST,
+                                     side_channel_port=chosen, kv_scale=kv_scale))
+        # A short initiator timeout keeps failure tests quick; vLLM's is 5 s (settings default).
+        settings = dataclasses.replace(settings, handshake_timeout_s=handshake_timeout_s)
+        return NixlConnector(settings, geometry or tiny(), metrics, faults, log)
+
+    # A port the harness picked may be taken between the pick and the bind by any other
+    # socket on the machine; only such a port is picked again.
+    rebind = None if port else (lambda: build(free_port()))
+    return Engine(build(port or free_port()), lines, metrics, faults, rebind)
+
+
+async def _start(e: Engine, tries: int = 3) -> None:
+    for attempt in range(tries):
+        try:
+            await e.connector.start()
+            return
+        except RuntimeError as exc:
+            if e.rebind is None or "Address already in use" not in str(exc) \
+                    or attempt == tries - 1:
+                raise
+            e.connector = e.rebind()
 
 
 @asynccontextmanager
 async def started(*engines: Engine) -> AsyncIterator[None]:
     try:
         for e in engines:
-            await e.connector.start()
+            await _start(e)
         yield
     finally:
         for e in engines:
