@@ -10,12 +10,14 @@ import contextlib
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from narwhal.lab.ports import free_port as free_port  # one picker for every harness
+from narwhal.lab.ports import free_ports as free_ports
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -27,27 +29,6 @@ def stop_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: every socket stays bound until all are picked (separate
-    `free_port` calls may hand out one port twice, and two engines then race for it)."""
-    held = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
 
 
 def _stat(pid: int) -> list[str]:

@@ -14,15 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from narwhal.lab.ports import free_port as free_port  # one picker for every harness
+
 KEY_USER = "nwkey"
 PASS_USER = "nwpass"
 PASSWORD = "nw-Test-pass-7731"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def missing_prerequisite() -> str | None:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from narwhal.lab.ports import free_port as free_port  # one picker for every harness
 from tests.fidelity import client
 from tests.fidelity.requests import SERVED_NAME
 
@@ -27,28 +26,6 @@ MAX_MODEL_LEN = 512
 KV_CACHE_MEMORY_BYTES = 64 * 1024 * 1024
 HEALTH_TIMEOUT_S = 240.0
 STOP_GRACE_S = 20.0
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago, taken *below* the kernel's ephemeral range.
-
-    A port from bind(0) is an ephemeral port, the range every outgoing connection draws from, so
-    in the seconds before vLLM binds it (its NIXL listener starts late) another connection can
-    take it: the listener thread then dies with EADDRINUSE and the engine never turns healthy
-    (seen once in CI). Ports under the range are never handed out that way."""
-    low = 32768
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise OSError("no free loopback port below the ephemeral range")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -13,24 +12,11 @@ from typing import Any
 from narwhal.core.kv.geometry import Geometry
 from narwhal.lab.engine.nixl.connector import NixlConnector
 from narwhal.lab.engine.nixl.settings import NixlConfig, settle
+from narwhal.lab.ports import free_port
 from narwhal.node.nixl_probe import ProbeTarget
 from tests.unit.engine_nixl.helpers import Lines, Metrics, Switches, recorded_logger, tiny
 
 HOST = "127.0.0.1"
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback port free now and never handed to another engine of this run."""
-    while True:
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 @dataclass

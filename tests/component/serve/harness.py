@@ -11,7 +11,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,17 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from narwhal.lab.ports import free_port as free_port  # one picker for every harness
 from narwhal.serve.router.request.decisions import every_decision
 
 REPO = Path(__file__).resolve().parents[3]
 SERVE = Path(sys.executable).parent / "narwhal-serve"
 MODEL = "mini-model"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(port: int, path: str, want: int = 200, timeout: float = 20.0,

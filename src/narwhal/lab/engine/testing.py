@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from narwhal.lab.engine import hf_tokenizer
+from narwhal.lab.ports import free_port
 
 TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 432,
@@ -74,13 +74,6 @@ def write_tiny_llama(path: Path) -> Path:
 def write_llama3_8b(path: Path) -> Path:
     return write_model_dir(path, LLAMA3_8B, {"bos_token": "<|begin_of_text|>",
                                              "eos_token": "<|end_of_text|>"})
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class EngineStartFailed(RuntimeError):
