@@ -16,12 +16,13 @@ would reach; no router can beat it.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from narwhal.deploy.trial.trace import arrival_times, read_trace
 
 HERE = Path(__file__).resolve().parent
 MOONCAKE = HERE / "traces" / "mooncake-conversation-1200.jsonl"
@@ -69,8 +70,8 @@ class Vocab:
 
 
 def load_mooncake(path: Path = MOONCAKE) -> list[dict[str, Any]]:
-    with path.open() as fh:
-        return [json.loads(line) for line in fh if line.strip() and not line.startswith("#")]
+    """The trace as `narwhal trial --trace` reads it (every row checked, bounded)."""
+    return [row.model_dump() for row in read_trace(path).rows]
 
 
 def _block_words(vocab: Vocab, seed: int, hash_id: int, block: int) -> list[str]:
@@ -104,12 +105,8 @@ def mooncake_schedule(vocab: Vocab, rows: Sequence[dict[str, Any]], rate: float,
     requests/s on average; requests after `seconds` are dropped."""
     if len(rows) < 2:
         raise ValueError("the trace needs at least two rows")
-    t0 = rows[0]["timestamp"]
-    native = (len(rows) - 1) / max((rows[-1]["timestamp"] - t0) / 1000.0, 1e-3)
-    stretch = native / rate
     out: list[Request] = []
-    for row in rows:
-        at = (row["timestamp"] - t0) / 1000.0 * stretch
+    for row, at in zip(rows, arrival_times([r["timestamp"] for r in rows], rate), strict=True):
         if at >= seconds:
             break
         output = min(max_output, max(2, round(row["output_length"] * block / MOONCAKE_BLOCK)))

@@ -429,6 +429,45 @@ def test_a_trial_reconciles_every_request_with_the_journal_and_drains_between_ra
         op.last_attempt("fabric") / "edge-matrix.png").read_bytes()
 
 
+def _conversation_trace(path: Path, users: int, turns: int) -> Path:
+    """A Mooncake-format trace of `users` conversations of `turns` turns each, interleaved:
+    every turn resends the whole conversation so far (its hash_ids) and adds two blocks."""
+    rows = []
+    for turn in range(turns):
+        for user in range(users):
+            ids = [1000 * user + k for k in range(2 + 2 * turn)]
+            rows.append({"timestamp": 1000 * len(rows), "input_length": 512 * len(ids),
+                         "output_length": 64, "hash_ids": ids})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_trace_replays_its_repetition_and_the_router_places_turns_on_their_cache(
+        attested: Installer) -> None:
+    """`narwhal trial --trace`: the trace's timing and its repetition (equal hash_ids are equal
+    prompt text) reach the fleet; the router's journal shows the hits it priced and the
+    engines reported; the record names the trace by digest."""
+    op = attested.op
+    trace = _conversation_trace(op.env.with_name("conversation.jsonl"), users=3, turns=4)
+    code, doc = op.json_command("trial", "--rates", "4", "--trace", str(trace))
+    assert code == 0, doc
+    assert doc["trace"]["file"] == "conversation.jsonl"
+    assert doc["trace"]["sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
+    rate = doc["rates"][0]
+    assert rate["reconciled"]["ok"] and rate["reconciled"]["sent"] == 12, rate["reconciled"]
+    assert rate["ok"] == 12, rate
+    reuse = rate["trace_reuse"]
+    assert reuse["rows"] == 12 and reuse["repeated_block_share"] > 0.5, reuse
+    cache = rate["router_cache"]
+    assert cache["requests"] == 12, cache
+    assert cache["predicted_hit_tokens"] > 0 and cache["observed_hit_tokens"] > 0, cache
+    bad = trace.with_name("bad.jsonl")
+    bad.write_text('{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n'
+                   '{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": [1]}\n')
+    done = op.narwhal("trial", "--rates", "4", "--trace", str(bad))
+    assert done.returncode == 2 and f"{bad}: line 2: input_length" in done.stderr, done.stderr
+
+
 def _assert_trial_network_evidence(attempt: Path, rates: list[float]) -> None:
     """The tunnel log (the router's and Prometheus's forwards, each opened and cancelled, ok)
     and one network snapshot of the router host per rate are artifacts of the trial: listed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -19,6 +20,7 @@ from narwhal.deploy.cli.gate_output import Progress, report_blocked
 from narwhal.deploy.cli.ledger_cmd import recorded_rows
 from narwhal.deploy.gates import serve, trial
 from narwhal.deploy.ledger.status import GateStatus
+from narwhal.deploy.trial.trace import Trace, TraceError, read_trace
 
 
 def rates_list(text: str) -> list[float]:
@@ -29,6 +31,15 @@ def rates_list(text: str) -> list[float]:
     if not rates or any(not 0 < r <= 10_000 for r in rates):
         raise argparse.ArgumentTypeError("each rate must be above 0 and at most 10000 per second")
     return rates
+
+
+def trace_file(text: str) -> Trace:
+    """`--trace FILE`, read and checked whole while the command line is parsed: a trace that
+    is not the Mooncake format is refused before any host is asked or anything recorded."""
+    try:
+        return read_trace(Path(text))
+    except TraceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,6 +57,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the arrival schedule's seed (default 0)")
     p.add_argument("--max-tokens", type=number(int, 1, 4096), default=16,
                    help="output tokens per request (default 16)")
+    p.add_argument("--trace", type=trace_file, default=None, metavar="FILE",
+                   help="replay a Mooncake-format trace (JSON lines: timestamp ms, "
+                   "input_length, output_length, hash_ids) instead of unique prompts: its "
+                   "timing stretched to each rate, its prompts scaled to the profiled range "
+                   "with equal hash_ids as equal text; --requests/--duration take its first rows")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -102,9 +118,10 @@ def _trial(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     with ctx.ledger.attempt(trial.ACTIVITY, fingerprint={}, hosts={router: ["router"]},
                             deployment_revision=ctx.inputs.revision) as attempt:
         with attempt.bind(host):
-            doc = trial.run_trial(ctx.inputs, host, attempt, p, args.rates,
-                                  trial.Size(args.requests, args.duration), args.seed,
-                                  args.max_tokens, Progress(args.json))
+            work = trial.Workload(trial.Size(args.requests, args.duration), args.seed,
+                                  args.max_tokens, args.trace)
+            doc = trial.run_trial(ctx.inputs, host, attempt, p, args.rates, work,
+                                  Progress(args.json))
         doc["attempt"] = attempt.id
     return doc
 

@@ -49,8 +49,16 @@ from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 from narwhal.deploy.ledger.status import GateStatus
 from narwhal.deploy.trial import client, network, report
-from narwhal.deploy.trial.reconcile import journal_rows, reconcile_rows
+from narwhal.deploy.trial.reconcile import cache_totals, journal_rows, reconcile_rows
 from narwhal.deploy.trial.schedule import Planned, schedule
+from narwhal.deploy.trial.trace import (
+    MIN_BLOCK_WORDS,
+    Scale,
+    Trace,
+    block_tokens_for,
+    replay,
+    reuse,
+)
 from narwhal.deploy.trial.tunnel_log import TunnelLog
 from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
 
@@ -189,8 +197,41 @@ class Route:
     api_key: str | None
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What each rate sends: how many requests, the schedule's seed and output cap, and either
+    unique prompts of the workload's length or a replayed trace (trial/trace.py)."""
+
+    size: Size
+    seed: int
+    max_tokens: int
+    trace: Trace | None = None
+
+
+def planner(route: Route, work: Workload, tokens: int,
+            model: str) -> tuple[Callable[[float, str], list[Planned]], dict[str, Any]]:
+    """How each rate's schedule is made, and what the record says of the workload: seeded
+    Poisson arrivals of unique prompts about `tokens` long, or the trace scaled so 95 in 100
+    of its prompts fit `tokens` (each hash block a run of words the fleet's tokenizer makes
+    about block_tokens of)."""
+    if work.trace is None:
+        words = words_for(route.base, model, tokens, route.api_key)
+        return (lambda rate, tag: schedule(rate, work.size.at(rate), work.seed, words,
+                                           work.max_tokens, tag)), {}
+    trace = work.trace
+    block = block_tokens_for(trace.rows, tokens)
+    scale = Scale(block, max(MIN_BLOCK_WORDS, words_for(route.base, model, block,
+                                                        route.api_key)),
+                  max(1, tokens // block), work.max_tokens)
+    described = {"file": trace.name, "sha256": trace.sha256, "rows": len(trace.rows),
+                 "block_tokens": scale.block_tokens, "block_words": scale.block_words,
+                 "max_blocks": scale.max_blocks}
+    return (lambda rate, tag: replay(trace, rate, work.size.at(rate), scale, work.seed,
+                                     tag)), described
+
+
 def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates: list[float],
-              size: Size, seed: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
+              work: Workload, progress: Progress) -> dict[str, Any]:
     rh = RouterHost(host, p.install)
     p = serving(rh, p)  # after a takeover the primary answers at the standby's address
     slo = p.fleet["slo"]
@@ -204,18 +245,21 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
         with forwarded(host, [p.bind, p.prometheus_at], tunnels) as (router_port, prom_port):
             route = Route(host, rh, p, f"http://127.0.0.1:{router_port}",
                           f"http://127.0.0.1:{prom_port}", api_key)
-            words = words_for(route.base, p.fleet["model"], tokens, api_key)
+            plan_rate, described = planner(route, work, tokens, p.fleet["model"])
             for rate in rates:
                 rate_tag = f"{tag}-r{rate:g}"
-                planned = schedule(rate, size.at(rate), seed, words, max_tokens, rate_tag)
+                planned = plan_rate(rate, rate_tag)
+                noted = {} if work.trace is None else {"trace_reuse": reuse(
+                    work.trace.rows[:len(planned)], described["max_blocks"])}
                 summary, rate_data = run_rate(route, attempt, rate, planned, rate_tag,
-                                              progress)
+                                              progress, noted)
                 out.append(summary)
                 data.append(rate_data)
     finally:  # kept when a forward failed most of all: the log says which and why
         attempt.add_artifact("tunnel.jsonl", tunnels.jsonl())
-    doc = {"slo": slo, "seed": seed, "requests_per_rate": size.requests,
-           "duration_s": size.duration_s, "tag": tag, "rates": out}
+    doc = {"slo": slo, "seed": work.seed, "requests_per_rate": work.size.requests,
+           "duration_s": work.size.duration_s, "tag": tag, "rates": out,
+           **({"trace": described} if described else {})}
     attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
     progress("report", "writing the report")
     files = report.build(f"Capacity trial {attempt.id} of {inputs.deployment}", slo, data,
@@ -238,9 +282,11 @@ def network_snapshot(host: Host, rate: float) -> bytes:
 
 
 def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned], tag: str,
-             progress: Progress) -> tuple[dict[str, Any], report.RateData]:
+             progress: Progress, noted: dict[str, Any] | None = None,
+             ) -> tuple[dict[str, Any], report.RateData]:
     """One rate: drained before and after, sent open loop, reconciled with the journal,
-    scraped, summarised with its verdict; every record kept as the rate's artifacts."""
+    scraped, summarised with its verdict (with `noted`, what the workload says of itself);
+    every record kept as the rate's artifacts."""
     name, slo, p = f"rate-{rate:g}", route.plan.fleet["slo"], route.plan
     progress(f"rate {rate:g}/s", "draining the router")
     waited = drain(route.base)
@@ -265,7 +311,9 @@ def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned]
                    scrape=snapshot or {"error": "Prometheus did not answer"},
                    router_engines=[{k: e.get(k) for k in (
                        "id", "admitted", "ejected_reason", "ejections", "held_reason")}
-                       for e in state.get("engines", [])])
+                       for e in state.get("engines", [])], **(noted or {}))
+    if (cache := cache_totals(rows)) is not None:
+        summary["router_cache"] = cache
     summary["verdict"] = verdict(summary, rec.ok,
                                  scrape_holds(snapshot, len(p.targets()), out_now))
     attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(sent.records))

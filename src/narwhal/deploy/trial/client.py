@@ -78,7 +78,8 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, p: Planned,
         sent = loop.time() - start
         times: list[float] = []
         size, status, error = 0, 0, ""
-        body = {"model": model, "prompt": prompt(p), "max_tokens": p.max_tokens, "stream": True}
+        text = p.prompt if p.prompt is not None else prompt(p)
+        body = {"model": model, "prompt": text, "max_tokens": p.max_tokens, "stream": True}
         try:
             async with session.post(url, json=body, headers={**headers,
                                                              "x-request-id": p.request_id},

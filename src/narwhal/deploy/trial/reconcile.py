@@ -57,3 +57,23 @@ def reconcile_rows(sent_ids: list[str], rows: list[dict[str, Any]],
 
 def reconcile(sent_ids: list[str], journal_text: str, tag: str) -> Reconciled:
     return reconcile_rows(sent_ids, *journal_rows(journal_text, tag))
+
+
+def _tokens(value: Any) -> int:
+    """A journal count as an int; anything else (absent, null, a string) counts as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def cache_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the router's cache-aware placement did over the rate, from its journal rows: how
+    many requests it priced with the cache, the prompt tokens it predicted the chosen engine
+    held, what the engines reported, and how the requests ran. None when no row has it (cache
+    awareness off)."""
+    cached = [r["cache"] for r in rows if isinstance(r.get("cache"), dict)]
+    if not cached:
+        return None
+    decisions = Counter(str(c.get("decision")) for c in cached)
+    return {"requests": len(cached),
+            "predicted_hit_tokens": sum(_tokens(c.get("predicted_hit")) for c in cached),
+            "observed_hit_tokens": sum(_tokens(c.get("observed_hit")) for c in cached),
+            "decisions": dict(sorted(decisions.items()))}

@@ -17,6 +17,7 @@ class Planned:
     at_s: float  # seconds after the rate's start
     prompt_words: int
     max_tokens: int
+    prompt: str | None = None  # a replayed trace's own text; None: prompt_words unique words
 
 
 def schedule(rate: float, requests: int, seed: int, prompt_words: int, max_tokens: int,
