@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from narwhal.deploy.trial.reconcile import reconcile
+from narwhal.deploy.trial.reconcile import cache_totals, reconcile
 from narwhal.deploy.trial.schedule import schedule
 from narwhal.deploy.trial.verdict import MAX_LAG_S, Record, summarise, verdict
 
@@ -106,3 +106,18 @@ def test_a_rate_held_back_by_the_budget_is_client_limited_before_anything_else()
     assert s["client_limited"] == 10 and s["late_sends"] == 10  # the budget's waits apart
     assert verdict(s, True, True) == "client-limited"
     assert verdict({**s, "client_limited": 0}, True, True) == "client saturated"
+
+
+def test_the_routers_cache_hits_are_summed_from_its_journal_rows_and_junk_counts_nothing() -> None:
+    rows = [{"request_id": "a", "cache": {"predicted_hit": 64, "observed_hit": 48,
+                                          "decision": "split"}},
+            {"request_id": "b", "cache": {"predicted_hit": 32, "observed_hit": None,
+                                          "decision": "local_cached"}},
+            {"request_id": "c", "cache": {"predicted_hit": True, "observed_hit": "9",
+                                          "decision": "split"}},
+            {"request_id": "d", "cache": "not a dict"},
+            {"request_id": "e"}]
+    assert cache_totals(rows) == {"requests": 3, "predicted_hit_tokens": 96,
+                                  "observed_hit_tokens": 48,
+                                  "decisions": {"local_cached": 1, "split": 2}}
+    assert cache_totals([{"request_id": "x"}]) is None  # cache awareness off: nothing said
