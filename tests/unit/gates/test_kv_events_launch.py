@@ -56,11 +56,14 @@ def test_the_launch_publishes_events_on_the_port_every_interface_and_records_it(
     assert json.loads(text)["publisher"] == "zmq"
     assert record.ports.kv_events == 5557
     assert "--no-enable-prefix-caching" not in record.vllm_args  # vLLM's default: on
+    # answers say how many prompt tokens the engine found cached: the router's observed hits
+    assert "--enable-prompt-tokens-details" in record.vllm_args
 
 
 def test_without_the_port_the_record_is_as_before() -> None:
     inputs, plans, record = _launch()
     assert "--kv-events-config" not in record.vllm_args
+    assert "--enable-prompt-tokens-details" not in record.vllm_args
     assert record.ports.kv_events is None
     assert "kv_events" not in launch_record(inputs, plans[0])["ports"]  # digest unchanged
     assert "kv_events" not in runplan.build(record, "c" * 64, "native")["ports"]

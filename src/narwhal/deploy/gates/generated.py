@@ -18,6 +18,8 @@ from narwhal.deploy.gates.discover_checks import EnginePlan
 from narwhal.deploy.inputs.model import EngineInputs, Inputs
 
 KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+# vLLM's flag (0.29 and 0.32) that adds usage.prompt_tokens_details.cached_tokens to answers
+PROMPT_TOKENS_DETAILS = "--enable-prompt-tokens-details"
 EVENTS_TOPIC = ""  # every batch; one engine per endpoint, so a topic would tell nothing apart
 FLEET_SCHEMA = "narwhal.fleet"
 
@@ -90,7 +92,10 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
     if e.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
     if e.kv_events_port is not None:
-        args += ["--kv-events-config", events_config(e.kv_events_port)]
+        # the events say what each engine holds; usage's cached_tokens (only with this flag)
+        # says what it hit, so the router's predicted and observed hits can be compared
+        args += ["--kv-events-config", events_config(e.kv_events_port),
+                 PROMPT_TOKENS_DETAILS]
     args += list(e.engine_args or ())
     kv_config = dict(KV_BOTH)
     if e.kv_buffer_device is not None:
