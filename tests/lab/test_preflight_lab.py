@@ -830,6 +830,29 @@ def test_a_link_moved_on_one_host_resamples_only_its_edges_then_runs_full_prefli
     assert doc["links_moved"] == [] and {g["state"] for g in doc["gates"]} == {"passed"}, doc
 
 
+def test_an_engine_whose_kv_events_never_reach_the_router_fails_preflight_naming_the_flag(
+        attested: Installer, faults: Faults) -> None:
+    """narwhal-check's events gate on the lab: engine-3 publishes nothing the router host can
+    hear (its events port closed on its host, what an engine started without
+    --kv-events-config looks like from there), so `narwhal preflight` fails naming engine-3,
+    the flag and the .env field; with the port open again, deploy passes."""
+    op = attested.op
+    record = json.loads((op.last_attempt("discover") / "launch-engine-3.json").read_text())
+    faults.block("eng3", int(record["ports"]["kv_events"]))
+    try:
+        code, doc = op.json_command("preflight")
+    finally:
+        faults.clear()
+    assert code != 0 and doc["verdict"] != "passed", doc
+    said = json.dumps(doc)
+    assert "events engine-3" in said and "--kv-events-config" in said, said[-3000:]
+    assert "NARWHAL_KV_EVENTS_PORT" in said and "events engine-1" not in said
+    code, doc = op.json_command("deploy")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    code, doc = op.json_command("status")
+    assert {g["state"] for g in doc["gates"]} == {"passed"}, doc
+
+
 def test_a_shaped_link_blocks_deploy_at_the_fabric_until_cleared_then_only_it_is_measured(
         attested: Installer, faults: Faults) -> None:
     """The shaped-link drill: a policer on node-1->node-2 moves nothing in the link record, so
