@@ -17,6 +17,7 @@ present. Not part of `make test`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -116,16 +117,48 @@ def main() -> int:
                             for _ in range(args.repeats)]
                     tok_only = statistics.median(
                         _tokenize_us(tokenizer, route, body, n) for _ in range(args.repeats))
+                    stall = {way: round(statistics.median(
+                        asyncio.run(_stalls(tokenizer, route, body, 20, way == "off_loop"))
+                        for _ in range(args.repeats)), 2) for way in ("inline", "off_loop")}
                     rows.append({"tokenizer": name, "route": route, "prompt_tokens": len(ids),
                                  "engines": args.engines,
                                  "cpu_us_per_request": round(statistics.median(runs), 1),
-                                 "of_which_tokenize_us": round(tok_only, 1)})
+                                 "of_which_tokenize_us": round(tok_only, 1),
+                                 "loop_stall_ms": stall})
                     print(json.dumps(rows[-1]))
     out = REPO / "bench" / "results" / f"cache-cost-{time.strftime('%Y-%m-%dT%H%M%S')}.json"
     out.write_text(json.dumps({"bench": "cache_cost", "repeats": args.repeats,
                                "rows": rows}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
+
+
+async def _stalls(tokenizer: PromptTokenizer, route: str, body: dict[str, Any], n: int,
+                  off_loop: bool) -> float:
+    """The longest the event loop went without running another task while `n` prompts were
+    tokenized one after another, inline (as before) or on a worker thread (as the router now
+    does from OFF_LOOP_TOKENS): what every other request on the router waits, in ms."""
+    done, gaps = asyncio.Event(), [0.0]
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    for _ in range(n):
+        if off_loop:
+            await asyncio.to_thread(tokenizer.ids, route, body, True)
+        else:
+            tokenizer.ids(route, body)
+            await asyncio.sleep(0)
+    done.set()
+    await tick
+    return max(gaps) * 1e3
 
 
 def _tokenize_us(tokenizer: PromptTokenizer, route: str, body: dict[str, Any], n: int) -> float:

@@ -63,10 +63,12 @@ class PrefixCache(StrictModel):
     """Cache-aware placement (docs/router.md, "Placing on engine cache state"): the folder
     holding the model's tokenizer.json (and tokenizer_config.json) on the router host, and
     the blocks the router assumes an engine without KV events holds (0: the engine's own
-    num_gpu_blocks, read from its vllm:cache_config_info)."""
+    num_gpu_blocks, read from its vllm:cache_config_info), and from how many estimated prompt
+    tokens a prompt is tokenized on a worker thread instead of the event loop (0: every one)."""
 
     tokenizer_dir: str = Field(min_length=1, max_length=4096)
     approximate_blocks: int = Field(default=0, ge=0, le=1 << 30)
+    off_loop_tokens: int = Field(default=2048, ge=0, le=1 << 24)
 
 
 class Slo(StrictModel):

@@ -56,9 +56,11 @@ def _profiles(engines: dict[str, RunningEngine]) -> dict[str, Any]:
         for name, e in engines.items()]}
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, RunningEngine],
-                                                                      Router, Path]]:
+@pytest.fixture(scope="module", params=[None, 0], ids=["tokenized-on-loop", "off-loop"])
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[tuple[dict[str, RunningEngine], Router, Path]]:
+    """The same fleet twice: prompts tokenized on the event loop (the default for short ones)
+    and every prompt tokenized on a worker thread (off_loop_tokens 0): the same placement."""
     root = tmp_path_factory.mktemp("cache")
     model = write_tiny_llama(root / "tiny")
     engines: dict[str, RunningEngine] = {}
@@ -79,7 +81,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, 
                                if n in ports else {})} for n, e in engines.items()],
                "slo": {"ttft_s": 2.0, "tpot_s": 0.1}, "journal": {"path": str(root / "j.jsonl")},
                "profiles": {"path": str(root / "profiles.json")},
-               "prefix_cache": {"tokenizer_dir": str(model)}}
+               "prefix_cache": {"tokenizer_dir": str(model),
+                                **({} if request.param is None
+                                   else {"off_loop_tokens": request.param})}}
         (root / "fleet.json").write_text(json.dumps(doc))
         router = Router(root / "fleet.json", free_port()).start()
         time.sleep(0.3)  # the router's SUB sockets join a few ms after they connect

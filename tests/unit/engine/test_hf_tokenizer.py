@@ -36,6 +36,8 @@ def test_a_completion_prompt_has_the_emulator_s_ids(
     emulator, router = model
     text = "".join(parts)
     assert router.completion_ids(text) == emulator.encode(text, add_special_tokens=True)
+    # the worker thread's call (GIL released) reads the same ids
+    assert router.completion_ids(text, release_gil=True) == router.completion_ids(text)
 
 
 @settings(max_examples=100, deadline=None)
@@ -50,6 +52,7 @@ def test_a_chat_prompt_has_the_emulator_s_ids(
     text = render_chat(messages, emulator.special, generation, False, "assistant")
     body = {"messages": messages, "add_generation_prompt": generation}
     assert router.chat_ids(body) == emulator.encode(text, add_special_tokens=False)
+    assert router.chat_ids(body, release_gil=True) == router.chat_ids(body)
 
 
 def test_content_parts_and_token_id_prompts_are_read_as_the_engine_reads_them(

@@ -297,3 +297,11 @@ def test_cache_awareness_needs_curves_and_a_tokenizer_folder() -> None:
     assert any(p.startswith("prefix_cache.tokenizer_dir: is empty") for p in _problems(doc))
     doc = _cached(prefix_cache={"tokenizer_dir": "m", "approximate_blocks": -1})
     assert any(p.startswith("prefix_cache.approximate_blocks") for p in _problems(doc))
+
+
+@pytest.mark.parametrize("value", [-1, 1 << 25, True, "2048", 2.5])
+def test_the_off_loop_threshold_is_a_bounded_token_count(value: object) -> None:
+    doc = _cached(prefix_cache={"tokenizer_dir": "m", "off_loop_tokens": value})
+    assert any(p.startswith("prefix_cache.off_loop_tokens") for p in _problems(doc)), value
+    fine = parse_fleet(_cached(prefix_cache={"tokenizer_dir": "m", "off_loop_tokens": 0}), "f")
+    assert fine.prefix_cache is not None and fine.prefix_cache.off_loop_tokens == 0

@@ -163,6 +163,7 @@ class CacheSettings:
     tokenizer_dir: Path
     approximate_blocks: int
     events: Mapping[str, tuple[str, str]]  # engine id -> (endpoint, topic)
+    off_loop_tokens: int = 2048  # prompts estimated this long are tokenized on a thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,5 +323,5 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
             beside(fleet_path, doc.prefix_cache.tokenizer_dir),
             doc.prefix_cache.approximate_blocks,
             {e.id: (e.kv_events.endpoint, e.kv_events.topic) for e in doc.engines
-             if e.kv_events is not None}),
+             if e.kv_events is not None}, doc.prefix_cache.off_loop_tokens),
     )

@@ -85,15 +85,23 @@ class PromptTokenizer:
             value = value.get("content")
         return value if isinstance(value, str) else ""
 
-    def completion_ids(self, prompt: object) -> list[int] | None:
+    def _encode(self, text: str, add_special_tokens: bool, release_gil: bool) -> list[int]:
+        """`encode` holds the GIL for the whole call; `encode_batch` releases it, so a worker
+        thread tokenizing a long prompt leaves the event loop free (bench/cache_cost.py)."""
+        if release_gil:
+            return self._tokenizer.encode_batch([text],
+                                                add_special_tokens=add_special_tokens)[0].ids
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def completion_ids(self, prompt: object, release_gil: bool = False) -> list[int] | None:
         """/v1/completions: one text prompt (special tokens added) or one list of ids."""
         if isinstance(prompt, str):
-            return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+            return self._encode(prompt, True, release_gil)
         if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             return prompt
         return None
 
-    def chat_ids(self, body: Mapping[str, Any]) -> list[int] | None:
+    def chat_ids(self, body: Mapping[str, Any], release_gil: bool = False) -> list[int] | None:
         """/v1/chat/completions: the messages through the model's chat template."""
         messages = body.get("messages")
         if self._chat is None or not isinstance(messages, list):
@@ -113,9 +121,10 @@ class PromptTokenizer:
         except (TemplateError, TypeError, ValueError):
             self.failures += 1
             return None
-        return self._tokenizer.encode(text, add_special_tokens=add).ids
+        return self._encode(text, add, release_gil)
 
-    def ids(self, route: str, body: Mapping[str, Any]) -> list[int] | None:
+    def ids(self, route: str, body: Mapping[str, Any],
+            release_gil: bool = False) -> list[int] | None:
         if route == "chat":
-            return self.chat_ids(body)
-        return self.completion_ids(body.get("prompt"))
+            return self.chat_ids(body, release_gil)
+        return self.completion_ids(body.get("prompt"), release_gil)

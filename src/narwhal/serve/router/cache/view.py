@@ -68,9 +68,21 @@ class CacheView:
         self.observed_tokens: dict[str, int] = {}
         self.decisions: dict[str, int] = {}
 
+    def off_loop(self, call: Any) -> bool:
+        """Whether the call's prompt is long enough to tokenize on a worker thread (below
+        that, the thread hop costs more than the event loop loses)."""
+        return call.prompt_tokens is None and call.estimate >= self.settings.off_loop_tokens
+
+    def ids_off_loop(self, call: Any) -> list[int] | None:
+        """The call's prompt ids, computed on a worker thread (touches nothing shared)."""
+        return self.tokenizer.ids(call.route, call.body, release_gil=True)
+
     def before(self, call: Any) -> None:
         """Set the call's prompt ids, exact length and matched tokens per engine."""
-        ids = self.tokenizer.ids(call.route, call.body)
+        self.apply(call, self.tokenizer.ids(call.route, call.body))
+
+    def apply(self, call: Any, ids: list[int] | None) -> None:
+        """The call's prompt ids (None: none could be made) as its exact length and keys."""
         if ids is None:
             self.blind += 1
             return

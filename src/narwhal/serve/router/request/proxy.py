@@ -89,7 +89,11 @@ class Proxy:
         self._calls.add(call)
         self._idle.clear()
         conn.watcher = call
-        self._guard(call, self._place)
+        cache = self.cache
+        if cache is not None and cache.off_loop(call):
+            self._spawn(self._tokenize_off_loop(call))
+        else:
+            self._guard(call, self._place)
 
     def cut_all(self) -> int:
         """End every call still in flight (shutdown's drain bound ran out); returns how many."""
@@ -204,8 +208,24 @@ class Proxy:
         return D.RETRY_OK if len(tries) < D.MAX_TRIES and not self.cutting else 0
 
     # -- placement --------------------------------------------------------------------------
-    def _place(self, call: Call) -> None:
-        if (cache := self.cache) is not None:
+    async def _tokenize_off_loop(self, call: Call) -> None:
+        """A long prompt's token ids from a worker thread (the tokenizer's batch call releases
+        the GIL), so the event loop serves every other request meanwhile; then placed as any
+        other. A tokenizer that fails leaves the request placed blind to cache state."""
+        cache = self.cache
+        try:
+            ids = await asyncio.to_thread(cache.ids_off_loop, call)
+        except Exception:  # the library raises its own untyped errors
+            _log.exception("request %s: tokenizing failed; placed blind", call.request_id)
+            ids = None
+        cache.apply(call, ids)
+        if call.gone:
+            self._settle(call, D.GONE_BEFORE_PREFILL)
+        else:
+            self._guard(call, self._place, True)
+
+    def _place(self, call: Call, tokenized: bool = False) -> None:
+        if (cache := self.cache) is not None and not tokenized:
             cache.before(call)
         placement = self.chooser.place(call)
         if placement is None:
