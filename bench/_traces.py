@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from narwhal.deploy.trial.trace import arrival_times, read_trace
+from narwhal.deploy.trial.trace import TRACE_BLOCK_TOKENS, arrival_times, read_trace
 
 HERE = Path(__file__).resolve().parent
 MOONCAKE = HERE / "traces" / "mooncake-conversation-1200.jsonl"
-MOONCAKE_BLOCK = 512  # tokens per hash_id in the Mooncake traces
+MOONCAKE_BLOCK = TRACE_BLOCK_TOKENS  # tokens per hash_id in the Mooncake traces
 
 
 @dataclass(frozen=True)

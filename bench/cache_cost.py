@@ -137,7 +137,7 @@ async def _stalls(tokenizer: PromptTokenizer, route: str, body: dict[str, Any], 
                   off_loop: bool) -> float:
     """The longest the event loop went without running another task while `n` prompts were
     tokenized one after another, inline (as before) or on a worker thread (as the router now
-    does from OFF_LOOP_TOKENS): what every other request on the router waits, in ms."""
+    does from prefix_cache.off_loop_tokens): what every other request on the router waits, in ms."""
     done, gaps = asyncio.Event(), [0.0]
 
     async def ticker() -> None:

@@ -41,16 +41,17 @@ def _binds(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that binds on `host` now, below the ephemeral range, never handed out before."""
-    low = _ephemeral_low()
+def free_port(host: str = "127.0.0.1", below: int | None = None, span: int = SPAN) -> int:
+    """A port that binds on `host` now, in [below - span, below) (default: below the
+    ephemeral range), never handed out before."""
+    low = _ephemeral_low() if below is None else below
     with _lock:
         for _ in range(TRIES):
-            port = _random.randrange(max(1024, low - SPAN), low)
+            port = _random.randrange(max(1024, low - span), low)
             if port not in _handed_out and _binds(host, port):
                 _handed_out.add(port)
                 return port
-    raise OSError(f"no free port on {host} below the ephemeral range ({low}) after {TRIES} tries")
+    raise OSError(f"no free port on {host} below {low} after {TRIES} tries")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

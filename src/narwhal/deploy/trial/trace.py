@@ -31,6 +31,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from narwhal.deploy.trial.client import WORDS
 from narwhal.deploy.trial.schedule import Planned
 
 TRACE_BLOCK_TOKENS = 512  # tokens per hash_id in the Mooncake traces
@@ -42,8 +43,6 @@ MAX_TOKENS = 1 << 21
 MAX_TIMESTAMP_MS = 10 ** 12  # about 31 years of trace
 MIN_BLOCK_TOKENS = 16  # a replayed hash block is at least this many tokens
 MIN_BLOCK_WORDS = 8  # so two hash_ids' word runs differ (16 words: 16^8 runs)
-WORDS = ("sea", "harbour", "lamp", "north", "stone", "river", "cloud", "orchard", "copper",
-         "winter", "signal", "marble", "ember", "valley", "anchor", "thistle")
 FIELDS = "timestamp, input_length, output_length, hash_ids"
 
 

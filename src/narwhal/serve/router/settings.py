@@ -163,7 +163,7 @@ class CacheSettings:
     tokenizer_dir: Path
     approximate_blocks: int
     events: Mapping[str, tuple[str, str]]  # engine id -> (endpoint, topic)
-    off_loop_tokens: int = 2048  # prompts estimated this long are tokenized on a thread
+    off_loop_tokens: int  # prompts estimated this long are tokenized on a worker thread
 
 
 @dataclass(frozen=True, slots=True)
