@@ -87,6 +87,13 @@ class Serving(StrictModel):
     prefill_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     first_token_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     stream_idle_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    # A stream is stalled after this many of its predicted steps without a byte (the profile's
+    # TPOT at its engine's load, else slo.tpot_s), never sooner than the floor nor later than
+    # stream_idle_timeout_s; a stalled or broken stream is continued on another engine
+    # (docs/router.md "Continuing a broken stream") unless continue_midstream is false.
+    stall_steps: int = Field(default=50, ge=1, le=100_000)
+    stall_floor_s: float = Field(default=2.0, gt=0, le=3600)
+    continue_midstream: bool = True
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     upstream_keepalive_s: float = Field(default=4.0, gt=0, le=3600)
     prompt_length: Literal["prefill_usage", "tokenize"] = "prefill_usage"

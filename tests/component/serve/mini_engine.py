@@ -107,6 +107,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "total_tokens": n_prompt + n_out}})
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
+    if ARGS.kv_fails and kv.get("do_remote_prefill"):  # vLLM's streamed KV load failure
+        await resp.write(b'data: {"error": {"message": "Internal server error", '
+                         b'"type": "InternalServerError", "param": null, "code": 500}}\n\n'
+                         b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
     if ARGS.first_token_delay_ms:
         await asyncio.sleep(ARGS.first_token_delay_ms / 1000)
     for k, text in enumerate(texts):
@@ -187,6 +193,8 @@ def main() -> None:
     p.add_argument("--decode-status", type=int, default=0)
     p.add_argument("--token-gap-ms", type=float, default=0.0)
     p.add_argument("--no-kv", action="store_true", help="answer prefill legs without KV params")
+    p.add_argument("--kv-fails", action="store_true",
+                   help="a decode leg with KV params streams 200 then an error event")
     p.add_argument("--first-token-delay-ms", type=float, default=0.0)
     p.add_argument("--stall-after", type=int, help="stop sending (but stay up) after N events")
     p.add_argument("--engine-version", default="mini-1", help="what GET /version says")

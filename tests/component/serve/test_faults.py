@@ -78,6 +78,32 @@ def test_a_decode_leg_refused_before_any_byte_is_retried_on_another_engine(
     assert f'narwhal_router_leg_retries_total{{leg="decode"}} {float(len(retried))}' in text
 
 
+def test_a_decode_leg_whose_stream_opens_with_an_error_is_computed_afresh_elsewhere(
+        spawn: Spawner) -> None:
+    """vLLM answers a streamed decode leg whose KV it could not pull with 200 and an error
+    event: no token reached the client, so another engine answers, computing the prompt
+    itself (the KV it was to pull is what failed)."""
+    p = spawn.engine("p0")
+    bad = spawn.engine("d0", "--kv-fails")
+    good = spawn.engine("d1")
+    r = spawn.router([("p0", p.url, "prefill"), ("d0", bad.url, "decode"),
+                      ("d1", good.url, "decode")])
+    for n in range(4):
+        reply = call(r.port, "POST", "/v1/completions", STREAM, {"x-request-id": f"kv-{n}"})
+        assert reply.status == 200
+        events = reply.events()
+        assert not any("error" in e for e in events[:-1]), events
+        assert [e["choices"][0]["text"] for e in events[:-1]] == [f" tok{k}" for k in range(8)]
+    rows = journal_rows(spawn.journal, 4)
+    assert all(row["decode_engine"] == "d1" and row["outcome"] == "ok" for row in rows)
+    retried = [row for row in rows if row["decode_attempts"] == 2]
+    assert retried and len(retried) == len(bad.calls())
+    legs = [c for c in good.calls() if not (c["body"].get("kv_transfer_params") or {})
+            .get("do_remote_decode")]
+    # a retried leg reached d1 with no KV to pull; the others pulled theirs as usual
+    assert sum(not c["body"].get("kv_transfer_params") for c in legs) == len(retried)
+
+
 def test_an_unreachable_decode_engine_is_retried_then_ejected_then_readmitted(
         spawn: Spawner) -> None:
     p = spawn.engine("p0")

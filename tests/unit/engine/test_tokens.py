@@ -65,7 +65,7 @@ def test_the_same_prompt_generates_the_same_tokens_and_logprobs() -> None:
     b = two.plan(list(prompt), 64, 0, ignore_eos=True)
     assert a == b
     assert all(0 <= t < 432 and not TINY_TOK.is_special(t) for t in a.token_ids)
-    assert one.logprobs(a.seed, 3, a.token_ids[3], 5) == two.logprobs(b.seed, 3, b.token_ids[3], 5)
+    assert one.logprobs(a.states[3], a.token_ids[3], 5) == two.logprobs(b.states[3], b.token_ids[3], 5)
     other = one.plan([*prompt, 300], 64, 0, ignore_eos=True)
     assert other.token_ids != a.token_ids
 
@@ -83,8 +83,30 @@ def test_eos_stops_generation_but_not_before_min_tokens_or_with_ignore_eos() -> 
 
 def test_top_logprobs_rank_the_chosen_token_first_and_are_distinct() -> None:
     gen = Generator(BIG_TOK, 0.0)
-    chosen, ranked = gen.logprobs(1234, 0, 5000, 5)
+    chosen, ranked = gen.logprobs(1234, 5000, 5)
     assert ranked[0] == (5000, chosen)
     assert len({t for t, _ in ranked}) == 5
     assert [lp for _, lp in ranked] == sorted((lp for _, lp in ranked), reverse=True)
     assert chosen < 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(min_value=0, max_value=47), st.sampled_from(["the world of people", "hi",
+                                                                 "a b  c\n"]))
+def test_a_request_continued_from_its_first_k_tokens_generates_the_rest(k: int,
+                                                                         prompt: str) -> None:
+    """What the router's mid-stream continuation relies on: the prompt's text plus the text of
+    the first k generated tokens encodes back to the prompt's ids plus those tokens, and a
+    request for that prompt generates exactly the tokens (and logprobs) that came after them."""
+    for tok in (TINY_TOK, BIG_TOK):
+        gen = Generator(tok, 1 / 64)
+        ids = tok.encode(prompt)
+        whole = gen.plan(ids, 48, 5, ignore_eos=False)
+        k = min(k, len(whole.token_ids) - 1)
+        text = prompt + tok.decode(whole.token_ids[:k])
+        again = tok.encode(text)
+        assert again == ids + whole.token_ids[:k]
+        rest = gen.plan(again, 48 - k, max(0, 5 - k), ignore_eos=False)
+        assert rest.token_ids == whole.token_ids[k:]
+        assert rest.finish_reason == whole.finish_reason
+        assert rest.states == whole.states[k:]

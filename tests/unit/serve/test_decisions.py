@@ -158,3 +158,16 @@ def test_an_outcome_is_the_string_the_journal_writes_and_one_dict_key_with_it() 
 def test_an_answered_leg_ends_by_its_status_class() -> None:
     assert [D.answered(s) for s in (200, 400, 404, 429, 500, 503)] == [
         D.ANSWERED, D.REJECTED, D.REJECTED, D.REJECTED, D.ENGINE_5XX, D.ENGINE_5XX]
+
+
+def test_a_broken_stream_is_continued_only_when_it_can_be_and_tries_are_left() -> None:
+    for leg, end, facts in CASES:
+        d = decide(leg, end, facts)
+        wanted = (leg == D.DECODE and end in (D.FAILED_MID, D.TIMEOUT_MID)
+                  and facts & D.CONTINUABLE and facts & D.RETRY_OK)
+        assert d.resume == bool(wanted), (leg, end, facts)
+        if d.resume:  # the failed engine is still blamed; the request goes on
+            assert d.outcome is None and not (d.retry or d.again)
+            assert d.health == (D.HEALTH_FAILED if end == D.FAILED_MID else D.HEALTH_SUSPECT)
+        elif facts & D.CONTINUABLE:  # otherwise the fact changes nothing
+            assert d == decide(leg, end, facts & ~D.CONTINUABLE), (leg, end, facts)

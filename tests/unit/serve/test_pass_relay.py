@@ -112,11 +112,14 @@ def test_an_engine_that_dies_after_done_still_delivers_it_then_the_error_event()
     relay, ended = _relay(client)
     relay.on_raw(ENGINE_HEAD + _event(0) + DONE, False)
     relay.on_fail("engine closed the connection", False, False)
+    assert ended == [relay] and relay.result == R.FAILED_MID and relay.clean()
+    # the router decides first whether the stream is continued; not continued, it is owed
+    assert relay.owe_break()
     tail = client.received.split(_event(0), 1)[1]
     assert tail.startswith(DONE)
     error = tail[len(DONE):]
     assert b'"code":"engine_failed"' in error and error.endswith(TERMINATOR)
-    assert ended == [relay] and relay.result == R.FAILED_MID and relay.reusable()
+    assert relay.reusable()
 
 
 def test_a_stream_that_goes_silent_after_done_flushes_it_before_the_timeout_event() -> None:
@@ -124,6 +127,7 @@ def test_a_stream_that_goes_silent_after_done_flushes_it_before_the_timeout_even
     relay, _ = _relay(client)
     relay.on_raw(ENGINE_HEAD + DONE, False)
     relay.expire()
+    relay.owe_break()
     assert client.received.startswith(CLIENT_HEAD + DONE)
     assert b'"code":"engine_timeout"' in client.received
     assert client.received.endswith(TERMINATOR)
@@ -147,8 +151,34 @@ def test_a_break_in_the_middle_of_a_chunk_marks_the_client_connection_unusable()
     relay, _ = _relay(client)
     relay.on_raw(ENGINE_HEAD + _event(0)[:20], False)
     relay.on_fail("engine closed the connection", False, False)
+    assert not relay.clean()  # nor can a continuation add to it
+    assert not relay.owe_break()
     assert client.received == CLIENT_HEAD + _event(0)[:20]  # no event spliced into a chunk
     assert not relay.reusable() and relay.result == R.FAILED_MID
+
+
+def test_a_continued_stream_s_events_follow_what_was_held_in_the_client_s_framing() -> None:
+    client = Client()
+    relay, _ = _relay(client)
+    relay.on_raw(ENGINE_HEAD + _event(0), False)
+    relay.on_fail("engine closed the connection", False, False)
+    relay.broken = None  # continued: no error event
+    relay.write_events(b"data: {\"n\": 1}\n\n", False)
+    relay.write_events(b"", True)
+    assert client.received == (CLIENT_HEAD + _event(0) + _chunk(b'data: {"n": 1}\n\n')
+                               + TERMINATOR)
+    assert relay.reusable()
+
+
+def test_a_stream_that_opens_with_an_error_event_is_kept_for_the_router_never_streamed() -> None:
+    """vLLM answers a decode leg whose KV it could not pull with 200 and an error event."""
+    client = Client()
+    relay, ended = _relay(client)
+    error = b'data: {"error": {"message": "Internal server error", "code": 500}}\n\n'
+    relay.on_raw(ENGINE_HEAD + _chunk(error) + DONE + TERMINATOR, True)
+    assert client.writes == []
+    assert relay.result == R.ENGINE_STATUS and relay.status == R.ERROR_FIRST_STATUS
+    assert relay.error_first and ended == [relay]
 
 
 def test_an_engine_error_status_is_kept_for_the_router_and_never_streamed() -> None:

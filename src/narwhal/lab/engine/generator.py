@@ -1,8 +1,12 @@
-"""Deterministic output: the same prompt ids give the same tokens and logprobs on any emulator.
+"""Deterministic output: the same token ids give the same next token on any emulator.
 
-The seed is a digest of the prompt token ids, so a decode that pulled its KV from another
-emulator produces exactly what a local decode of the same prompt produces: the P/D handoff can
-be checked token for token and logprob for logprob, as the real tier does with real vLLM.
+Each step's choice is drawn from a digest of every id before it (the prompt's and the tokens
+generated so far), as a greedy model's is a function of its context. So a decode that pulled
+its KV from another emulator produces exactly what a local decode of the same prompt produces
+(the P/D handoff can be checked token for token and logprob for logprob, as the real tier does
+with real vLLM), and a request continued from its prompt plus the first k tokens it generated
+produces exactly the tokens the uninterrupted request would have produced after them (the
+router's mid-stream continuation is checked the same way).
 """
 
 from __future__ import annotations
@@ -26,16 +30,17 @@ def _mix(x: int) -> int:
 
 
 def prompt_seed(prompt_ids: Sequence[int]) -> int:
-    """64-bit digest of the prompt ids."""
+    """64-bit digest of the ids: the state the step after them draws from."""
     data = array("q", prompt_ids).tobytes()
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 @dataclass(frozen=True)
 class Planned:
-    """A request's whole output, decided at admission (the scheduler only paces it)."""
+    """A request's whole output, decided at admission (the scheduler only paces it).
+    `states[k]` is the digest of the prompt and the first k tokens: what step k drew from."""
 
-    seed: int
+    states: list[int]
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS) or "length"
 
@@ -51,25 +56,33 @@ class Generator:
 
     def plan(self, prompt_ids: Sequence[int], max_tokens: int, min_tokens: int,
              ignore_eos: bool) -> Planned:
-        seed = prompt_seed(prompt_ids)
+        # one running digest over the ids: the state after the prompt and k tokens is the
+        # digest a request whose prompt is exactly those ids starts from
+        digest = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=8)
         out: list[int] = []
+        states: list[int] = []
         choices = self._choices
         n = len(choices)
         eos_allowed = self._eos is not None and not ignore_eos and self._eos_cut > 0
         for step in range(max_tokens):
-            x = _mix(seed + step * _GOLDEN & _MASK)
+            state = int.from_bytes(digest.digest(), "little")
+            states.append(state)
+            x = _mix(state + _GOLDEN & _MASK)
             if eos_allowed and step >= min_tokens and (x >> 32) < self._eos_cut:
                 assert self._eos is not None
                 out.append(self._eos)
-                return Planned(seed, out, "stop")
-            out.append(choices[x % n])
-        return Planned(seed, out, "length")
+                return Planned(states, out, "stop")
+            token = choices[x % n]
+            out.append(token)
+            digest.update(array("q", (token,)).tobytes())
+        return Planned(states, out, "length")
 
-    def logprobs(self, seed: int, step: int, token: int,
+    def logprobs(self, state: int, token: int,
                  top: int) -> tuple[float, list[tuple[int, float]]]:
-        """(logprob of `token`, the `top` best tokens best first): `token` ranks first, as the
-        output of a greedy decode would; alternatives are distinct and strictly worse."""
-        x = _mix(seed ^ (step + 1) * 0xD6E8FEB86659FD93 & _MASK)
+        """(logprob of `token`, the `top` best tokens best first) at the step that drew from
+        `state`: `token` ranks first, as the output of a greedy decode would; alternatives are
+        distinct and strictly worse."""
+        x = _mix(state ^ 0xD6E8FEB86659FD93)
         chosen = -0.001 - ((x >> 40) / (1 << 24)) * 2.0
         if top <= 0:
             return chosen, []

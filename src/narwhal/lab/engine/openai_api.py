@@ -232,7 +232,7 @@ class OpenAIRoutes:
                   offset: int) -> tuple[dict[str, Any] | None, int]:
         if job.logprobs is None:
             return None, offset
-        writer = R.LogprobWriter(self.tok, self.engine.generator, run.planned.seed)
+        writer = R.LogprobWriter(self.tok, self.engine.generator, run.planned.states)
         if job.chat:
             return writer.chat(ids, start, job.logprobs), offset
         return writer.completion(ids, start, job.logprobs, offset)

@@ -79,17 +79,17 @@ class Head:
 class LogprobWriter:
     """Deterministic fake logprobs in the completions or chat shape."""
 
-    def __init__(self, tokenizer: Tokenizer, generator: Generator, seed: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, generator: Generator, states: list[int]) -> None:
         self._tok = tokenizer
         self._gen = generator
-        self._seed = seed
+        self._states = states  # Planned.states: what each step drew from
 
     def completion(self, ids: Sequence[int], start: int, top: int,
                    text_offset: int) -> tuple[dict[str, Any], int]:
         """CompletionLogProbs for tokens [start, start+len(ids)); returns it and the new offset."""
         offsets, lps, tokens, tops = [], [], [], []
         for k, token in enumerate(ids):
-            chosen, ranked = self._gen.logprobs(self._seed, start + k, token, max(top, 1))
+            chosen, ranked = self._gen.logprobs(self._states[start + k], token, max(top, 1))
             text = self._tok.token_str(token)
             offsets.append(text_offset)
             text_offset += len(text)
@@ -102,7 +102,7 @@ class LogprobWriter:
     def chat(self, ids: Sequence[int], start: int, top: int) -> dict[str, Any]:
         content = []
         for k, token in enumerate(ids):
-            chosen, ranked = self._gen.logprobs(self._seed, start + k, token, top)
+            chosen, ranked = self._gen.logprobs(self._states[start + k], token, top)
             text = self._tok.token_str(token)
             content.append({"token": text, "logprob": chosen, "bytes": list(text.encode()),
                             "top_logprobs": [

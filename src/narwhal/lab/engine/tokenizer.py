@@ -84,8 +84,12 @@ class Tokenizer:
         self._word_ids: dict[str, int] = {}
         for w in range(min(self.num_words, ENCODABLE_WORDS)):
             self._word_ids.setdefault(word_text(w), self._id_of_rank(BYTE_TOKENS + w))
+        # words that begin with a space only: generated text then encodes back to the ids
+        # that made it, as a continued request's prompt must (a bare word after another
+        # would join it into one piece)
         self.generation_ids = [self._id_of_rank(BYTE_TOKENS + w)
-                               for w in range(min(self.num_words, GENERATION_WORDS))]
+                               for w in range(min(self.num_words, GENERATION_WORDS))
+                               if word_text(w).startswith(" ")]
         self.bos_id = special.bos_id
         self.eos_id = special.eos_ids[0] if special.eos_ids else None
 

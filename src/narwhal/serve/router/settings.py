@@ -56,6 +56,11 @@ class Limits:
     drain_timeout_s: float
     upstream_keepalive_s: float
     tokenize: bool
+    stall_steps: int = 50
+    stall_floor_s: float = 2.0
+    continue_midstream: bool = True
+    slo_tpot_s: float = 0.0  # the fleet's TPOT objective: the step a stall is counted in
+    # when placement predicted none
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +307,8 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         engines=tuple(_engine(e.id, e.url, e.role, key) for e in doc.engines),
         ttft_s=doc.slo.ttft_s,
         tpot_s=doc.slo.tpot_s,
-        limits=Limits(**_same_names(Limits, s, tokenize=s.prompt_length == "tokenize")),
+        limits=Limits(**_same_names(Limits, s, tokenize=s.prompt_length == "tokenize",
+                                    slo_tpot_s=doc.slo.tpot_s)),
         clients=ClientLimits(**_same_names(ClientLimits, s, max_body_bytes=s.max_request_bytes)),
         health=HealthPolicy(
             eject_after_failures=doc.health.eject_after_failures,

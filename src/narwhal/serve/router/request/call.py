@@ -171,13 +171,14 @@ def check_body(raw: bytes, chat: bool, model: str) -> dict[str, Any]:
 class Call:
     """Everything the router knows about one accepted request, through to its journal row."""
 
-    __slots__ = ("_base", "body", "cached", "chat", "conn", "decision", "decode_attempts",
-                 "decode_engine", "decode_tries", "estimate", "estimator", "events", "finished",
-                 "gone", "handoff_s", "http11", "keep_alive", "kv", "leg_id", "max_tokens",
-                 "mode", "observed_hit", "path", "placement", "prefill_engine", "prefill_s",
-                 "prefill_tries", "prompt_keys", "prompt_tokens", "reason", "received", "relay",
-                 "request_id", "route", "status", "stream", "t0", "t_prefill_done",
-                 "t_prefill_start", "tenant", "tpot_s", "ttft_s")
+    __slots__ = ("_base", "body", "cached", "carried", "chat", "conn", "continued", "decision",
+                 "decode_attempts", "decode_engine", "decode_tries", "estimate", "estimator",
+                 "events", "events_before", "finished", "gone", "handoff_s", "http11",
+                 "keep_alive", "kv", "leg_id", "max_tokens", "mode", "observed_hit", "path",
+                 "placement", "prefill_engine", "prefill_s", "prefill_tries", "prompt_keys",
+                 "prompt_tokens", "reason", "received", "relay", "request_id", "route", "status",
+                 "stream", "t0", "t_first_token", "t_prefill_done", "t_prefill_start", "tenant",
+                 "tpot_s", "ttft_s", "unresumable")
 
     def __init__(self, body: dict[str, Any], chat: bool, request_id: bytes, tenant: str | None,
                  conn: ClientConnection, keep_alive: bool = True, http11: bool = True,
@@ -223,6 +224,12 @@ class Call:
         self.cached: dict[str, int] | None = None
         self.prompt_keys: Any = None
         self.observed_hit: int | None = None
+        # a stream continued on another engine after its decode engine broke (continuation.py)
+        self.unresumable: str | None = None  # why it may not be ("" it may; None: not asked)
+        self.continued: list[dict[str, Any]] | None = None
+        self.carried = 0  # answer tokens a continued request's prompt carries
+        self.t_first_token = 0.0  # the first leg's first token, once a stream was continued
+        self.events_before = 0  # events the client had from legs before the current one
         self.reason = ""
         base = {k: v for k, v in body.items() if k not in _LEG_KEYS}
         self._base = dumps(base)
@@ -245,7 +252,16 @@ class Call:
     @property
     def price_tokens(self) -> int:
         pt = self.prompt_tokens
-        return pt if pt is not None else self.estimate
+        return (pt if pt is not None else self.estimate) + self.carried
+
+    def record_continuation(self, failed: str, engine: str, after_tokens: int, reason: str,
+                            exact: bool) -> None:
+        """The journal's account of one continuation: from which engine to which, after how
+        many answer tokens, why, and whether the rest is what the unbroken stream gives."""
+        if self.continued is None:
+            self.continued = []
+        self.continued.append({"from": failed, "to": engine, "after_tokens": after_tokens,
+                               "reason": reason, "exact": exact})
 
     @property
     def ttft_error_s(self) -> float | None:
@@ -351,6 +367,7 @@ class Call:
             "rule": decision.name,
             "reason": self.reason or None,
             **({} if self.cached is None else {"cache": self._cache_row()}),
+            **({} if self.continued is None else {"continued": self.continued}),
         }
 
     def _cache_row(self) -> dict[str, Any]:

@@ -12,6 +12,15 @@ import time
 from typing import Protocol
 
 
+def stall_s(idle_timeout_s: float, steps: int, floor_s: float, predicted_step_s: float) -> float:
+    """How long a stream may go without a byte before it counts as stalled: `steps` of its
+    predicted step (`predicted_step_s`, 0 when nothing predicted one), within
+    [`floor_s`, `idle_timeout_s`]."""
+    if predicted_step_s <= 0.0:
+        return idle_timeout_s
+    return min(idle_timeout_s, max(floor_s, steps * predicted_step_s))
+
+
 class Expirable(Protocol):
     deadline: float
 
@@ -37,6 +46,8 @@ class Deadlines:
         for leg in late:
             self._legs.discard(leg)
             leg.expire()
+            if leg.deadline > now:  # the leg gave itself more time (a stall it can explain)
+                self._legs.add(leg)
         return len(late)
 
     async def run(self) -> None:

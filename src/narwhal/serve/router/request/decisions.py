@@ -10,7 +10,7 @@ row names the rule that settled it (`rule`).
 
 A leg end is looked up by (leg, how it ended, facts): the facts are a few bits the proxy
 reads off the call (`STALE`, `RETRY_OK`, `STREAMING`, `STARTED`, `OVERFLOW_POSSIBLE`,
-`GONE`). The first row whose required bits are all set wins. Settlements that are not a leg's end (a
+`GONE`, `CONTINUABLE`). The first row whose required bits are all set wins. Settlements that are not a leg's end (a
 refusal at placement, a client gone between legs, a handoff the producer did not give) are
 named Decisions too.
 """
@@ -54,7 +54,8 @@ STREAMING: Final = 4  # the client asked for a stream
 STARTED: Final = 8  # the client's response began (its head went out with the first byte)
 OVERFLOW_POSSIBLE: Final = 16  # a 400 while the prompt is uncounted: maybe prompt + max_tokens > context
 GONE: Final = 32  # the client connection has closed
-FACT_BITS: Final = 64
+CONTINUABLE: Final = 64  # the client holds a clean part of the answer a new request can extend
+FACT_BITS: Final = 128
 MAX_TRIES: Final = 3  # engines a leg is sent to, at most
 
 # What the health tracker learns
@@ -90,6 +91,7 @@ class Decision:
     retry: bool = False
     explain: bool = False  # count the prompt first: a context overflow is said in the client's numbers
     release_kv: bool = False  # the producer holds KV no decode leg will read: have it taken
+    resume: bool = False  # continue the answer on another engine (continuation.py)
 
 
 def _err(name: str, outcome: Outcome, status: int, code: str, message: str, *,
@@ -201,8 +203,15 @@ ROWS: Final = (
         "decode/rejected", Outcome.ENGINE_REJECTED, 0, "engine_rejected",
         "decode engine {engine} answered {status}", BODY, health=HEALTH_OK,
         release_kv=True)),
-    # The client already has part of the answer: a stream ends with the error event the relay
-    # wrote into it; a buffered reply becomes an error.
+    # The client already has part of the answer and a new request can extend it: another
+    # engine continues from the prompt plus that part (when no engine is left, the rows
+    # below settle it).
+    Row(DECODE, FAILED_MID, CONTINUABLE | RETRY_OK, Decision(
+        "decode/failed_midstream_continue", None, health=HEALTH_FAILED, resume=True)),
+    Row(DECODE, TIMEOUT_MID, CONTINUABLE | RETRY_OK, Decision(
+        "decode/stalled_midstream_continue", None, health=HEALTH_SUSPECT, resume=True)),
+    # Otherwise a stream ends with the error event the relay owes it; a buffered reply
+    # becomes an error.
     Row(DECODE, FAILED_MID, STREAMING, Decision(
         "decode/failed_midstream", Outcome.DECODE_FAILED_MIDSTREAM, 200, "",
         "decode engine {engine}: {reason}", END_STREAM, health=HEALTH_FAILED)),

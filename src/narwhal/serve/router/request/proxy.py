@@ -30,11 +30,12 @@ from narwhal.serve.router.front.responses import (
 from narwhal.serve.router.jsonio import dumps, loads
 from narwhal.serve.router.observe.journal import Journal
 from narwhal.serve.router.observe.metrics import RouterMetrics
+from narwhal.serve.router.request import continuation as C
 from narwhal.serve.router.request import decisions as D
 from narwhal.serve.router.request import relay as R
 from narwhal.serve.router.request.call import Call
 from narwhal.serve.router.request.context_fit import context_of, context_overflow, needs_count
-from narwhal.serve.router.request.deadlines import Deadlines
+from narwhal.serve.router.request.deadlines import Deadlines, stall_s
 from narwhal.serve.router.request.health import Health
 from narwhal.serve.router.request.legs import (
     FAILED,
@@ -44,7 +45,12 @@ from narwhal.serve.router.request.legs import (
     request_bytes,
 )
 from narwhal.serve.router.request.reassemble import StreamError, reassemble
-from narwhal.serve.router.request.side_legs import count_prompt, forward_once, release_kv
+from narwhal.serve.router.request.side_legs import (
+    count_continued,
+    count_prompt,
+    forward_once,
+    release_kv,
+)
 from narwhal.serve.router.request.token_estimate import BytesPerToken
 from narwhal.serve.router.scheduling.choosers import EngineChooser
 from narwhal.serve.router.scheduling.engines import Engine, Refusal
@@ -433,21 +439,62 @@ class Proxy:
             self._guard(call, self._decode_done, engine, relay, fresh)
 
         relay: R.DecodeRelay
+        stall = self._stall_s(call)
         if call.stream and call.http11:
             keep = call.keep_alive and not conn.closing
-            relay = R.PassRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s,
-                                conn, stream_head(call.request_id, keep, True))
+            relay = R.PassRelay(then, limits.first_token_timeout_s, stall, conn,
+                                stream_head(call.request_id, keep, True))
         elif call.stream:  # an HTTP/1.0 client: unframed body, ended by closing
-            relay = R.StreamRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s,
-                                  conn, stream_head(call.request_id, False, False), False)
+            relay = R.StreamRelay(then, limits.first_token_timeout_s, stall, conn,
+                                  stream_head(call.request_id, False, False), False)
         else:
-            relay = R.BufferRelay(then, limits.first_token_timeout_s, limits.stream_idle_timeout_s)
+            relay = R.BufferRelay(then, limits.first_token_timeout_s, stall)
+        if call.stream and self._continuable(call):
+            relay.log = C.SentLog(call.chat, call.http11)
+        relay.stall = self._stall_check(call, engine)
         self.bookings.decode_started(call, engine, relay, kv is not None)
         call.relay = relay
         req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id,
                             call.decode_body(kv), bearer=engine.spec.bearer)
         dispatch(engine.pool, req, relay, self.deadlines, self._spawn,
                  raw=isinstance(relay, R.PassRelay), fresh=fresh)
+
+    def _stall_s(self, call: Call) -> float:
+        """The leg's stall deadline: steps of the step placement predicted for it (or the
+        fleet's TPOT objective), within the floor and stream_idle_timeout_s."""
+        limits = self.limits
+        placement = call.placement
+        step = placement.predicted_tpot_s if placement is not None else 0.0
+        return stall_s(limits.stream_idle_timeout_s, limits.stall_steps, limits.stall_floor_s,
+                       step if step > 0.0 else limits.slo_tpot_s)
+
+    def _stall_check(self, call: Call, engine: Engine) -> Callable[[R.DecodeRelay], float]:
+        def more(relay: R.DecodeRelay) -> float:
+            return self._stall_left(call, engine, relay)
+        return more
+
+    def _stall_left(self, call: Call, engine: Engine, relay: R.DecodeRelay) -> float:
+        """Seconds more a silent stream is given before it counts as stalled (0: now). It
+        waits out prefills booked on its engine (a step there waits for them), and where it
+        could not be continued anyway it waits as long as any stream may be silent."""
+        now = time.monotonic()
+        since = relay.t_last or relay.t_first
+        cap = since + self.limits.stream_idle_timeout_s
+        if now >= cap:
+            return 0.0
+        if not self._continuable(call) or len(call.decode_tries) >= D.MAX_TRIES \
+                or self.chooser.another_decode(call, call.decode_tries) is None:
+            return cap - now
+        until = min(cap, self.bookings.prefills_done_at(engine) + relay.idle_s)
+        return until - now if until > now else 0.0
+
+    def _continuable(self, call: Call) -> bool:
+        """Whether a broken stream of this request may be continued (the reason it may not
+        is kept for its journal row)."""
+        if call.unresumable is None:
+            call.unresumable = "serving.continue_midstream is false" \
+                if not self.limits.continue_midstream else C.not_continuable(call.body, call.chat)
+        return not call.unresumable
 
     def _decode_done(self, call: Call, engine: Engine, relay: R.DecodeRelay, fresh: bool) -> None:
         self.deadlines.discard(relay)
@@ -465,8 +512,14 @@ class Proxy:
             end = _DECODE_END[result]
             if result == R.FAILED_BEFORE and relay.reused and not fresh:
                 facts |= D.STALE
+            if (end == D.FAILED_MID or end == D.TIMEOUT_MID) and relay.clean() \
+                    and self._continuable(call):
+                facts |= D.CONTINUABLE
         d = D.decide(D.DECODE, end, facts)
         self._learn(engine, d, relay.reason)
+        if d.resume:
+            self._resume(call, engine, relay, D.decide(D.DECODE, end, facts & ~D.CONTINUABLE))
+            return
         if d.again:
             self._decode(call, engine, call.kv, fresh=True)  # engine had closed the idle conn
             return
@@ -474,6 +527,8 @@ class Proxy:
             nxt = self.chooser.another_decode(call, call.decode_tries)
             if nxt is not None:
                 self.metrics.retry("decode")
+                if relay.error_first:  # e.g. its KV could not be pulled: the next computes it
+                    call.kv = None
                 self._decode(call, nxt, call.kv)
                 return
         self._timings(call, engine, relay, result == R.OK)
@@ -485,19 +540,132 @@ class Proxy:
             self._settle(call, d, engine, reason=engine_text(payload), engine_status=relay.status,
                          body=engine_error_body(relay.status, payload))
         else:
-            self._settle(call, d, engine, reason=relay.reason, reusable=relay.reusable())
+            self._settle(call, d, engine, reason=self._why(call, relay, end),
+                         reusable=relay.owe_break())
+
+    @staticmethod
+    def _why(call: Call, relay: R.DecodeRelay, end: str) -> str:
+        """The leg's reason, and why a stream it broke was not continued."""
+        if (end == D.FAILED_MID or end == D.TIMEOUT_MID) and call.unresumable:
+            return f"{relay.reason}; not continued: {call.unresumable}"
+        return relay.reason
 
     def _timings(self, call: Call, engine: Engine, relay: R.DecodeRelay, ok: bool) -> None:
-        """TTFT, the handoff and TPOT, from the leg that settled the request."""
-        if relay.started:
-            call.ttft_s = round(relay.t_first - call.t0, 6)
-            if call.t_prefill_done:
-                call.handoff_s = round(relay.t_first - call.t_prefill_done, 6)
+        """TTFT, the handoff and TPOT, from the legs that carried the answer (a continued
+        stream's first leg gave its first token)."""
+        first = call.t_first_token or (relay.t_first if relay.started else 0.0)
+        if first:
+            call.ttft_s = round(first - call.t0, 6)
+            if call.t_prefill_done and not call.t_first_token:
+                call.handoff_s = round(first - call.t_prefill_done, 6)
                 self.bookings.handoff(engine, call.handoff_s)
         if call.stream:
-            call.events = max(0, relay.events - (1 if ok else 0))
-            if call.events > 1 and relay.t_last > relay.t_first:
-                call.tpot_s = round((relay.t_last - relay.t_first) / (call.events - 1), 6)
+            call.events = max(0, call.events_before + relay.events - (1 if ok else 0))
+            last = relay.t_last or first
+            if call.events > 1 and last > first:
+                call.tpot_s = round((last - first) / (call.events - 1), 6)
+
+    # -- continuing a broken stream (continuation.py) -------------------------------------------
+    def _resume(self, call: Call, engine: Engine, relay: R.DecodeRelay,
+                otherwise: D.Decision) -> None:
+        """The decode leg broke after the client got part of the answer: continue it on
+        another engine, or settle as `otherwise` says when none is left or nothing can be
+        read back."""
+        sink = relay.sink if isinstance(relay, R.ContinueRelay) else relay
+        sent = self._sent(call, relay, sink)
+        nxt = self.chooser.another_decode(call, call.decode_tries) if sent is not None else None
+        if nxt is None or sent is None:
+            self._timings(call, engine, relay, False)
+            self._settle(call, otherwise, engine, reason=relay.reason,
+                         reusable=relay.owe_break())
+            return
+        relay.broken = None  # the client gets the rest instead of an error event
+        if not call.t_first_token:
+            call.t_first_token = relay.t_first
+            call.ttft_s = round(relay.t_first - call.t0, 6)
+        call.events_before += relay.events
+        self.metrics.retry("continuation")
+        self._spawn(self._continue(call, engine, nxt, sink, sent, relay.reason, otherwise))
+
+    @staticmethod
+    def _sent(call: Call, relay: R.DecodeRelay, sink: R.DecodeRelay) -> C.Sent | None:
+        """What the client holds of the answer: a continuation's own account, the relay's
+        log of forwarded bytes, or a buffered reply's events (cut to its last whole one)."""
+        if isinstance(relay, R.ContinueRelay):
+            return relay.rewriter.sent if isinstance(relay.rewriter, C.Rewriter) else None
+        if isinstance(relay.log, C.SentLog):
+            return relay.log.read()
+        raw = b"".join(sink.body)
+        cut = raw.rfind(b"\n\n")
+        sink.body[:] = [raw[:cut + 2]] if cut >= 0 else []
+        sent = C.Sent()
+        sent.read(raw[:cut + 2], call.chat)
+        return sent
+
+    async def _continue(self, call: Call, failed: Engine, engine: Engine, sink: R.DecodeRelay,
+                        sent: C.Sent, reason: str, otherwise: D.Decision) -> None:
+        """Count the answer so far on `engine`, then send it the continued request (or end
+        the stream there when the answer was already whole)."""
+        counted = await count_continued(call, engine, sent.text, self.limits, self.deadlines)
+        self._guard(call, self._counted, failed, engine, sink, sent, reason, otherwise, counted)
+
+    def _counted(self, call: Call, failed: Engine, engine: Engine, sink: R.DecodeRelay,
+                 sent: C.Sent, reason: str, otherwise: D.Decision,
+                 counted: tuple[C.Counts, list[int] | None] | None) -> None:
+        if call.finished:
+            return
+        if call.gone:
+            self._settle(call, D.decide(D.DECODE, D.CLIENT_GONE, 0), engine,
+                         reason="client closed the connection")
+            return
+        if counted is None or self.cutting:
+            sink.broken = (f"decode engine failed mid-stream: {reason}", "engine_failed")
+            self._settle(call, otherwise, failed, reason=reason, reusable=sink.owe_break())
+            return
+        counts, text_ids = counted
+        call.record_continuation(failed.id, engine.id, counts.generated, reason,
+                                 C.exact(call.body))
+        left = C.remaining(call.body, call.chat, counts.generated)
+        if sent.finish is not None or sent.done or (left is not None and left <= 0):
+            self._close_whole(call, sink, sent, counts)
+            return
+        self._decode_continued(call, engine, sink, sent, counts, text_ids)
+
+    def _close_whole(self, call: Call, sink: R.DecodeRelay, sent: C.Sent,
+                     counts: C.Counts) -> None:
+        """The answer was whole when its engine failed: send the client the end it lacks."""
+        usage = not call.stream or bool((call.body.get("stream_options") or {})
+                                        .get("include_usage"))
+        sink.write_events(C.closing_events(sent, counts, call.chat, usage, "length"), True)
+        d = D.decide(D.DECODE, D.ANSWERED, D.STREAMING if call.stream else 0)
+        if d.outcome is None:
+            self._reply_reassembled(call, sink)
+        else:
+            self._settle(call, d, reusable=sink.reusable())
+
+    def _decode_continued(self, call: Call, engine: Engine, sink: R.DecodeRelay, sent: C.Sent,
+                          counts: C.Counts, text_ids: list[int] | None) -> None:
+        """Send the continued request to `engine`; its events go to the client through
+        `sink`, rewritten as the first engine's."""
+        call.decode_tries.append(engine)
+        call.decode_attempts += 1
+        call.decode_engine = engine.id
+        call.carried = counts.generated
+        call.kv = None
+
+        def then(relay: R.DecodeRelay) -> None:
+            self._guard(call, self._decode_done, engine, relay, True)
+
+        relay = R.ContinueRelay(then, self.limits.first_token_timeout_s, self._stall_s(call),
+                                sink, C.Rewriter(sent, counts, call.chat))
+        relay.stall = self._stall_check(call, engine)
+        self.bookings.decode_started(call, engine, relay, False)
+        call.relay = relay
+        options = call.body.get("stream_options") if call.stream else {"include_usage": True}
+        body = C.request_body(call.body, call.chat, sent.text, text_ids, counts, options)
+        req = request_bytes(b"POST", call.path, engine.spec.host_header, call.leg_id + b"-cont",
+                            body, bearer=engine.spec.bearer)
+        dispatch(engine.pool, req, relay, self.deadlines, self._spawn)
 
     def _reply_reassembled(self, call: Call, relay: R.DecodeRelay) -> None:
         try:

@@ -31,6 +31,28 @@ TIMEOUT_BEFORE = "timeout_before"
 TIMEOUT_MID = "timeout_mid"
 CLIENT_GONE = "client_gone"
 CUT = "cut"  # the router is shutting down and the drain bound ran out
+# The status a leg is given when the engine's 200 stream opens with an error event (vLLM's
+# streamed answer to a KV load failure): no token reached the client, so it is an engine
+# error like a 5xx, and another engine may answer.
+ERROR_FIRST_STATUS = 502
+_ERROR_EVENT = b'data: {"error"'
+
+
+def opens_with_error(data: bytes) -> bool:
+    """Whether a stream's first bytes (chunk framing or not) are an error event."""
+    return data.find(_ERROR_EVENT, 0, 48) >= 0
+
+
+class Recorder(Protocol):
+    """Keeps the engine bytes a relay forwarded (continuation.SentLog)."""
+
+    def add(self, data: bytes) -> None: ...
+
+
+class EventRewriter(Protocol):
+    """Turns a continuing engine's SSE text into the client's (continuation.Rewriter)."""
+
+    def feed(self, payload: bytes) -> bytes: ...
 
 
 class ClientSide(Protocol):
@@ -45,8 +67,9 @@ class ClientSide(Protocol):
 class DecodeRelay:
     """Common state of a decode-leg sink; subclasses decide where body bytes go."""
 
-    __slots__ = ("body", "conn", "deadline", "events", "idle_s", "reason", "result", "reused",
-                 "started", "status", "t_first", "t_last", "then")
+    __slots__ = ("body", "broken", "conn", "deadline", "error_first", "events", "idle_s", "log",
+                 "reason", "result", "reused", "stall", "started", "status", "t_first", "t_last",
+                 "then")
 
     def __init__(self, then: Callable[[DecodeRelay], None], first_byte_timeout_s: float,
                  idle_s: float) -> None:
@@ -63,6 +86,12 @@ class DecodeRelay:
         self.result = ""
         self.reason = ""
         self.reused = False
+        self.log: Recorder | None = None  # set when a broken stream may be continued
+        self.broken: tuple[str, str] | None = None  # the error event a break owes the client
+        self.error_first = False  # the engine's stream opened with an error event
+        # asked when a streaming leg has been silent past `idle_s`: seconds more it is given
+        # (0: it is stalled now); None: stalled at once
+        self.stall: Callable[[DecodeRelay], float] | None = None
 
     def reusable(self) -> bool:
         """Whether the client connection may carry another request after this leg."""
@@ -80,6 +109,13 @@ class DecodeRelay:
     def on_body(self, data: bytes) -> None:
         self.body.append(data)
 
+    def _error_first(self, data: bytes) -> bool:
+        """A 200 stream whose first event is an error: kept, never sent (ERROR_FIRST_STATUS)."""
+        if not self.started and self.status == 200 and opens_with_error(data):
+            self.status = ERROR_FIRST_STATUS
+            self.error_first = True
+        return self.error_first
+
     def on_flush(self) -> None:
         if self.started:  # until the first body byte the first-byte deadline stands
             self.deadline = time.monotonic() + self.idle_s
@@ -90,15 +126,38 @@ class DecodeRelay:
     def _break_stream(self, message: str, code: str) -> None:
         """End a stream the client already receives with an error event (streaming sinks)."""
 
+    def write_events(self, payload: bytes, end: bool) -> None:
+        """Send SSE text to the client in this relay's framing (a continued stream's events;
+        `end`: the response ends with them)."""
+        self.body.append(payload)
+
+    def clean(self) -> bool:
+        """Whether the client's bytes end on a whole event (a stream can be continued)."""
+        return True
+
+    def owe_break(self) -> bool:
+        """Write the error event a mid-stream break left owing (the stream is not being
+        continued); False when the client's bytes ended mid-chunk and none can be added."""
+        broken, self.broken = self.broken, None
+        if broken is not None:
+            self._break_stream(*broken)
+        return self.reusable()
+
     def on_fail(self, reason: str, before_response: bool, reused: bool) -> None:
         if self.started and not self.result:
-            self._break_stream(f"decode engine failed mid-stream: {reason}", "engine_failed")
+            self.broken = (f"decode engine failed mid-stream: {reason}", "engine_failed")
         self.reused = reused and before_response
         self._end(FAILED_MID if self.started else FAILED_BEFORE, reason)
 
     def expire(self) -> None:
+        if self.t_first > 0.0 and not self.result and self.stall is not None:
+            more = self.stall(self)
+            if more > 0.0:
+                self.deadline = time.monotonic() + more
+                return
         if self.started and not self.result:
-            self._break_stream(f"decode engine sent nothing for {self.idle_s:g} s", "engine_timeout")
+            silent = time.monotonic() - (self.t_last or self.t_first or time.monotonic())
+            self.broken = (f"decode engine sent nothing for {silent:.3g} s", "engine_timeout")
         if self.conn is not None:
             self.conn.abandon()
         self._end(TIMEOUT_MID if self.started else TIMEOUT_BEFORE, "engine stopped sending")
@@ -133,6 +192,9 @@ class BufferRelay(DecodeRelay):
     __slots__ = ()
 
     def on_body(self, data: bytes) -> None:
+        if self.status != 200 or self._error_first(data):
+            self.body.append(data)
+            return
         if not self.started:
             self.started = True
             self.t_first = time.monotonic()
@@ -150,7 +212,7 @@ class BufferRelay(DecodeRelay):
 class StreamRelay(DecodeRelay):
     """Streams the engine's SSE bytes to the client as they arrive."""
 
-    __slots__ = ("chunked", "client", "head", "out")
+    __slots__ = ("chunked", "client", "head", "out", "whole")
 
     def __init__(self, then: Callable[[DecodeRelay], None], first_byte_timeout_s: float,
                  idle_s: float, client: ClientSide, head: bytes, chunked: bool) -> None:
@@ -159,12 +221,16 @@ class StreamRelay(DecodeRelay):
         self.head = head
         self.chunked = chunked
         self.out: list[bytes] = []
+        self.whole = True  # the client's bytes end on a whole event
+
+    def clean(self) -> bool:
+        return self.whole
 
     def reusable(self) -> bool:
         return self.chunked
 
     def on_body(self, data: bytes) -> None:
-        if self.status != 200:
+        if self.status != 200 or self._error_first(data):
             self.body.append(data)
             return
         out = self.out
@@ -173,12 +239,23 @@ class StreamRelay(DecodeRelay):
             self.t_first = time.monotonic()
             out.append(self.head)
         self.events += data.count(b"data:")
+        self.whole = data.endswith(b"\n\n")
+        if self.log is not None:
+            self.log.add(data)
         if self.chunked:
             out.append(b"%x\r\n" % len(data))
             out.append(data)
             out.append(b"\r\n")
         else:
             out.append(data)
+
+    def write_events(self, payload: bytes, end: bool) -> None:
+        if payload:
+            self.out.append(b"%x\r\n%b\r\n" % (len(payload), payload) if self.chunked
+                            else payload)
+        if end and self.chunked:
+            self.out.append(b"0\r\n\r\n")
+        self.on_flush()
 
     def on_flush(self) -> None:
         if self.out:
@@ -273,7 +350,7 @@ class PassRelay(DecodeRelay):
             self.framed = b"transfer-encoding: chunked" in buf[:end].lower()
             self.pending_head = None
             data = buf[end + 4:]
-        if self.status != 200:
+        if self.status != 200 or (data and self._error_first(data)):
             self.body.append(data)
             if complete:
                 if self.framed:
@@ -289,6 +366,8 @@ class PassRelay(DecodeRelay):
             self.events += data.count(b"data:") + edge.count(b"data:")
             if not self.framed:
                 data = b"%x\r\n%b\r\n" % (len(data), data)
+            if self.log is not None:
+                self.log.add(data)
             if not self.started:
                 self.started = True
                 self.t_first = now
@@ -328,6 +407,17 @@ class PassRelay(DecodeRelay):
         self.held = b""
         super().client_gone()
 
+    def clean(self) -> bool:
+        return self.tail == b"\n\r\n"
+
+    def write_events(self, payload: bytes, end: bool) -> None:
+        held, self.held = self.held, b""
+        out = held + (b"%x\r\n%b\r\n" % (len(payload), payload) if payload else b"")
+        if end:
+            out += b"0\r\n\r\n"
+        if out:
+            self._send(out)
+
     def _break_stream(self, message: str, code: str) -> None:
         held, self.held = self.held, b""
         if self.tail != b"\n\r\n":
@@ -335,3 +425,64 @@ class PassRelay(DecodeRelay):
             return
         event = responses.sse_error_event(message, code)
         self._send(held + b"%x\r\n%b\r\n0\r\n\r\n" % (len(event), event))
+
+
+class ContinueRelay(DecodeRelay):
+    """The leg that continues a broken stream on another engine: the client already has the
+    response head and part of the answer, so every end of this leg is mid-stream, an engine
+    status other than 200 included; the engine's events are rewritten (`EventRewriter`) and
+    written through the relay that began the response (`sink`, for its framing)."""
+
+    __slots__ = ("rewriter", "sink")
+
+    def __init__(self, then: Callable[[DecodeRelay], None], first_byte_timeout_s: float,
+                 idle_s: float, sink: DecodeRelay, rewriter: EventRewriter) -> None:
+        super().__init__(then, first_byte_timeout_s, idle_s)
+        self.sink = sink
+        self.rewriter = rewriter
+        self.started = True
+        self.body = sink.body  # a buffered reply is reassembled from both legs' events
+
+    def reusable(self) -> bool:
+        return self.sink.reusable()
+
+    def clean(self) -> bool:
+        return True  # it writes whole events only
+
+    def on_start(self, status: int) -> None:
+        self.status = status
+
+    def on_body(self, data: bytes) -> None:
+        if not self.t_first and self.status == 200 and opens_with_error(data):
+            self.status = ERROR_FIRST_STATUS  # it failed before its first token
+        if self.status != 200:  # kept for the reason only: the reply never carries it
+            if len(self.reason) < 512:
+                self.reason += data[:512].decode("utf-8", "replace")
+            return
+        if not self.t_first:
+            self.t_first = time.monotonic()
+        out = self.rewriter.feed(data)
+        if out:
+            self.events += out.count(b"data:")  # the events the client gets, as they go
+            self.sink.write_events(out, False)
+            self.t_last = time.monotonic()
+
+    def on_flush(self) -> None:
+        if self.t_first:
+            self.deadline = time.monotonic() + self.idle_s
+
+    def on_complete(self) -> None:
+        if self.status != 200:
+            reason = f"continuing engine answered {self.status}: {self.reason}"
+            self.broken = (reason, "engine_failed")
+            self._end(FAILED_MID, reason)
+            return
+        self.t_last = time.monotonic()
+        self.sink.write_events(b"", True)
+        self._end(OK)
+
+    def _break_stream(self, message: str, code: str) -> None:
+        self.sink._break_stream(message, code)
+
+    def write_events(self, payload: bytes, end: bool) -> None:
+        self.sink.write_events(payload, end)

@@ -15,9 +15,10 @@ from typing import Any
 
 from narwhal.serve.router.front.front import ClientConnection
 from narwhal.serve.router.front.responses import error_body
-from narwhal.serve.router.jsonio import loads
+from narwhal.serve.router.jsonio import dumps, loads
 from narwhal.serve.router.observe.metrics import RouterMetrics
 from narwhal.serve.router.request.call import Call
+from narwhal.serve.router.request.continuation import Counts, counts_from, tokenize_body
 from narwhal.serve.router.request.deadlines import Deadlines
 from narwhal.serve.router.request.legs import (
     OK,
@@ -69,6 +70,26 @@ async def count_prompt(call: Call, engine: Engine, limits: Limits, deadlines: De
                 call.learned(count)
     except (EngineUnreachable, LegFailed, LegTimedOut, ValueError, AttributeError):
         pass  # the prefill leg that follows meets the same engine and reports properly
+
+
+async def count_continued(call: Call, engine: Engine, text: str, limits: Limits,
+                          deadlines: Deadlines) -> tuple[Counts, list[int] | None] | None:
+    """The prompt's tokens and the answer's so far, counted by `engine` (whose tokenizer the
+    continued request meets); None when it does not answer."""
+    if call.prompt_tokens is None:
+        await count_prompt(call, engine, limits, deadlines)
+    prompt = call.prompt_tokens
+    if prompt is None:
+        return None
+    req = request_bytes(b"POST", b"/tokenize", engine.spec.host_header, b"",
+                        dumps(tokenize_body(call.body, call.chat, text)),
+                        bearer=engine.spec.bearer)
+    try:
+        status, payload = await exchange(engine.pool, req, limits.prefill_timeout_s, deadlines)
+        answer = loads(payload) if status == 200 else None
+    except (EngineUnreachable, LegFailed, LegTimedOut, ValueError):
+        return None
+    return counts_from(call.body, prompt, answer) if isinstance(answer, dict) else None
 
 
 def release_kv(call: Call, engine: Engine, kv: bytes, limits: Limits, deadlines: Deadlines,

@@ -160,6 +160,11 @@ class Bookings:
         if booking.plain_leg:
             prefill_ended(engine, time.monotonic(), booking.prefill_charge)
 
+    def prefills_done_at(self, engine: Engine) -> float:
+        """When the prefills booked on `engine` should be done (monotonic clock): a stream
+        there may wait that long for its next step."""
+        return engine.load.busy_until
+
     def handoff(self, engine: Engine, seconds: float) -> None:
         """A split request's first token came `seconds` after its prefill reply."""
         handoff_seen(engine, seconds)
