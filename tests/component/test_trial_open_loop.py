@@ -6,6 +6,7 @@ than the gap between arrivals; in flight grows past what a fixed cap of 32 would
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ OLD_CAP = 32  # the in-flight cap the client used to hold requests back at
 SLOW = """
 import asyncio, sys
 HOLD, PORT, LIFE = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+MODE = sys.argv[4] if len(sys.argv) > 4 else "whole"  # or "error" / "cut": a broken stream
 async def answer(reader, writer):
     try:
         head = await reader.readuntil(b"\\r\\n\\r\\n")
@@ -40,7 +42,10 @@ async def answer(reader, writer):
             writer.write(b'data: {"n": %d}\\n\\n' % n)
             await writer.drain()
             await asyncio.sleep(0.01)
-        writer.write(b"data: [DONE]\\n\\n")
+        if MODE == "error":
+            writer.write(b'data: {"error": {"message": "engine died", "code": "x"}}\\n\\n')
+        if MODE != "cut":
+            writer.write(b"data: [DONE]\\n\\n")
         await writer.drain()
     except (OSError, asyncio.IncompleteReadError):
         pass
@@ -57,8 +62,14 @@ asyncio.run(main())
 @pytest.fixture
 def slow_server() -> Iterator[str]:
     """The slow server's base URL; it is ended by its pid afterwards."""
+    with _server(HOLD_S, "whole") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _server(hold_s: float, mode: str) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SLOW, str(HOLD_S), str(port), "60"],
+    proc = subprocess.Popen([sys.executable, "-c", SLOW, str(hold_s), str(port), "60", mode],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
@@ -118,3 +129,17 @@ def test_a_budget_that_is_hit_is_counted_as_client_limited_not_capacity(
     assert summary["client_limited"] == 20  # every request that found the budget full
     assert summary["late_sends"] == 0  # their lag is the budget's, counted there alone
     assert verdict(summary, True, True) == "client-limited"
+
+
+@pytest.mark.parametrize(("mode", "said"), [("error", "stream broke: {\"error\""),
+                                            ("cut", "stream ended without [DONE]")])
+def test_a_stream_broken_after_its_200_is_a_failed_request_not_an_answer(
+        mode: str, said: str) -> None:
+    """A 200 whose stream ends in an error event or without [DONE] is what a router gives a
+    client when an engine dies mid-answer: the trial counts it failed, naming how it broke."""
+    planned = schedule(10.0, 3, 0, 4, 8, "b")
+    with _server(0.0, mode) as base:
+        sent = asyncio.run(client.run(base, "m", planned, None, timeout_s=20.0))
+    assert [r.status for r in sent.records] == [200, 200, 200]
+    assert all(r.error.startswith(said) for r in sent.records), [r.error for r in sent.records]
+    assert summarise(10.0, sent.records, 1.0, 1.0, 1.0)["ok"] == 0

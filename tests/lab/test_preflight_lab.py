@@ -718,18 +718,40 @@ def test_a_standby_takes_over_a_killed_primary_and_deploy_starts_a_new_standby(
     assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "1"
 
 
+def _engine_running(fleet: Installer, n: int) -> float:
+    """Requests engine-n says it is running now, from its own /metrics."""
+    record = json.loads((fleet.op.last_attempt("discover") / f"launch-engine-{n}.json")
+                        .read_text())
+    text = _on_router(fleet, f"curl -s http://{record['fabric_address']}:"
+                             f"{record['ports']['engine']}/metrics")
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def _kill_engine_3_while_it_streams(fleet: Installer) -> None:
+    """SIGKILL engine-3's container (docker kill) at a moment it is running a request."""
+    deadline = time.monotonic() + 20
+    while _engine_running(fleet, 3) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ssh(fleet.op.plan, "eng3", "docker kill $(docker ps -q)")
+
+
 def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
         attested: Installer) -> None:
-    """Last of the tests that need every engine: the killed engine stays down."""
+    """Last of the tests that need every engine: the killed engine stays down. Under a steady
+    load of streams, engine-3 is killed while it streams: every request still completes with
+    200 and a whole stream (the router continued the broken ones on another engine)."""
     code, doc = attested.op.json_command("preflight")  # passed again after the SLO test
     assert code == 0, doc
-    code, doc = _trial_while(attested, lambda: ssh(
-        attested.op.plan, "eng3", "docker kill $(docker ps -q)"), "--rates", "3",
-        "--requests", "30")
+    code, doc = _trial_while(attested, lambda: _kill_engine_3_while_it_streams(attested),
+                             "--rates", "4", "--requests", "40", "--max-tokens", "48")
     [r] = doc["rates"]
     assert code == (0 if r["verdict"] in ("within SLO", "capacity miss") else 1), r
     assert r["reconciled"]["ok"], r  # every sent id once, failed or not
-    assert sum(r["statuses"].values()) == 30
+    assert r["statuses"] == {"200": 40}, r
+    assert r["ok"] == 40, r  # no stream broke: none ended in an error event or short
+    assert r["continued"]["from_engines"].get("engine-3", 0) >= 1, r
+    assert r["continued"]["outcomes"] == {"ok": r["continued"]["requests"]}, r
     engine3 = next(e for e in r["router_engines"] if e["id"] == "engine-3")
     assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
     assert not engine3["admitted"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from narwhal.deploy.trial.reconcile import cache_totals, reconcile
+from narwhal.deploy.trial.reconcile import cache_totals, continuation_totals, reconcile
 from narwhal.deploy.trial.schedule import schedule
 from narwhal.deploy.trial.verdict import MAX_LAG_S, Record, summarise, verdict
 
@@ -121,3 +121,16 @@ def test_the_routers_cache_hits_are_summed_from_its_journal_rows_and_junk_counts
                                   "observed_hit_tokens": 48,
                                   "decisions": {"local_cached": 1, "split": 2}}
     assert cache_totals([{"request_id": "x"}]) is None  # cache awareness off: nothing said
+
+
+def test_continued_streams_are_counted_from_the_journal_and_junk_counts_nothing() -> None:
+    step = {"from": "engine-3", "to": "engine-1", "after_tokens": 4}
+    rows = [{"request_id": "a", "outcome": "ok", "continued": [step]},
+            {"request_id": "b", "outcome": "ok",
+             "continued": [step, {**step, "from": "engine-1", "to": "engine-2"}]},
+            {"request_id": "c", "outcome": "decode_failed_midstream", "continued": [step, "x"]},
+            {"request_id": "d", "continued": "not a list"}, {"request_id": "e"}]
+    assert continuation_totals(rows) == {
+        "requests": 3, "continuations": 4, "from_engines": {"engine-1": 1, "engine-3": 3},
+        "outcomes": {"decode_failed_midstream": 1, "ok": 2}}
+    assert continuation_totals([{"request_id": "x"}]) is None

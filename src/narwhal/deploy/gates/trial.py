@@ -49,7 +49,12 @@ from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 from narwhal.deploy.ledger.status import GateStatus
 from narwhal.deploy.trial import client, network, report
-from narwhal.deploy.trial.reconcile import cache_totals, journal_rows, reconcile_rows
+from narwhal.deploy.trial.reconcile import (
+    cache_totals,
+    continuation_totals,
+    journal_rows,
+    reconcile_rows,
+)
 from narwhal.deploy.trial.schedule import Planned, schedule
 from narwhal.deploy.trial.trace import (
     MIN_BLOCK_WORDS,
@@ -314,6 +319,8 @@ def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned]
                        for e in state.get("engines", [])], **(noted or {}))
     if (cache := cache_totals(rows)) is not None:
         summary["router_cache"] = cache
+    if (continued := continuation_totals(rows)) is not None:
+        summary["continued"] = continued
     summary["verdict"] = verdict(summary, rec.ok,
                                  scrape_holds(snapshot, len(p.targets()), out_now))
     attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(sent.records))

@@ -89,13 +89,20 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, p: Planned,
                     said = await resp.content.read(400)
                     size = len(said)
                     error = f"{status}: {said.decode('utf-8', 'replace').strip()[:300]}"
+                done = status != 200
                 async for line in resp.content:
                     size += len(line)
                     if size > MAX_BODY:
                         error = f"answer over {MAX_BODY} bytes"
                         break
-                    if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                    if line.startswith(b"data: [DONE]"):
+                        done = True
+                    elif line.startswith(b'data: {"error"'):  # a stream broken after its head
+                        error = error or f"stream broke: {line[6:].decode('utf-8', 'replace')[:300]}"
+                    elif line.startswith(b"data: "):
                         times.append(loop.time() - start)
+                if not done and not error:
+                    error = "stream ended without [DONE]"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:200]
         first = times[0] - sent if times else None

@@ -77,3 +77,18 @@ def cache_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "predicted_hit_tokens": sum(_tokens(c.get("predicted_hit")) for c in cached),
             "observed_hit_tokens": sum(_tokens(c.get("observed_hit")) for c in cached),
             "decisions": dict(sorted(decisions.items()))}
+
+
+def continuation_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Streams the router continued on another engine after theirs broke mid-answer, from the
+    rate's journal rows: how many requests, how many continuations, which engines they left
+    and how the requests ended. None when no row was continued."""
+    continued = [r for r in rows if isinstance(r.get("continued"), list) and r["continued"]]
+    if not continued:
+        return None
+    steps = [s for r in continued for s in r["continued"] if isinstance(s, dict)]
+    left = Counter(str(s.get("from")) for s in steps)
+    outcomes = Counter(str(r.get("outcome")) for r in continued)
+    return {"requests": len(continued), "continuations": len(steps),
+            "from_engines": dict(sorted(left.items())),
+            "outcomes": dict(sorted(outcomes.items()))}
