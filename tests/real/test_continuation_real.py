@@ -94,6 +94,19 @@ def _text(events: list[Any]) -> str:
                    if isinstance(e, dict) and e.get("choices"))
 
 
+def _journal_row(journal: Path, request_id: str) -> dict[str, Any]:
+    """The request's journal row (its writer is waited for, bounded)."""
+    deadline = time.monotonic() + 10
+    while True:
+        rows = [json.loads(line) for line in journal.read_text().splitlines()] \
+            if journal.exists() else []
+        found = [r for r in rows if r["request_id"] == request_id]
+        if found or time.monotonic() > deadline:
+            assert found, f"no journal row for {request_id}"
+            return dict(found[-1])
+        time.sleep(0.1)
+
+
 def _running(pair: Pair) -> Any:
     for engine in pair.engines:
         counters = Counters.read(engine.url)
@@ -132,8 +145,7 @@ def test_a_greedy_stream_whose_engine_stalls_continues_on_the_other_with_the_sam
     assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
     assert _text(events) == _text(reference)
     assert events[-2]["usage"] == reference[-2]["usage"]
-    rows = [json.loads(line) for line in journal.read_text().splitlines()]
-    row = next(r for r in rows if r["request_id"] == "stalled")
+    row = _journal_row(journal, "stalled")
     assert row["outcome"] == "ok"
     (step,) = row["continued"]
     assert step["exact"] is True and step["after_tokens"] >= 7

@@ -237,6 +237,16 @@ class RoleFlips(StrictModel):
     decode_utilization: float = Field(default=0.8, gt=0, le=1)
 
 
+class KvCanaryRef(StrictModel):
+    """The live KV canary: where its reference is (`narwhal.kv-canary`, narwhal-check writes
+    it at preflight) and how often each ordered pair is probed (serve/router/canary/)."""
+
+    path: str
+    interval_s: float = Field(default=60.0, ge=0.1, le=86_400)  # each pair once per interval
+    release_after: int = Field(default=3, ge=1, le=1000)  # passes in a row that free a pair
+    logprob_tolerance: float = Field(default=1e-3, ge=0, le=10)
+
+
 class FleetDocument(StrictModel):
     """`narwhal.fleet` v1."""
 
@@ -256,6 +266,7 @@ class FleetDocument(StrictModel):
     calibration: CalibrationRef | None = None
     operations: Operations = Operations()
     prefix_cache: PrefixCache | None = None  # absent: placement is blind to engine caches
+    kv_canary: KvCanaryRef | None = None  # absent: no live probes of the pairs
 
 
 def _url_problem(url: str) -> str:
@@ -401,6 +412,10 @@ def _relations(doc: FleetDocument) -> list[Problem]:
                                 "name the narwhal.profiles document, e.g. runs/profiles.json"))
     problems += _cache_problems(doc)
 
+    if doc.kv_canary is not None and not doc.kv_canary.path.strip():
+        problems.append(Problem("kv_canary.path", "is empty",
+                                "name the narwhal.kv-canary document narwhal-check "
+                                "--calibrate-first-token wrote, or remove kv_canary"))
     if doc.calibration is not None and not doc.calibration.path.strip():
         problems.append(Problem("calibration.path", "is empty",
                                 "name the narwhal.first-token-calibration document written by "

@@ -32,9 +32,10 @@ from narwhal.core.flag_types import number
 from narwhal.core.fleet import beside, engine_key, load_fleet
 from narwhal.core.kv.events import EventBatch
 from narwhal.core.private_file import write_private_json
-from narwhal.serve.engine_client import clients
+from narwhal.serve.engine_client import EngineCallFailed, clients
 from narwhal.serve.preflight import report
 from narwhal.serve.preflight.calibrate import CalibrationFailed, calibrate
+from narwhal.serve.preflight.canary import CanaryFailed, record_canary
 from narwhal.serve.preflight.captures import load_captures
 from narwhal.serve.preflight.options import CalibrateOptions, CheckOptions
 from narwhal.serve.preflight.runner import run_gates
@@ -50,6 +51,7 @@ DESCRIPTION = ("Preflight (gate F): reach, model, profile, pace, tokenize, KV ev
                "the first-token deadline.")
 CALIBRATION_GATES = ("reach", "model", "profile", "tokenize")
 DEFAULT_CALIBRATION = "first-token-calibration.json"
+DEFAULT_CANARY = "kv-canary.json"
 
 
 class RouterIndex:
@@ -141,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-out", type=Path, metavar="PATH",
                    help="where the calibration goes (default: the fleet's calibration.path, "
                         f"else {DEFAULT_CALIBRATION} beside the fleet)")
+    p.add_argument("--canary-out", type=Path, metavar="PATH",
+                   help="where the live KV canary's reference goes (recorded with the "
+                        f"calibration; default: {DEFAULT_CANARY} beside the calibration)")
     p.add_argument("--calibrate-repeats", type=number(int, 1, 100), default=c.repeats,
                    help=f"samples per pair and length (default {c.repeats})")
     p.add_argument("--calibrate-safety", type=number(f, 1, 100), default=c.safety_factor,
@@ -197,6 +202,14 @@ def _prepare(args: argparse.Namespace) -> tuple[CheckState, Path, Path | None]:
             raise InputError("--only", [Problem(
                 ",".join(args.only), "does not combine with --calibrate-first-token (it runs "
                 "the gates calibration needs)", "drop --only")])
+        if args.canary_out is not None and not args.canary_out.parent.is_dir():
+            raise InputError("--canary-out", [Problem(
+                str(args.canary_out), "is in a folder that does not exist",
+                "name a file in an existing folder")])
+    elif args.canary_out is not None:
+        raise InputError("--canary-out", [Problem(
+            str(args.canary_out), "only means something with --calibrate-first-token",
+            "add --calibrate-first-token or drop --canary-out")])
     elif args.calibration_out is not None:
         raise InputError("--calibration-out", [Problem(
             str(args.calibration_out), "only means something with --calibrate-first-token",
@@ -229,8 +242,19 @@ async def _run(state: CheckState, args: argparse.Namespace,
             verdicts.append(failed("calibration", "fleet", "no candidate", "every pair sampled",
                                    str(exc)))
             return verdicts, extra
+        _progress("kv canary")
+        try:
+            canary = await record_canary(state)
+        except (CanaryFailed, EngineCallFailed) as exc:
+            verdicts.append(failed("canary", "fleet", "no reference", "every pair agrees",
+                                   str(exc)))
+            return verdicts, extra
     write_private_json(calibration_out, cal.document())
     extra = {"calibration": str(calibration_out), "candidate_s": cal.candidate_s, "rule": cal.rule}
+    if canary is not None:
+        out = args.canary_out or calibration_out.with_name(DEFAULT_CANARY)
+        write_private_json(out, canary.document())
+        extra["kv_canary"] = str(out)
     return verdicts, extra
 
 

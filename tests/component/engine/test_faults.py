@@ -119,7 +119,19 @@ def test_nixl_fault_flags_are_set_and_cleared(engines: StartEngine) -> None:
     faults = post(engine, "/emu/fault", {"fault": "clear"}).json()["faults"]
     assert faults == {"refuse_handshakes": False, "drop_lease_early": False,
                       "recompute_instead_of_pull": False, "stale_peer": False, "hung": False,
-                      "slow_factor": 1.0, "wrong_model": None}
+                      "slow_factor": 1.0, "wrong_model": None, "corrupt_pulls_from": None}
+
+
+def test_corrupt_pulls_names_its_producer_or_every_one_and_clears(engines: StartEngine) -> None:
+    engine = engines()
+    said = post(engine, "/emu/fault", {"fault": "corrupt_pulls", "peer": "10.0.0.5:5600"})
+    assert said.json()["faults"]["corrupt_pulls_from"] == "10.0.0.5:5600"
+    assert post(engine, "/emu/fault", {"fault": "corrupt_pulls"}).json()["faults"][
+        "corrupt_pulls_from"] == "*"
+    off = post(engine, "/emu/fault", {"fault": "corrupt_pulls", "enabled": False}).json()
+    assert off["faults"]["corrupt_pulls_from"] is None
+    bad = post(engine, "/emu/fault", {"fault": "corrupt_pulls", "peer": ""})
+    assert bad.status == 400
 
 
 @pytest.mark.parametrize("body", [{"fault": "explode"}, {"fault": "slow", "factor": -1},

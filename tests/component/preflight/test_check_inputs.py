@@ -143,3 +143,15 @@ def test_an_unreachable_engine_fails_reach_and_every_later_gate_skips_it(tmp_pat
     assert run.verdicts("reach", "fail")["e0"]["detail"].startswith("e0: GET /health")
     assert run.verdicts("model")["e0"]["status"] == "skip"
     assert run.verdicts("pace")["e0"]["status"] == "skip"
+
+
+@pytest.mark.parametrize("calibrating", [False, True])
+def test_a_canary_out_that_cannot_be_written_or_means_nothing_is_refused(
+        listener: Listener, tmp_path: Path, calibrating: bool) -> None:
+    where = tmp_path / ("missing-folder/kv.json" if calibrating else "kv.json")
+    run = run_check(write(tmp_path, fleet_doc(listener.port)),
+                    *(["--calibrate-first-token"] if calibrating else []),
+                    "--canary-out", str(where), json_out=False)
+    assert_refused(run.code, listener, tmp_path)
+    assert "--canary-out" in run.stderr
+    assert ("does not exist" if calibrating else "--calibrate-first-token") in run.stderr

@@ -50,7 +50,8 @@ def test_nothing_moved_changes_no_row_and_says_so_in_json() -> None:
     assert not (live.engines or live.router or live.links or live.prometheus)
     assert live.as_dict() == {"engines_changed": [], "links_moved": [],
                               "router": {"down": False, "reason": "", "repeat": []},
-                              "prometheus": {"down": False, "reason": "", "repeat": []}}
+                              "prometheus": {"down": False, "reason": "", "repeat": []},
+                              "kv_pairs_held": []}
 
 
 def test_a_prometheus_that_is_gone_makes_only_gate_g_stale_naming_it_and_the_fix() -> None:

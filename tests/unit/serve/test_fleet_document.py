@@ -305,3 +305,34 @@ def test_the_off_loop_threshold_is_a_bounded_token_count(value: object) -> None:
     assert any(p.startswith("prefix_cache.off_loop_tokens") for p in _problems(doc)), value
     fine = parse_fleet(_cached(prefix_cache={"tokenizer_dir": "m", "off_loop_tokens": 0}), "f")
     assert fine.prefix_cache is not None and fine.prefix_cache.off_loop_tokens == 0
+
+
+@pytest.mark.parametrize(("section", "named"), [
+    ({"path": " "}, "kv_canary.path"),
+    ({"path": "kv.json", "interval_s": 0}, "kv_canary.interval_s"),
+    ({"path": "kv.json", "interval_s": 1e9}, "kv_canary.interval_s"),
+    ({"path": "kv.json", "release_after": 0}, "kv_canary.release_after"),
+    ({"path": "kv.json", "logprob_tolerance": -1}, "kv_canary.logprob_tolerance"),
+    ({"path": "kv.json", "rate": 3}, "kv_canary.rate"),
+    ({"interval_s": 5}, "kv_canary.path"),
+    ("kv.json", "kv_canary"),
+])
+def test_a_kv_canary_section_that_is_not_one_names_its_field(section: Any, named: str) -> None:
+    assert any(p.startswith(named) for p in _problems(_with(kv_canary=section))), \
+        _problems(_with(kv_canary=section))
+
+
+@pytest.mark.parametrize(("section", "named"), [
+    ({"stall_steps": 0}, "serving.stall_steps"), ({"stall_floor_s": 0}, "serving.stall_floor_s"),
+    ({"continue_midstream": "yes"}, "serving.continue_midstream"),
+])
+def test_stall_and_continuation_settings_are_bounded(section: dict[str, Any], named: str) -> None:
+    assert any(p.startswith(named) for p in _problems(_with(serving=section)))
+
+
+def test_a_missing_kv_canary_reference_stops_settling_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps(_with(kv_canary={"path": "gone.json"})))
+    with pytest.raises(InputError) as info:
+        settle(load_fleet(path), {}, path)
+    assert "gone.json" in str(info.value) and "--canary-out" in str(info.value)

@@ -20,7 +20,7 @@ from narwhal.deploy.gates import engines, fabric, live_check, preflight, restart
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import installed_tool
-from narwhal.deploy.gates.live_check import PROMETHEUS_REPEAT, ROUTER_REPEAT, Live
+from narwhal.deploy.gates.live_check import KV_PAIR_REPEAT, PROMETHEUS_REPEAT, ROUTER_REPEAT, Live
 from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.ledger.export import export
@@ -79,6 +79,7 @@ def read_live(ctx: Context) -> Live:
                 live.engines = restarts.changed_engines(ctx.ledger, router, tool, running)
                 live.router = live_check.router_down(ctx.ledger, router, tool)
                 live.prometheus = live_check.prometheus_down(ctx.ledger, router, tool)
+                live.kv_pairs = live_check.held_kv_pairs(ctx.ledger, router, tool)
             live.links = live_check.moved_links(ctx.inputs, ctx.ledger, sessions, attempt)
             attempt.add_artifact("live-check.json", json.dumps(
                 {"router_host": alias, **live.as_dict()}, indent=1).encode() + b"\n")
@@ -149,6 +150,11 @@ def run_status(args: argparse.Namespace) -> int:
                              "both ends)", ("edge", "what moved", "repeat, in order"),
                              [(c.edge, ", ".join(c.moved), "\n".join(c.repeat))
                               for c in live.links]))
+    if live.kv_pairs:
+        console.print(_table("KV pairs the router's live canary holds out of placement",
+                             ("pair", "verdict", "evidence", "repeat, in order"),
+                             [(p["pair"], p["verdict"], p["evidence"],
+                               "\n".join(KV_PAIR_REPEAT)) for p in live.kv_pairs]))
     if live.router:
         console.print(f"[yellow]router: {live.router}[/]; repeat: {ROUTER_REPEAT[0]}")
     if live.prometheus:

@@ -72,6 +72,8 @@ class Live:
     router: str = ""  # why the router Gate G left serving is not serving now
     prometheus: str = ""  # why the Prometheus Gate G started is not serving now
     links: list[LinkChange] = field(default_factory=list)
+    # the pairs the router's live KV canary holds out of placement, with its evidence
+    kv_pairs: list[dict[str, Any]] = field(default_factory=list)
     skipped: str = ""  # why (part of) the live check could not run
 
     def as_dict(self) -> dict[str, Any]:
@@ -80,7 +82,8 @@ class Live:
                            "repeat": list(ROUTER_REPEAT) if self.router else []},
                 "prometheus": {"down": bool(self.prometheus), "reason": self.prometheus,
                                "repeat": list(PROMETHEUS_REPEAT) if self.prometheus else []},
-                "links_moved": [c.as_dict() for c in self.links]}
+                "links_moved": [c.as_dict() for c in self.links],
+                "kv_pairs_held": [{**p, "repeat": list(KV_PAIR_REPEAT)} for p in self.kv_pairs]}
 
 
 ROUTER_REPEAT = ("router: `narwhal serve` on the fleet gate F checked (a primary that serves is "
@@ -89,6 +92,12 @@ ROUTER_REPEAT = ("router: `narwhal serve` on the fleet gate F checked (a primary
 PROMETHEUS_REPEAT = ("prometheus: `narwhal serve` (or `narwhal deploy`) starts Prometheus again "
                      "with a fresh TSDB and checks every target up; the router serving is "
                      "adopted, nothing before Gate G is repeated",)
+
+
+KV_PAIR_REPEAT = ("fabric: `narwhal fabric` samples the pair's edge again against its budget",
+                  "full preflight: narwhal-check exercises every live KV path and records the "
+                  "canary's reference again (gate F); the router frees the pair itself once its "
+                  "probes pass")
 
 
 def _role(state: tuple[int, dict[str, Any]] | None) -> str:
@@ -127,6 +136,28 @@ def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
             f"the standby at {urls[1]} took over as primary and nothing stands by at {other}"
             if took_over else f"the standby at {other} does not answer"))
     return ""
+
+
+def held_kv_pairs(ledger: Ledger, router: Host, fetch_tool: str) -> list[dict[str, Any]]:
+    """The producer -> consumer pairs the primary's live KV canary holds out of placement, each
+    with its verdict, evidence and since when (wall clock); [] before Gate G passed, without a
+    canary, or when no router answers (router_down says that)."""
+    attempt_id = passed_attempt(ledger, "serve")
+    if attempt_id is None:
+        return []
+    try:
+        plan = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
+        url = str(plan["router_url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    got = fetch_json(router, fetch_tool, f"{url}/narwhal/state", 5)
+    canary = got[1].get("kv_canary") if got and got[0] == 200 else None
+    pairs = canary.get("pairs") if isinstance(canary, dict) else None
+    if not isinstance(pairs, dict):
+        return []
+    return [{"pair": str(name), "verdict": str(p.get("verdict")),
+             "evidence": str(p.get("evidence"))[:300], "held_since": p.get("held_since")}
+            for name, p in sorted(pairs.items()) if isinstance(p, dict) and p.get("held")]
 
 
 def prometheus_reason(url: str, host: str, pid: int | None, running: bool | None,

@@ -95,6 +95,9 @@ def alert_rules(ttft_s: float) -> str:
                "requests failed on an engine or a KV handoff ({{ $labels.outcome }})"),
         _alert("NarwhalLeaseChanged", "changes(narwhal_router_lease_epoch[10m]) > 0", 0,
                "the controller lease changed hands {{ $value }} time(s) in 10 minutes"),
+        _alert("NarwhalKvPairHeld", "narwhal_router_kv_pair_held == 1", 0,
+               "the KV canary holds {{ $labels.producer }} -> {{ $labels.consumer }} out of "
+               "placement: its handoff answered wrong, recomputed or failed"),
     ]}]})
 
 
@@ -117,6 +120,12 @@ def rules_tests(rules_file: str) -> str:
              "values": "1 1 1 1 1 1 1 1 1"},
             {"series": 'narwhal_router_lease_epoch{instance="r:8000",job="narwhal-router"}',
              "values": "1 1 1 2 2 2 2 2 2"},
+            {"series": 'narwhal_router_kv_pair_held{producer="engine-1",consumer="engine-2",'
+                       'instance="r:8000",job="narwhal-router"}',
+             "values": "0 0 1 1 1 1 1 1 1"},
+            {"series": 'narwhal_router_kv_pair_held{producer="engine-2",consumer="engine-1",'
+                       'instance="r:8000",job="narwhal-router"}',
+             "values": "0 0 0 0 0 0 0 0 0"},
         ],
         "alert_rule_test": [
             alert("NarwhalEngineDown", "10s", {}),
@@ -130,6 +139,11 @@ def rules_tests(rules_file: str) -> str:
             alert("NarwhalLeaseChanged", "10s", {}),
             alert("NarwhalLeaseChanged", "20s", {"instance": "r:8000", "job": "narwhal-router"},
                   "the controller lease changed hands 1 time(s) in 10 minutes"),
+            alert("NarwhalKvPairHeld", "5s", {}),
+            alert("NarwhalKvPairHeld", "15s", {"producer": "engine-1", "consumer": "engine-2",
+                                                "instance": "r:8000", "job": "narwhal-router"},
+                  "the KV canary holds engine-1 -> engine-2 out of placement: its handoff "
+                  "answered wrong, recomputed or failed"),
         ],
     }]})
 

@@ -50,6 +50,7 @@ PROFILE, CHECK = "narwhal-profile", "narwhal-check"
 TOOL_TIMEOUT_S = 900.0
 STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"
 CALIBRATION = "first-token-calibration.json"
+CANARY = "kv-canary.json"  # the live KV canary's reference, recorded with the calibration
 Progress = Callable[[str, str], None]
 
 
@@ -246,7 +247,10 @@ def calibrate(folder: RouterFolder, p: PreflightPlan, progress: Progress) -> flo
     refuses a deadline below it. Blocked when the fleet's own deadline is below it already."""
     progress("calibration", "sampling first-token times of every pair")
     out = f"{folder.path}/{CALIBRATION}"
-    got, _ = folder.check_run("calibration", "--calibrate-first-token", "--calibration-out", out)
+    canary = f"{folder.path}/{CANARY}"
+    folder.host.run(["rm", "-f", "--", canary], check=True)  # never an earlier run's reference
+    got, _ = folder.check_run("calibration", "--calibrate-first-token", "--calibration-out", out,
+                              "--canary-out", canary)
     if not got.ok:
         raise GateBlocked("preflight", f"first-token calibration failed: {got.error}", [
             Problem("calibration", got.error, "read check-calibration.json in the attempt")])
@@ -260,7 +264,11 @@ def calibrate(folder: RouterFolder, p: PreflightPlan, progress: Progress) -> flo
                               "serving.first_token_timeout_s", f"{deadline:g} s is below the "
                               f"calibrated candidate {candidate:g} s", "raise it in the fleet "
                               "or find why first tokens are slow (the pair evidence names them)")])
-    final = canonical_json({**p.fleet, "calibration": {"path": CALIBRATION}}).encode() + b"\n"
+    named: dict[str, Any] = {"calibration": {"path": CALIBRATION}}
+    if folder.host.stat_file(canary) is not None:  # a fleet with at least one pair
+        folder.attempt.add_artifact(CANARY, _read(folder.host, canary))
+        named["kv_canary"] = {**p.fleet.get("kv_canary", {}), "path": CANARY}
+    final = canonical_json({**p.fleet, **named}).encode() + b"\n"
     folder.host.put(final, folder.fleet, exclusive=False)
     folder.attempt.add_artifact("fleet-calibrated.json", final)
     folder.host.run(["mv", "-f", "--", folder.fleet, folder.serving], check=True)

@@ -53,6 +53,9 @@ class Sampling:
     min_tokens: int = 0
     ignore_eos: bool = False
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM's cache_salt: the request's blocks are keyed under it, so it neither finds nor
+    # leaves blocks any unsalted request can hit (the emulator does not keep them at all)
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Run:
     seq: Seq
     produce_kv: bool
     kv_transfer_params: dict[str, Any] | None = field(default=None)
+    salted: bool = False  # its blocks are not kept for others (Sampling.cache_salt)
 
     async def deltas(self, interval: int) -> AsyncIterator[tuple[int, int]]:
         """(start, end) slices of new tokens: the first at once, then every `interval` tokens,
@@ -141,6 +145,7 @@ class Engine:
         self.timing = timing
         self.metrics = metrics
         self.faults = faults
+        self._last_pulled: list[int] = []  # the prompt of the last KV pulled (corrupt_pulls)
         self.connector = connector
         self.log = log
         self.loop = asyncio.get_running_loop()
@@ -191,16 +196,18 @@ class Engine:
             queried = True
             external = await self._remote_prefill(params, prompt_ids, request_id, internal,
                                                   sampling, arrival)
-        planned = self.generator.plan(prompt_ids, sampling.max_tokens, sampling.min_tokens,
+        held = self._as_pulled(params, prompt_ids) if external else prompt_ids
+        planned = self.generator.plan(held, sampling.max_tokens, sampling.min_tokens,
                                       sampling.ignore_eos)
-        local_hit = self.prefix_cache.lookup_and_insert(prompt_ids)
+        salted = bool(sampling.cache_salt)
+        local_hit = 0 if salted else self.prefix_cache.lookup_and_insert(prompt_ids)
         if external:
             local_hit = 0
         seq = Seq(request_id, len(prompt_ids), len(planned.token_ids), planned.finish_reason,
                   local_hit=local_hit, external=external, arrival=arrival)
         self.metrics.admitted(len(prompt_ids), sampling.max_tokens, local_hit, external, queried)
         produce = bool(params and params.get("do_remote_decode"))
-        run = Run(request_id, internal, prompt_ids, planned, seq, produce)
+        run = Run(request_id, internal, prompt_ids, planned, seq, produce, salted=salted)
         self._runs[seq] = run
         self.scheduler.submit(seq)
         return run
@@ -209,9 +216,19 @@ class Engine:
         """A request ended: the blocks its reply filled join the prefix cache (not an
         aborted one's: vLLM frees those)."""
         run = self._runs.pop(seq, None)
-        if run is not None and seq.finish_reason != "abort":
+        if run is not None and seq.finish_reason != "abort" and not run.salted:
             self.prefix_cache.keep_output(
                 [*run.prompt_ids, *run.planned.token_ids[:seq.produced]])
+
+    def _as_pulled(self, params: dict[str, Any] | None, prompt_ids: list[int]) -> list[int]:
+        """The ids the KV a consumer pulled stands for: the prompt's own, unless the
+        corrupt_pulls fault is on for its producer (faults.py): then another request's."""
+        last, self._last_pulled = self._last_pulled, prompt_ids
+        if params is None or not self.faults.corrupts(params):
+            return prompt_ids
+        if last and last != prompt_ids:
+            return last
+        return [*prompt_ids, prompt_ids[-1]]
 
     async def _remote_prefill(self, params: dict[str, Any], prompt_ids: list[int],
                               request_id: str, internal: str, sampling: Sampling,

@@ -9,6 +9,12 @@ or step (plain attribute reads), the NIXL side reads its four flags at the momen
     stale_peer                 behave as a restarted producer: consumers that handshook before
                                fail until they handshake again
 
+corrupt_pulls (with an optional `peer`: the producer's "host:port" side channel, its port, or
+its engine id; none: every producer) makes a consumer decode KV it pulled from that producer as
+if it held another request's blocks (the last prompt it pulled, as vllm#52234; the first pull,
+its prompt with the last token repeated): the transfer itself succeeds and every counter says
+so, only the answer is wrong (HTTP 200 with wrong tokens).
+
 Engine-level faults: crash (exit at once, like a dead engine core), hang (no HTTP answer,
 /health included, and no scheduler progress; the /emu routes still answer so a test can clear
 it), slow (every step costs `factor` times more), wrong_model (serve another model name).
@@ -25,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FLAG_FAULTS = ("refuse_handshakes", "drop_lease_early", "recompute_instead_of_pull", "stale_peer")
 FaultName = Literal["crash", "hang", "slow", "wrong_model", "refuse_handshakes",
-                    "drop_lease_early", "recompute_instead_of_pull", "stale_peer", "clear"]
+                    "drop_lease_early", "recompute_instead_of_pull", "stale_peer",
+                    "corrupt_pulls", "clear"]
 
 
 class FaultCommand(BaseModel):
@@ -38,6 +45,7 @@ class FaultCommand(BaseModel):
     factor: float = Field(default=10.0, gt=0)  # slow
     model: str | None = Field(default=None, min_length=1)  # wrong_model: the name to serve
     exit_code: int = Field(default=1, ge=0, le=255)  # crash
+    peer: str | None = Field(default=None, min_length=1, max_length=256)  # corrupt_pulls
 
 
 @dataclass
@@ -51,6 +59,7 @@ class EngineFaults:
     hung: bool = False
     slow_factor: float = 1.0
     wrong_model: str | None = None
+    corrupt_pulls_from: str | None = None  # "*": every producer
 
     def __post_init__(self) -> None:
         self._resume: asyncio.Future[None] | None = None
@@ -76,11 +85,14 @@ class EngineFaults:
                 setattr(self, flag, False)
             self.slow_factor = 1.0
             self.wrong_model = None
+            self.corrupt_pulls_from = None
             self.set_hung(False)
         elif name == "hang":
             self.set_hung(command.enabled)
         elif name == "slow":
             self.slow_factor = command.factor if command.enabled else 1.0
+        elif name == "corrupt_pulls":
+            self.corrupt_pulls_from = (command.peer or "*") if command.enabled else None
         elif name == "wrong_model":
             self.wrong_model = (command.model or "wrong-model") if command.enabled else None
         elif name in FLAG_FAULTS:
@@ -95,4 +107,13 @@ class EngineFaults:
             "hung": self.hung,
             "slow_factor": self.slow_factor,
             "wrong_model": self.wrong_model,
+            "corrupt_pulls_from": self.corrupt_pulls_from,
         }
+
+    def corrupts(self, params: dict[str, object]) -> bool:
+        """Whether KV pulled with these kv_transfer_params is to be decoded as corrupt."""
+        peer = self.corrupt_pulls_from
+        if peer is None:
+            return False
+        host, port = params.get("remote_host"), params.get("remote_port")
+        return peer in ("*", f"{host}:{port}", str(port), str(params.get("remote_engine_id")))

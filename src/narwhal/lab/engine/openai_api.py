@@ -175,7 +175,7 @@ class OpenAIRoutes:
             chat=chat, head=R.Head(rid, int(time.time()), model, chat, self.fingerprint),
             prompt_ids=prompt_ids,
             sampling=Sampling(max_tokens, body.min_tokens, body.ignore_eos,
-                              body.kv_transfer_params),
+                              body.kv_transfer_params, body.cache_salt),
             stream=stream, include_usage=bool(stream and options and options.include_usage),
             continuous_usage=bool(stream and options and options.include_usage
                                   and options.continuous_usage_stats),

@@ -93,6 +93,7 @@ class CommonBody(BaseModel):
     kv_transfer_params: dict[str, Any] | None = None
     request_id: str | None = None
     priority: int = 0
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="before")
     @classmethod

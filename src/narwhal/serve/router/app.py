@@ -19,6 +19,8 @@ from typing import Any
 
 from narwhal.core.errors import InputError, Problem
 from narwhal.serve.router.cache.view import CacheFamilies, CacheView
+from narwhal.serve.router.canary.holds import PairHolds
+from narwhal.serve.router.canary.probe import Canary
 from narwhal.serve.router.control.attestation import HELD, Attestation, Attestor
 from narwhal.serve.router.control.leadership import Leadership
 from narwhal.serve.router.control.lease import Claimant, FileLease, Lease
@@ -138,6 +140,7 @@ class Router:
                            self.deadlines)
         self.cache = self._cache()
         self.leadership = self._leadership(lease, standby_of)
+        self.canary = self._canary()
         self.routes = Routes(settings, self.proxy, self.engines, self.metrics, self.journal,
                              self.leadership, self.binder.book if self.binder else None,
                              self.roles)
@@ -149,6 +152,7 @@ class Router:
         self.connections = Connections(settings.clients, descriptors.LimitWatch(
             budget.nofile, budget.max_connections, budget.max_concurrent, len(settings.engines)))
         self.routes.connections = self.connections
+        self.routes.canary = self.canary
         self.metrics.connections = self.connections
         self._stop = asyncio.Event()
 
@@ -217,6 +221,18 @@ class Router:
         return CurvePriced(self.engines, self.settings.ttft_s, self.settings.tpot_s,
                            weights=self.settings.tenants.weights,
                            overflow=flips is not None and flips.mode == "planner")
+
+    def _canary(self) -> Canary | None:
+        """The live KV canary, when the fleet names its reference: the proxy asks its holds
+        before a KV handoff, the state and metrics show every pair."""
+        settings = self.settings.canary
+        if settings is None:
+            return None
+        holds = PairHolds(settings.release_after, self.metrics.registry)
+        self.proxy.holds = holds
+        return Canary(settings, self.settings.model, self.engines, holds, self.deadlines,
+                      self.settings.limits.first_token_timeout_s,
+                      lambda: self.leadership.role == "primary")
 
     def _cache(self) -> CacheView | None:
         """Cache-aware placement when the fleet asks for it: the model's tokenizer is read here
@@ -349,6 +365,8 @@ class Router:
             background.append(loop.create_task(self.roles.run()))
         if self.cache is not None:
             background += [loop.create_task(feed) for feed in self.cache.feeds()]
+        if self.canary is not None:
+            background.append(loop.create_task(self.canary.run()))
         return background
 
     async def _shutdown(self, server: asyncio.Server) -> dict[str, Any]:

@@ -25,7 +25,9 @@ from narwhal.core.fleet import (
     engine_key,
 )
 from narwhal.core.key_file import read_key_file
+from narwhal.core.kv_canary import load_canary
 from narwhal.core.secret import Secret
+from narwhal.serve.router.canary.judge import Reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +192,33 @@ class RouterSettings:
     # engine id -> (its sidecar's /v1/attestation URL, the contract Gate E attested)
     attestations: Mapping[str, tuple[str, EngineContract]] = field(default_factory=dict)
     cache: CacheSettings | None = None  # cache-aware placement (router/cache/)
+    canary: CanarySettings | None = None  # the live KV canary (router/canary/)
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySettings:
+    """The canary's reference answer and how often each pair is probed."""
+
+    reference: Reference
+    interval_s: float
+    release_after: int
+    logprob_tolerance: float
+
+
+def _canary(doc: FleetDocument, fleet_path: Path) -> CanarySettings | None:
+    """The fleet's kv_canary, its reference read and checked against the fleet's model."""
+    ref = doc.kv_canary
+    if ref is None:
+        return None
+    path = beside(fleet_path, ref.path)
+    canary = load_canary(path)
+    if canary.model != doc.model:
+        raise InputError(str(fleet_path), [Problem(
+            "kv_canary.path", f"{path} was recorded for model {canary.model!r}, the fleet serves "
+            f"{doc.model!r}", "re-run narwhal-check --calibrate-first-token on this fleet")])
+    return CanarySettings(Reference(canary.prompt, canary.prompt_tokens, canary.max_tokens,
+                                    canary.text, canary.token_logprobs),
+                          ref.interval_s, ref.release_after, ref.logprob_tolerance)
 
 
 def _engine(entry_id: str, url: str, role: str, key: Secret | None = None) -> EngineSpec:
@@ -330,4 +359,5 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
             doc.prefix_cache.approximate_blocks,
             {e.id: (e.kv_events.endpoint, e.kv_events.topic) for e in doc.engines
              if e.kv_events is not None}, doc.prefix_cache.off_loop_tokens),
+        canary=_canary(doc, fleet_path),
     )

@@ -48,6 +48,7 @@ class Routes:
         self.profiles = profiles
         self.draining = False
         self.connections: Connections | None = None
+        self.canary: Any = None  # router/canary/probe.Canary when the fleet has kv_canary
         self.started = time.time()
         self._seq = 0
         self._rid_prefix = b"nw-" + os.urandom(5).hex().encode() + b"-"
@@ -262,6 +263,7 @@ class Routes:
                           else {"policy": "least_outstanding"}),
             "role_flips": self.roles.state() if self.roles is not None else None,
             "prefix_cache": self.proxy.cache.state() if self.proxy.cache is not None else None,
+            "kv_canary": self.canary.state() if self.canary is not None else None,
             "journal": {"path": str(self.journal.path), "written": self.journal.written,
                         "dropped": self.journal.dropped, "queued": self.journal.queued},
             "connections": self.connections.state() if self.connections is not None else None,

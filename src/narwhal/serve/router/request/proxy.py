@@ -18,6 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from narwhal.serve.router.front.front import ClientConnection
@@ -80,6 +81,7 @@ class Proxy:
         self.served = 0
         self.estimator = BytesPerToken()  # prompt tokens per body byte, learned (token_estimate.py)
         self.cache: Any = None  # router/cache/view.CacheView when the fleet asks for it
+        self.holds: Any = None  # router/canary/holds.PairHolds when the fleet has kv_canary
         # Prefill legs waiting in the router's line for an engine (`Engine.prefill_line`), each
         # booked on its queue when placed, sent in the order placed as its legs answer.
         self._lines: dict[Engine, deque[tuple[Call, Collector, bytes]]] = {}
@@ -240,6 +242,12 @@ class Proxy:
         if isinstance(placement, Refusal):
             self._refuse(call, placement)
             return
+        holds = self.holds
+        if holds is not None and not placement.single \
+                and holds.held(placement.prefill.id, placement.decode.id):
+            # the canary caught this pair's handoff going wrong: its decode engine computes
+            # the prompt itself (the engines keep serving; only the pair is held out)
+            placement = replace(placement, prefill=placement.decode)
         call.placement = placement
         self.bookings.placed(call, placement)
         if cache is not None:
@@ -468,6 +476,12 @@ class Proxy:
         return stall_s(limits.stream_idle_timeout_s, limits.stall_steps, limits.stall_floor_s,
                        step if step > 0.0 else limits.slo_tpot_s)
 
+    def _held_pair(self, call: Call, consumer: Engine) -> bool:
+        """Whether the canary holds the handoff from this request's producer to `consumer`."""
+        holds, placement = self.holds, call.placement
+        return holds is not None and placement is not None and not placement.single \
+            and holds.held(placement.prefill.id, consumer.id)
+
     def _stall_check(self, call: Call, engine: Engine) -> Callable[[R.DecodeRelay], float]:
         def more(relay: R.DecodeRelay) -> float:
             return self._stall_left(call, engine, relay)
@@ -527,8 +541,8 @@ class Proxy:
             nxt = self.chooser.another_decode(call, call.decode_tries)
             if nxt is not None:
                 self.metrics.retry("decode")
-                if relay.error_first:  # e.g. its KV could not be pulled: the next computes it
-                    call.kv = None
+                if relay.error_first or self._held_pair(call, nxt):
+                    call.kv = None  # its KV could not be pulled, or not by nxt: nxt computes it
                 self._decode(call, nxt, call.kv)
                 return
         self._timings(call, engine, relay, result == R.OK)
