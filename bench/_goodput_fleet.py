@@ -115,9 +115,11 @@ def start_fleet(n: int, timing: Timing, cpu: str, work: Path,
             if cache:
                 env["VLLM_SERVER_DEV_MODE"] = "1"
                 kv_ports.append(kv_port)
-            owned.append(start(f"engine-e{i}", _engine_argv(model_dir, port, timing, cache,
-                                                            kv_port),
-                               cpu=cpu, log=work / f"e{i}.log", port=port, env=env, cwd=REPO))
+            argv = _engine_argv(model_dir, port, timing, cache, kv_port)
+            engine = start(f"engine-e{i}", argv, cpu=cpu, log=work / f"e{i}.log", port=port,
+                           env=env, cwd=REPO)
+            engine.extra.update(argv=argv, env=env, cpu=cpu)  # to start it again (_kills.py)
+            owned.append(engine)
         for eng in owned:
             wait_status(eng.port, "/health", 90, eng.proc)
     except BaseException:
@@ -253,12 +255,16 @@ def start_narwhal_inference(fleet: Fleet, timing: Timing, slo: dict[str, float],
            "recovery": {"state_path": str(folder / "state.json")},
            **({"controller": NWI_CONTROLLER} if controller else {})}
     (folder / "fleet.json").write_text(json.dumps(doc, indent=2))
-    rows = [_nwi_row(f"e{i}", fleet.url(i), timing) for i in range(len(fleet.engines))]
-    (folder / "profiles.json").write_text(json.dumps(
-        {"schema": "narwhal.profiles", "schema_version": 1,
-         "meta": {"writer": "narwhal bench/goodput.py", "measured": False},
-         "profiles": rows}, indent=2))
+    (folder / "profiles.json").write_text(json.dumps(nwi_profiles(fleet, timing), indent=2))
     return launch_narwhal_inference(root, folder, cpu, work)
+
+
+def nwi_profiles(fleet: Fleet, timing: Timing) -> dict[str, Any]:
+    """narwhal-inference's profile store for the fleet's live generations."""
+    rows = [_nwi_row(f"e{i}", fleet.url(i), timing) for i in range(len(fleet.engines))]
+    return {"schema": "narwhal.profiles", "schema_version": 1,
+            "meta": {"writer": "narwhal bench/goodput.py", "measured": False},
+            "profiles": rows}
 
 
 def start_vllm_router(fleet: Fleet, cpu: str, work: Path) -> Owned:

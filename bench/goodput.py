@@ -53,7 +53,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _goodput_fleet import Fleet, Timing, start_fleet, start_router, tokenize_count
+from _goodput_fleet import (
+    Fleet,
+    Timing,
+    narwhal_profiles,
+    nwi_profiles,
+    start_fleet,
+    start_router,
+    tokenize_count,
+)
+from _kills import Killer
 from _procs import Owned, stop_on_sigterm
 
 HERE = Path(__file__).resolve().parent
@@ -165,9 +174,13 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, req: Request
                 return row
             async for raw in resp.content:
                 line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    row["done"] = True
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
+                if "error" in event:  # the stream broke after its 200
+                    row["stream_error"] = str((event["error"] or {}).get("code"))[:40]
                 if not any(c.get("text") for c in event.get("choices", [])):
                     continue
                 now = time.monotonic()
@@ -217,7 +230,11 @@ def score(rows: list[dict[str, Any]], seconds: float, ttft: float, tpot: float) 
         good = [r for r in sel if attains(r, ttft, tpot)]
         ttfts = [r["ttft_s"] for r in sel if r["ttft_s"] is not None]
         tpots = [r["tpot_s"] for r in sel if r["tpot_s"] is not None]
+        whole = [r for r in sel if r["status"] == 200 and r.get("done")
+                 and not r.get("stream_error") and r["tokens"] >= r["max_tokens"]]
         out[name] = {"requests": len(sel), "ok_200": sum(r["status"] == 200 for r in sel),
+                     "failed": len(sel) - len(whole),
+                     "broken_streams": sum(r["status"] == 200 and r not in whole for r in sel),
                      "attaining": len(good),
                      "attainment": round(len(good) / len(sel), 4) if sel else None,
                      "goodput_rps": round(len(good) / dur, 3),
@@ -270,6 +287,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=60.0, help="per request, seconds")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (logs)")
+    ap.add_argument("--kill-every", type=float, default=0.0, metavar="S",
+                    help="SIGKILL a decode engine every S seconds (in turn) and start it again")
     args = ap.parse_args()
     bad = [n for n in args.routers.split(",") if n not in ROUTERS]
     if bad or not args.routers:
@@ -277,6 +296,46 @@ def _args() -> argparse.Namespace:
     if not 3.0 <= args.seconds <= 3600 or args.max_requests < 1 or args.ttft <= 0 or args.tpot <= 0:
         ap.error("--seconds must be 3..3600; --max-requests, --ttft, --tpot positive")
     return args
+
+
+def _journal_summary(path: Path) -> dict[str, Any] | None:
+    """A Narwhal row's journal: outcomes, and the streams continued on another engine after
+    theirs broke (None for a router that writes no such journal)."""
+    if not path.exists():
+        return None
+    time.sleep(1.0)  # the journal writer catches up
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    outcomes: dict[str, int] = {}
+    for row in rows:
+        outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
+    continued = [r for r in rows if r.get("continued")]
+    return {"outcomes": outcomes, "continued_requests": len(continued),
+            "continued_ok": sum(r["outcome"] == "ok" for r in continued),
+            "continuations": sum(len(r["continued"]) for r in continued)}
+
+
+def _killer(period_s: float, fleet: Fleet, timing: Timing, router: str,
+            work: Path) -> Killer | None:
+    """The kill schedule for one router's run (none without --kill-every). A restarted engine
+    is a new generation: the router's profile rows for it are rewritten as re-profiling it
+    would (Narwhal binds placement to them; narwhal-inference reads its own at start)."""
+    if period_s <= 0:
+        return None
+    decode = [i for i, role in enumerate(fleet.roles) if role == "decode"]
+
+    def restarted(_i: int) -> None:
+        folder = work / ("nwi-controller" if router == "narwhal-inference-controller"
+                         else "nwi" if router == "narwhal-inference" else router)
+        store = folder / "profiles.json"
+        if not store.exists():
+            return
+        doc = nwi_profiles(fleet, timing) if router.startswith("narwhal-inference") \
+            else narwhal_profiles(fleet, timing)
+        fresh = store.with_suffix(".new")
+        fresh.write_text(json.dumps(doc, indent=1))
+        fresh.replace(store)  # the router re-reads a store replaced whole
+
+    return Killer(fleet.engines, decode, period_s, restarted)
 
 
 def roles_moved(port: int) -> dict[str, Any]:
@@ -345,20 +404,34 @@ def main() -> int:
             owned.append(router)
             print(f"{name}: ready in {router.extra.get('ready_s')} s", flush=True)
             t0 = time.monotonic()
-            rows = asyncio.run(replay(router.port, fleet.model, trace, prompts, args.timeout))
+            killer = _killer(args.kill_every, fleet, timing, name, work)
+            if killer is not None:
+                killer.begin(t0 + 0.5)  # replay's clock starts half a second from now
+            try:
+                rows = asyncio.run(replay(router.port, fleet.model, trace, prompts,
+                                          args.timeout))
+            finally:
+                kills = killer.end() if killer is not None else None
             wall = time.monotonic() - t0
             raw[name] = rows
             results[name] = score(rows, args.seconds, args.ttft, args.tpot)
             results[name]["roles"] = roles_moved(router.port)
+            if kills is not None:
+                results[name]["kills"] = kills
+                results[name]["journal"] = _journal_summary(work / name / "journal.jsonl")
             o = results[name]["overall"]
             print(f"{name}: {o['attaining']}/{o['requests']} attain, goodput "
-                  f"{o['goodput_rps']} req/s, {o['ok_200']} ok, wall {wall:.1f} s", flush=True)
+                  f"{o['goodput_rps']} req/s, {o['ok_200']} ok, {o['failed']} failed "
+                  f"({o['broken_streams']} broken after their 200), wall {wall:.1f} s",
+                  flush=True)
             router.stop()
             owned.remove(router)
             time.sleep(3.0)  # engines drain whatever a timed-out client left behind
     finally:
         for o in reversed(owned):
             o.stop()
+        for o in fleet.engines if "fleet" in locals() else ():
+            o.stop()  # engines a kill schedule started again
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -368,7 +441,8 @@ def main() -> int:
               "phases": [asdict(p) for p in PHASES], "split": "2 prefill + 2 decode (narwhal-planner / narwhal-flips: 4 kv_both, "
                        "roles moved by the planner / the reactive controller; "
                        "narwhal-inference-controller: unpinned, its own controller)",
-              "requests": len(trace), **meta, "results": results}
+              "requests": len(trace), "kill_every_s": args.kill_every or None, **meta,
+              "results": results}
     stem = f"goodput-{started.replace(':', '')}"
     rows_path = args.out / "rows" / f"{stem}.json"  # per-request rows: ignored by git
     rows_path.parent.mkdir(parents=True, exist_ok=True)

@@ -146,5 +146,5 @@ def test_a_canary_reference_for_another_model_stops_the_router_naming_it(
     doc = json.loads(fleet.fleet_path.read_text())
     path.write_text(json.dumps({**doc, "kv_canary": {"path": "other-canary.json"}}))
     router = Router(path, free_port())
-    with pytest.raises(RuntimeError, match="kv_canary.path"):
+    with pytest.raises(RuntimeError, match=r"kv_canary\.path"):
         router.start()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from narwhal.serve.router.request import continuation as C
+from narwhal.serve.router.request.relay import FOLD_BYTES
 
 
 def _event(doc: Any) -> bytes:
@@ -42,10 +43,10 @@ def _events(raw: bytes) -> list[Any]:
 
 
 def test_the_sent_log_reads_back_the_text_the_client_holds_from_chunked_bytes() -> None:
-    log = C.SentLog(chat=False, chunked=True)
+    log = C.sent_log(chat=False, chunked=True)
     for word in (" one", " two", " three"):
         log.add(_chunk(_event(_completion(word))))
-    sent = log.read()
+    sent = C.read_back(log)
     assert sent is not None
     assert sent.text == " one two three" and sent.events == 3
     assert sent.head == {"id": "cmpl-1", "created": 100, "model": "m"}
@@ -53,22 +54,22 @@ def test_the_sent_log_reads_back_the_text_the_client_holds_from_chunked_bytes() 
 
 
 def test_a_long_stream_is_folded_into_text_as_it_goes_and_read_back_whole() -> None:
-    log = C.SentLog(chat=True, chunked=True)
+    log = C.sent_log(chat=True, chunked=True)
     log.add(_chunk(_event(_chat({"role": "assistant", "content": ""}))))
     words = [f" w{i}" for i in range(4000)]
     for word in words:
         log.add(_chunk(_event(_chat({"content": word}))))
-    assert log.size < C.FOLD_BYTES + 1024  # folded on the way: not the whole framing kept
-    sent = log.read()
+    assert log.size < FOLD_BYTES + 1024  # folded on the way: not the whole framing kept
+    sent = C.read_back(log)
     assert sent is not None and sent.text == "".join(words)
 
 
 def test_a_stream_past_the_bound_cannot_be_continued() -> None:
-    log = C.SentLog(chat=False, chunked=False)
+    log = C.sent_log(chat=False, chunked=False)
     big = _event(_completion("x" * 65536))
     for _ in range(C.MAX_SENT_BYTES // len(big) + 2):
         log.add(big)
-    assert log.read() is None
+    assert C.read_back(log) is None
 
 
 def test_the_finish_usage_and_done_the_client_already_has_are_seen() -> None:

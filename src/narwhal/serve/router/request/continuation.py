@@ -24,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.serve.router.jsonio import dumps, loads
-from narwhal.serve.router.request.relay import dechunk
+from narwhal.serve.router.request.relay import SentBytes
 
-# Forwarded bytes kept before they are folded into text (the common stream never reaches it),
-# and the most a stream may have sent and still be continued.
-FOLD_BYTES = 256 * 1024
+# The most a stream may have sent and still be continued.
 MAX_SENT_BYTES = 16 * 1024 * 1024
 
 # Body options whose state an engine cannot resume from text: the client is told the stream
@@ -38,8 +36,15 @@ _STRUCTURED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
 _PENALTIES = ("presence_penalty", "frequency_penalty")
 
 
+# Every body key the rules below read: a body with none of them continues (the common case).
+_ASKED = frozenset({"echo", "prompt_logprobs", "response_format", "tools",
+                    "continue_final_message", *_STRUCTURED})
+
+
 def not_continuable(body: dict[str, Any], chat: bool) -> str:
     """Why a request cannot be continued from its text ("" when it can)."""
+    if _ASKED.isdisjoint(body):
+        return ""
     if body.get("echo"):
         return "echo repeats the prompt, which a continued request would change"
     if body.get("prompt_logprobs") is not None:
@@ -65,7 +70,7 @@ def exact(body: dict[str, Any]) -> bool:
     return greedy and not any(body.get(k) for k in _PENALTIES)
 
 
-@dataclass
+@dataclass(slots=True)
 class Sent:
     """What the client holds of a stream, read back from the events it was sent."""
 
@@ -114,41 +119,17 @@ class Sent:
                 self.finish = choice["finish_reason"]
 
 
-class SentLog:
-    """The engine bytes a relay forwarded to the client, kept until a failure needs them.
+def sent_log(chat: bool, chunked: bool) -> SentBytes:
+    """A relay's record of the bytes it forwards (relay.SentBytes), folding into a `Sent`."""
+    return SentBytes(chat, chunked, Sent)
 
-    Reads are appended as they are; past `FOLD_BYTES` they are folded into `Sent` at the next
-    read that ends on an event boundary, so a long stream keeps its text, not its framing."""
 
-    __slots__ = ("chat", "chunked", "parts", "sent", "size", "total")
-
-    def __init__(self, chat: bool, chunked: bool) -> None:
-        self.chat = chat
-        self.chunked = chunked  # the bytes are HTTP/1.1 chunks (else SSE text)
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.total = 0
-        self.sent = Sent()
-
-    def add(self, data: bytes) -> None:
-        self.parts.append(data)
-        self.size += len(data)
-        self.total += len(data)
-        if self.size > FOLD_BYTES and data.endswith(b"\n\r\n" if self.chunked else b"\n\n"):
-            self._fold()
-
-    def _fold(self) -> None:
-        raw = b"".join(self.parts)
-        self.parts.clear()
-        self.size = 0
-        self.sent.read(dechunk(raw) if self.chunked else raw, self.chat)
-
-    def read(self) -> Sent | None:
-        """What the client holds; None when the stream is past what may be continued."""
-        if self.total > MAX_SENT_BYTES:
-            return None
-        self._fold()
-        return self.sent
+def read_back(log: SentBytes) -> Sent | None:
+    """What the client holds; None when the stream is past what may be continued."""
+    if log.total > MAX_SENT_BYTES:
+        return None
+    sent = log.fold()
+    return sent if isinstance(sent, Sent) else None
 
 
 @dataclass(frozen=True)

@@ -458,7 +458,7 @@ class Proxy:
         else:
             relay = R.BufferRelay(then, limits.first_token_timeout_s, stall)
         if call.stream and self._continuable(call):
-            relay.log = C.SentLog(call.chat, call.http11)
+            relay.log = C.sent_log(call.chat, call.http11)
         relay.stall = self._stall_check(call, engine)
         self.bookings.decode_started(call, engine, relay, kv is not None)
         call.relay = relay
@@ -607,8 +607,8 @@ class Proxy:
         log of forwarded bytes, or a buffered reply's events (cut to its last whole one)."""
         if isinstance(relay, R.ContinueRelay):
             return relay.rewriter.sent if isinstance(relay.rewriter, C.Rewriter) else None
-        if isinstance(relay.log, C.SentLog):
-            return relay.log.read()
+        if relay.log is not None:
+            return C.read_back(relay.log)
         raw = b"".join(sink.body)
         cut = raw.rfind(b"\n\n")
         sink.body[:] = [raw[:cut + 2]] if cut >= 0 else []

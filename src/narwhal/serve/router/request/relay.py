@@ -43,10 +43,53 @@ def opens_with_error(data: bytes) -> bool:
     return data.find(_ERROR_EVENT, 0, 48) >= 0
 
 
-class Recorder(Protocol):
-    """Keeps the engine bytes a relay forwarded (continuation.SentLog)."""
+# Forwarded bytes kept before they are folded into text (the common stream never reaches it).
+FOLD_BYTES = 256 * 1024
 
-    def add(self, data: bytes) -> None: ...
+
+class EventReader(Protocol):
+    """Folds whole SSE events into what the client holds (continuation.Sent)."""
+
+    def read(self, payload: bytes, chat: bool) -> None: ...
+
+
+class SentBytes:
+    """The engine bytes a relay forwarded to its client, kept until a failure needs them:
+    one list append per read on the common path; past FOLD_BYTES they are folded into a
+    reader (made by `make_reader` on the first fold) at the next read that ends on an event
+    boundary, so a long stream keeps its text, not its framing (continuation.py reads them
+    back)."""
+
+    __slots__ = ("chat", "chunked", "make_reader", "parts", "reader", "size", "total")
+
+    def __init__(self, chat: bool, chunked: bool,
+                 make_reader: Callable[[], EventReader]) -> None:
+        self.chat = chat
+        self.chunked = chunked  # HTTP/1.1 chunks (else SSE text)
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.total = 0
+        self.make_reader = make_reader
+        self.reader: EventReader | None = None
+
+    def add(self, data: bytes) -> None:
+        self.parts.append(data)
+        n = len(data)
+        self.size += n
+        self.total += n
+        if self.size > FOLD_BYTES and data.endswith(b"\n\r\n" if self.chunked else b"\n\n"):
+            self.fold()
+
+    def fold(self) -> EventReader:
+        """Fold what is kept into the reader (made now if it is the first fold); return it."""
+        reader = self.reader
+        if reader is None:
+            reader = self.reader = self.make_reader()
+        raw = b"".join(self.parts)
+        self.parts.clear()
+        self.size = 0
+        reader.read(dechunk(raw) if self.chunked else raw, self.chat)
+        return reader
 
 
 class EventRewriter(Protocol):
@@ -86,7 +129,7 @@ class DecodeRelay:
         self.result = ""
         self.reason = ""
         self.reused = False
-        self.log: Recorder | None = None  # set when a broken stream may be continued
+        self.log: SentBytes | None = None  # set when a broken stream may be continued
         self.broken: tuple[str, str] | None = None  # the error event a break owes the client
         self.error_first = False  # the engine's stream opened with an error event
         # asked when a streaming leg has been silent past `idle_s`: seconds more it is given
@@ -192,7 +235,7 @@ class BufferRelay(DecodeRelay):
     __slots__ = ()
 
     def on_body(self, data: bytes) -> None:
-        if self.status != 200 or self._error_first(data):
+        if self.status != 200 or (not self.started and self._error_first(data)):
             self.body.append(data)
             return
         if not self.started:
@@ -230,7 +273,7 @@ class StreamRelay(DecodeRelay):
         return self.chunked
 
     def on_body(self, data: bytes) -> None:
-        if self.status != 200 or self._error_first(data):
+        if self.status != 200 or (not self.started and self._error_first(data)):
             self.body.append(data)
             return
         out = self.out
@@ -350,7 +393,7 @@ class PassRelay(DecodeRelay):
             self.framed = b"transfer-encoding: chunked" in buf[:end].lower()
             self.pending_head = None
             data = buf[end + 4:]
-        if self.status != 200 or (data and self._error_first(data)):
+        if self.status != 200 or (not self.started and data and self._error_first(data)):
             self.body.append(data)
             if complete:
                 if self.framed:
