@@ -110,3 +110,13 @@ def test_a_request_continued_from_its_first_k_tokens_generates_the_rest(k: int,
         assert rest.token_ids == whole.token_ids[k:]
         assert rest.finish_reason == whole.finish_reason
         assert rest.states == whole.states[k:]
+
+
+def test_gate_c_s_capture_completion_answers_with_text_on_the_emulated_models() -> None:
+    """The capture (node/engine/capture.py) asks 4 tokens of "The quick brown fox" and
+    Gate C refuses an engine that answers nothing: at the default EOS chance, neither
+    emulated model may stop at once on it."""
+    from narwhal.node.engine.capture import COMPLETION_PROMPT
+    for tok in (TINY_TOK, BIG_TOK):
+        planned = Generator(tok, 1 / 256).plan(tok.encode(COMPLETION_PROMPT), 4, 0, False)
+        assert tok.decode(planned.token_ids).strip()

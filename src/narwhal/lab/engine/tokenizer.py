@@ -84,12 +84,14 @@ class Tokenizer:
         self._word_ids: dict[str, int] = {}
         for w in range(min(self.num_words, ENCODABLE_WORDS)):
             self._word_ids.setdefault(word_text(w), self._id_of_rank(BYTE_TOKENS + w))
-        # words that begin with a space only: generated text then encodes back to the ids
-        # that made it, as a continued request's prompt must (a bare word after another
-        # would join it into one piece)
-        self.generation_ids = [self._id_of_rank(BYTE_TOKENS + w)
-                               for w in range(min(self.num_words, GENERATION_WORDS))
-                               if word_text(w).startswith(" ")]
+        # words that begin with a space and are their text's own encoding: generated text
+        # then encodes back to the ids that made it, as a continued request's prompt must (a
+        # bare word after another joins it into one piece; a made-up syllable word can spell
+        # a common one, " he", whose text encodes to the common word's id)
+        self.generation_ids = [
+            self._id_of_rank(BYTE_TOKENS + w) for w in range(min(self.num_words, GENERATION_WORDS))
+            if word_text(w).startswith(" ")
+            and self._word_ids.get(word_text(w)) == self._id_of_rank(BYTE_TOKENS + w)]
         self.bos_id = special.bos_id
         self.eos_id = special.eos_ids[0] if special.eos_ids else None
 
