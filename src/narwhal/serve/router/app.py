@@ -232,7 +232,8 @@ class Router:
         self.proxy.holds = holds
         return Canary(settings, self.settings.model, self.engines, holds, self.deadlines,
                       self.settings.limits.first_token_timeout_s,
-                      lambda: self.leadership.role == "primary")
+                      lambda: self.leadership.role == "primary",
+                      lambda: (self.proxy.served, self.proxy.inflight))
 
     def _cache(self) -> CacheView | None:
         """Cache-aware placement when the fleet asks for it: the model's tokenizer is read here

@@ -9,6 +9,11 @@ the whole prompt. How much it pulled is read from its own answer
 its `vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}` counter around the
 probe (which other requests' pulls can also move on a busy engine). Only the primary probes:
 a standby's probes would double the cost and it places nothing.
+
+The canary probes only while the router serves: a probe is sent when a client request is in
+flight or one ended since the last probe. An idle fleet has no request to protect, and its
+engines must stay idle for Gate D's fabric samples, which count any request as load; the
+first requests after an idle spell are probed for within one probe gap.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class Canary:
 
     def __init__(self, settings: CanarySettings, model: str, engines: list[Engine],
                  holds: PairHolds, deadlines: Deadlines, timeout_s: float,
-                 primary: Callable[[], bool]) -> None:
+                 primary: Callable[[], bool], traffic: Callable[[], tuple[int, int]]) -> None:
         self.settings = settings
         self.ref = settings.reference
         self.model = model
@@ -68,6 +73,8 @@ class Canary:
         self.deadlines = deadlines
         self.timeout_s = timeout_s
         self.primary = primary
+        self.traffic = traffic  # (client requests ended, in flight) so far
+        self._served_at_probe = 0
         self.started = time.monotonic()
         self.probes = 0
         self.engine_seconds = 0.0  # the legs' time on the engines, for the cost
@@ -77,7 +84,7 @@ class Canary:
         while True:
             pairs = pairs_of(self.engines)
             await asyncio.sleep(self.settings.interval_s / max(len(pairs), 1))
-            if not pairs or not self.primary():
+            if not pairs or not self.primary() or not self._serving():
                 continue
             producer, consumer = pairs[turn % len(pairs)]
             turn += 1
@@ -93,6 +100,14 @@ class Canary:
             if not verdict.ok:
                 _log.warning("kv canary: pair %s->%s %s: %s", producer.id, consumer.id,
                              verdict.kind, verdict.detail)
+
+    def _serving(self) -> bool:
+        """Whether a client request is in flight or ended since the last probe."""
+        served, inflight = self.traffic()
+        if inflight == 0 and served == self._served_at_probe:
+            return False
+        self._served_at_probe = served
+        return True
 
     async def _post(self, engine: Engine, body: dict[str, Any],
                     leg: bytes) -> tuple[int, dict[str, Any]]:
@@ -143,6 +158,7 @@ class Canary:
         pairs = len(pairs_of(self.engines))
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return {"interval_s": self.settings.interval_s, "pairs_probed_in_turn": pairs,
+                "while": "serving",
                 "probes": self.probes,
                 "probes_per_hour": round(pairs * 3600 / self.settings.interval_s, 1),
                 "engine_time_share": round(self.engine_seconds / (elapsed * max(
