@@ -718,28 +718,23 @@ def test_a_standby_takes_over_a_killed_primary_and_deploy_starts_a_new_standby(
     assert _on_router(attested, "pgrep -c -f 'bin/narwhal-serve --fleet'") == "1"
 
 
-# The primary router's streams on one engine (its /narwhal/state, read on the router host,
-# where the primary answers on 8000, or on 8001 after a standby took over).
-STREAMS_ON = """for p in 8000 8001; do curl -s -m 2 http://127.0.0.1:$p/narwhal/state; echo; done"""
-
-
-def _streams_on(fleet: Installer, engine: str) -> int:
-    for line in _on_router(fleet, STREAMS_ON).splitlines():
-        try:
-            state = json.loads(line)
-        except ValueError:
-            continue
-        if state.get("controller", {}).get("role") == "primary":
-            found = [e for e in state.get("engines", []) if e.get("id") == engine]
-            return int(found[0].get("decode_running", 0)) if found else 0
-    return 0
+def _engine_running(fleet: Installer, n: int) -> float:
+    """Requests engine-n says it is running now, from its own /metrics."""
+    record = json.loads((fleet.op.last_attempt("discover") / f"launch-engine-{n}.json")
+                        .read_text())
+    text = _on_router(fleet, f"curl -s http://{record['fabric_address']}:"
+                             f"{record['ports']['engine']}/metrics")
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
 
 
 def _kill_engine_3_while_it_streams(fleet: Installer) -> None:
-    """SIGKILL engine-3's container (docker kill) at a moment it decodes a client's stream."""
-    deadline = time.monotonic() + 20
-    while _streams_on(fleet, "engine-3") < 1 and time.monotonic() < deadline:
+    """SIGKILL engine-3's container (docker kill) while it streams: once it reports a request
+    running, a moment later (past that request's prefill, well inside its 96-token stream)."""
+    deadline = time.monotonic() + 8  # the trial's arrivals last 10 s; it began 4 s ago
+    while _engine_running(fleet, 3) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(0.3)
     ssh(fleet.op.plan, "eng3", "docker kill $(docker ps -q)")
 
 
@@ -751,7 +746,7 @@ def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
     code, doc = attested.op.json_command("preflight")  # passed again after the SLO test
     assert code == 0, doc
     code, doc = _trial_while(attested, lambda: _kill_engine_3_while_it_streams(attested),
-                             "--rates", "4", "--requests", "40", "--max-tokens", "48")
+                             "--rates", "4", "--requests", "40", "--max-tokens", "96")
     [r] = doc["rates"]
     assert code == (0 if r["verdict"] in ("within SLO", "capacity miss") else 1), r
     assert r["reconciled"]["ok"], r  # every sent id once, failed or not
