@@ -730,11 +730,12 @@ def _engine_running(fleet: Installer, n: int) -> float:
 
 def _kill_engine_3_while_it_streams(fleet: Installer) -> None:
     """SIGKILL engine-3's container (docker kill) while it streams: once it reports a request
-    running, a moment later (past that request's prefill, well inside its 96-token stream)."""
+    running, half a second later (past that request's prefill, inside its 512-token stream,
+    about 2.5 s on the lab's emulators; the ones that arrived since are running too)."""
     deadline = time.monotonic() + 8  # the trial's arrivals last 10 s; it began 4 s ago
     while _engine_running(fleet, 3) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.3)
+    time.sleep(0.5)
     ssh(fleet.op.plan, "eng3", "docker kill $(docker ps -q)")
 
 
@@ -746,7 +747,7 @@ def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
     code, doc = attested.op.json_command("preflight")  # passed again after the SLO test
     assert code == 0, doc
     code, doc = _trial_while(attested, lambda: _kill_engine_3_while_it_streams(attested),
-                             "--rates", "4", "--requests", "40", "--max-tokens", "96")
+                             "--rates", "4", "--requests", "40", "--max-tokens", "512")
     [r] = doc["rates"]
     assert code == (0 if r["verdict"] in ("within SLO", "capacity miss") else 1), r
     assert r["reconciled"]["ok"], r  # every sent id once, failed or not
