@@ -758,7 +758,6 @@ def test_an_engine_killed_mid_trial_is_counted_and_its_ejection_recorded(
     # a decode engine mid-stream for certain and compare the text)
     continued = r.get("continued")
     if continued is not None:
-        assert set(continued["from_engines"]) == {"engine-3"}, r
         assert continued["outcomes"] == {"ok": continued["requests"]}, r
     engine3 = next(e for e in r["router_engines"] if e["id"] == "engine-3")
     assert engine3["ejections"] >= 1 or engine3["held_reason"], engine3
