@@ -6,8 +6,14 @@ engine it is compared with can only disagree if core/kv (or vLLM) is wrong.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +22,7 @@ from narwhal.core.kv.geometry import Geometry, plan_geometry
 from narwhal.core.kv.plan import LaunchPlan
 from tests.fidelity import client
 from tests.fidelity.requests import SERVED_NAME
-from tests.real.engines import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN
+from tests.real.engines import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, free_port
 from tests.real.session import Pair
 
 # Token ids 0-2 are <s>, </s> and <pad>; prompts use the rest of the 432-token vocabulary.
@@ -89,3 +95,25 @@ def settled(url: str, name: str, quiet_s: float = 2.0, limit_s: float = 15.0) ->
             return value
         value = again
     raise AssertionError(f"{name} on {url} still moving after {limit_s} s (last {value})")
+
+
+@contextlib.contextmanager
+def serving(folder: Path, fleet: dict[str, Any]) -> Iterator[int]:
+    """narwhal-serve on `fleet` (written to folder/fleet.json, its log to folder/router.log):
+    its port once /ready answers 200; stopped by its pid on the way out."""
+    (folder / "fleet.json").write_text(json.dumps(fleet))
+    port = free_port()
+    with (folder / "router.log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "narwhal.serve.serve_cli", "--fleet",
+                                 str(folder / "fleet.json"), "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError):
+                if client.get(f"http://127.0.0.1:{port}/ready").status == 200:
+                    break
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -30,8 +28,7 @@ from narwhal.serve.router.cache.prompt_ids import PromptTokenizer
 from narwhal.serve.router.scheduling.generation import parse_start_time, parse_version
 from tests.fidelity import client
 from tests.fidelity.requests import SERVED_NAME
-from tests.real.engines import free_port
-from tests.real.live import Counters, completion, prompt_ids
+from tests.real.live import Counters, completion, prompt_ids, serving
 from tests.real.session import Pair
 
 HITS = "vllm:prefix_cache_hits_total"
@@ -107,28 +104,13 @@ def router(pair: Pair, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     engines = [{"id": name, "url": e.url, "role": role,
                 "kv_events": {"endpoint": e.spec.events_endpoint}}
                for name, e, role in (("p", pair.prefill, "prefill"), ("d", pair.decode, "decode"))]
-    (tmp_path / "fleet.json").write_text(json.dumps({
-        "schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
-        "engines": engines, "slo": {"ttft_s": 20.0, "tpot_s": 2.0},
-        "journal": {"path": "journal.jsonl"}, "profiles": {"path": "profiles.json"},
-        "prefix_cache": {"tokenizer_dir": str(pair.model)}}))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "narwhal.serve.serve_cli", "--fleet",
-                             str(tmp_path / "fleet.json"), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "router.log", "w"))  # noqa: SIM115
-    try:
-        for _ in range(300):
-            try:
-                if client.get(f"http://127.0.0.1:{port}/ready").status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+    fleet = {"schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
+             "engines": engines, "slo": {"ttft_s": 20.0, "tpot_s": 2.0},
+             "journal": {"path": "journal.jsonl"}, "profiles": {"path": "profiles.json"},
+             "prefix_cache": {"tokenizer_dir": str(pair.model)}}
+    with serving(tmp_path, fleet) as port:
         time.sleep(0.5)  # the SUB sockets join
         yield port, tmp_path / "journal.jsonl"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _chat(port: int, messages: list[dict[str, str]]) -> str:

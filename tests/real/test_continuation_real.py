@@ -17,8 +17,6 @@ import http.client
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +26,7 @@ import pytest
 
 from tests.fidelity import client
 from tests.fidelity.requests import SERVED_NAME
-from tests.real.engines import free_port
-from tests.real.live import Counters
+from tests.real.live import Counters, serving
 from tests.real.session import Pair
 
 PROMPT = "the world of people and the state of things"
@@ -41,29 +38,19 @@ WORDS = (" the of and to in a is that for it as was with be by on not he this ar
 def router(pair: Pair, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     engines = [{"id": name, "url": e.url, "role": "both"}
                for name, e in (("p", pair.prefill), ("d", pair.decode))]
-    (tmp_path / "fleet.json").write_text(json.dumps({
-        "schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
-        "engines": engines, "slo": {"ttft_s": 20.0, "tpot_s": 0.5},
-        "journal": {"path": "journal.jsonl"},
-        "health": {"eject_after_failures": 1, "probe_interval_s": 0.5, "probe_timeout_s": 1.0},
-        "serving": {"stall_steps": 2, "stall_floor_s": 1.0}}))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "narwhal.serve.serve_cli", "--fleet",
-                             str(tmp_path / "fleet.json"), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "router.log", "w"))  # noqa: SIM115
+    fleet = {"schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
+             "engines": engines, "slo": {"ttft_s": 20.0, "tpot_s": 0.5},
+             "journal": {"path": "journal.jsonl"},
+             "health": {"eject_after_failures": 1, "probe_interval_s": 0.5,
+                        "probe_timeout_s": 1.0},
+             "serving": {"stall_steps": 2, "stall_floor_s": 1.0}}
     try:
-        for _ in range(300):
-            with contextlib.suppress(OSError):
-                if client.get(f"http://127.0.0.1:{port}/ready").status == 200:
-                    break
-            time.sleep(0.1)
-        yield port, tmp_path / "journal.jsonl"
+        with serving(tmp_path, fleet) as port:
+            yield port, tmp_path / "journal.jsonl"
     finally:
-        for engine in pair.engines:
+        for engine in pair.engines:  # a test that stopped an engine leaves it running
             with contextlib.suppress(ProcessLookupError):
                 os.kill(engine.process.pid, signal.SIGCONT)
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _stream(port: int, body: dict[str, Any], request_id: str, on_event: Any = None

@@ -22,6 +22,7 @@ from pydantic import Field
 from narwhal.core.document_io import StrictModel, read_json_document, validate_document
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.key_file import read_key_file
+from narwhal.core.kv_canary import LOGPROB_TOLERANCE
 from narwhal.core.secret import Secret
 
 SCHEMA = "narwhal.fleet"
@@ -244,7 +245,7 @@ class KvCanaryRef(StrictModel):
     path: str
     interval_s: float = Field(default=60.0, ge=0.1, le=86_400)  # each pair once per interval
     release_after: int = Field(default=3, ge=1, le=1000)  # passes in a row that free a pair
-    logprob_tolerance: float = Field(default=1e-3, ge=0, le=10)
+    logprob_tolerance: float = Field(default=LOGPROB_TOLERANCE, ge=0, le=10)
 
 
 class FleetDocument(StrictModel):

@@ -12,6 +12,7 @@ differs, whose consumer recomputed the prompt instead of pulling it, or that fai
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,9 @@ from narwhal.core.document_io import StrictModel, read_json_document, validate_d
 SCHEMA = "narwhal.kv-canary"
 VERSION = 1
 REFERENCE = "docs/router.md"  # where the fields are described
+# How far a token's logprob may be from the reference's (the fleet's kv_canary default, and
+# what preflight holds the pairs to when it records the reference)
+LOGPROB_TOLERANCE = 1e-3
 
 
 class CanaryPair(StrictModel):
@@ -62,3 +66,28 @@ def load_canary(path: Path) -> KvCanary:
                                    "--canary-out FILE to write it, or remove the fleet's "
                                    "kv_canary section")
     return parse_canary(raw, str(path))
+
+
+def answer_logprobs(body: dict[str, Any]) -> list[Any] | None:
+    """A completion's `choices[0].logprobs.token_logprobs` as the engine wrote it (None:
+    it gave none)."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    logprobs = choices[0].get("logprobs")
+    got = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+    return got if isinstance(got, list) else None
+
+
+def logprob_gap(want: tuple[float | None, ...] | list[float | None], got: list[Any],
+                tolerance: float) -> str:
+    """How `got` differs from the reference's logprobs beyond `tolerance`, in words ("": it
+    does not); a token either side gives no logprob for is not compared."""
+    if len(got) != len(want):
+        return f"{len(got)} logprobs came back, the reference has {len(want)}"
+    for k, (w, g) in enumerate(zip(want, got, strict=True)):
+        if w is None or g is None:
+            continue
+        if not isinstance(g, int | float) or not math.isfinite(g) or abs(g - w) > tolerance:
+            return f"token {k}'s logprob is {g!r}, the reference {w!r} (tolerance {tolerance:g})"
+    return ""

@@ -82,3 +82,20 @@ def test_prometheus_is_serving_only_while_its_process_runs_and_answers() -> None
     assert live.as_dict()["prometheus"] == {"down": True, "reason": gone,
                                             "repeat": list(PROMETHEUS_REPEAT)}
     assert "narwhal serve" in PROMETHEUS_REPEAT[0] and "narwhal deploy" in PROMETHEUS_REPEAT[0]
+
+
+def test_the_held_kv_pairs_are_the_primary_s_with_their_evidence() -> None:
+    from narwhal.deploy.gates.live_check import held_kv_pairs
+    pairs = {"e0->e1": {"held": True, "verdict": "mismatch", "evidence": "answered ' x'",
+                        "held_since": 5.0},
+             "e1->e0": {"held": False, "verdict": "ok", "evidence": "fine"}, "junk": "x"}
+    primary = (200, {"controller": {"role": "primary"}, "kv_canary": {"pairs": pairs}})
+    standby = (200, {"controller": {"role": "standby"}, "kv_canary": {"pairs": {
+        "e2->e3": {"held": True}}}})
+    assert held_kv_pairs({"a": standby, "b": primary}) == [
+        {"pair": "e0->e1", "verdict": "mismatch", "evidence": "answered ' x'",
+         "held_since": 5.0}]
+    assert held_kv_pairs({"a": standby, "b": None}) == []  # no primary answers: none said
+    assert held_kv_pairs({"b": (200, {"controller": {"role": "primary"},
+                                      "kv_canary": None})}) == []  # no canary
+    assert held_kv_pairs({}) == []

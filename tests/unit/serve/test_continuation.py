@@ -201,3 +201,10 @@ def test_an_answer_whole_when_its_engine_failed_gets_the_end_it_lacks() -> None:
     assert out[2] == "[DONE]"
     sent.read(_event(_completion("", "stop")) + b"data: [DONE]\n\n", chat=False)
     assert C.closing_events(sent, C.Counts(4, 3), False, False, "length") == b""
+
+
+def test_a_stream_with_an_event_that_is_not_json_is_not_continued() -> None:
+    log = C.sent_log(chat=False, chunked=True)
+    log.add(_chunk(_event(_completion(" one"))))
+    log.add(_chunk(b"data: {not json\n\n"))
+    assert C.read_back(log) is None

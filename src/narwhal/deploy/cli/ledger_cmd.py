@@ -77,9 +77,10 @@ def read_live(ctx: Context) -> Live:
                 tool = installed_tool(router, str(plan["remote_dir"]), restarts.COMMAND)
                 running = engines.running_probe(sessions, ctx.ledger, ctx.inputs, attempt)
                 live.engines = restarts.changed_engines(ctx.ledger, router, tool, running)
-                live.router = live_check.router_down(ctx.ledger, router, tool)
+                states = live_check.router_states(ctx.ledger, router, tool)
+                live.router = live_check.router_down(ctx.ledger, router, tool, states)
                 live.prometheus = live_check.prometheus_down(ctx.ledger, router, tool)
-                live.kv_pairs = live_check.held_kv_pairs(ctx.ledger, router, tool)
+                live.kv_pairs = live_check.held_kv_pairs(states)
             live.links = live_check.moved_links(ctx.inputs, ctx.ledger, sessions, attempt)
             attempt.add_artifact("live-check.json", json.dumps(
                 {"router_host": alias, **live.as_dict()}, indent=1).encode() + b"\n")

@@ -104,22 +104,42 @@ def _role(state: tuple[int, dict[str, Any]] | None) -> str:
     return str(controller_of(state).get("role", "")) if state and state[0] == 200 else ""
 
 
-def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
+def _router_urls(ledger: Ledger) -> list[str]:
+    """The primary's and (planned) standby's addresses Gate G's last passed attempt left
+    serving; [] before Gate G passed, or from a record before it planned its address."""
+    attempt_id = passed_attempt(ledger, "serve")
+    if attempt_id is None:
+        return []
+    try:
+        plan = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
+        return [str(plan["router_url"]), *([str(plan["standby_url"])]
+                                           if plan.get("standby_url") else [])]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+RouterStates = dict[str, tuple[int, dict[str, Any]] | None]
+
+
+def router_states(ledger: Ledger, router: Host, fetch_tool: str) -> RouterStates:
+    """Each planned router address's /narwhal/state, asked once for every live finding."""
+    return {u: fetch_json(router, fetch_tool, f"{u}/narwhal/state", 5)
+            for u in _router_urls(ledger)}
+
+
+def router_down(ledger: Ledger, router: Host, fetch_tool: str,
+                states: RouterStates | None = None) -> str:
     """Why the routers Gate G's last passed attempt left serving are not serving now: no
     primary answers at the planned addresses, or, with a warm standby planned, none stands by
     (it took over when the primary died, or it is gone). "" when they serve as planned, or
     before Gate G passed. Whatever /ready says is not asked: the engines' own states are read
     separately."""
-    attempt_id = passed_attempt(ledger, "serve")
-    if attempt_id is None:
-        return ""
-    try:
-        plan = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
-        urls = [str(plan["router_url"]), *([str(plan["standby_url"])]
-                                          if plan.get("standby_url") else [])]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""  # a record from before Gate G planned its address: nothing to ask
-    roles = {u: _role(fetch_json(router, fetch_tool, f"{u}/narwhal/state", 5)) for u in urls}
+    if states is None:
+        states = router_states(ledger, router, fetch_tool)
+    urls = list(states)
+    if not urls:
+        return ""  # before Gate G passed, or a record from before it planned its address
+    roles = {u: _role(got) for u, got in states.items()}
     primaries = [u for u, r in roles.items() if r == "primary"]
     if not primaries:
         ours = [r for r in earlier_processes(ledger, "serve", "", "narwhal-serve")
@@ -138,20 +158,13 @@ def router_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
     return ""
 
 
-def held_kv_pairs(ledger: Ledger, router: Host, fetch_tool: str) -> list[dict[str, Any]]:
+def held_kv_pairs(states: RouterStates) -> list[dict[str, Any]]:
     """The producer -> consumer pairs the primary's live KV canary holds out of placement, each
-    with its verdict, evidence and since when (wall clock); [] before Gate G passed, without a
-    canary, or when no router answers (router_down says that)."""
-    attempt_id = passed_attempt(ledger, "serve")
-    if attempt_id is None:
-        return []
-    try:
-        plan = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
-        url = str(plan["router_url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    got = fetch_json(router, fetch_tool, f"{url}/narwhal/state", 5)
-    canary = got[1].get("kv_canary") if got and got[0] == 200 else None
+    with its verdict, evidence and since when (wall clock); [] without a canary, or when no
+    router answers as primary (router_down says that)."""
+    primary = next((got[1] for got in states.values()
+                    if got and got[0] == 200 and _role(got) == "primary"), None)
+    canary = primary.get("kv_canary") if primary is not None else None
     pairs = canary.get("pairs") if isinstance(canary, dict) else None
     if not isinstance(pairs, dict):
         return []

@@ -16,7 +16,15 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from narwhal.core.kv_canary import SCHEMA, VERSION, KvCanary, parse_canary
+from narwhal.core.kv_canary import (
+    LOGPROB_TOLERANCE,
+    SCHEMA,
+    VERSION,
+    KvCanary,
+    answer_logprobs,
+    logprob_gap,
+    parse_canary,
+)
 from narwhal.serve.engine_client import PRODUCER_PARAMS, Completion, EngineClient
 from narwhal.serve.preflight.pairs import all_pairs
 from narwhal.serve.preflight.state import CheckState
@@ -24,7 +32,6 @@ from narwhal.serve.profiler.prompts import sized_prompt
 
 PROMPT_TOKENS = 96  # several KV blocks at any block size vLLM uses on a GPU or CPU
 ANSWER_TOKENS = 8
-LOGPROB_TOLERANCE = 1e-3  # the router's default (core/fleet.py KvCanaryRef)
 
 
 class CanaryFailed(Exception):
@@ -32,12 +39,9 @@ class CanaryFailed(Exception):
 
 
 def _logprobs(done: Completion) -> list[float | None] | None:
-    choices = done.body.get("choices")
-    logprobs = choices[0].get("logprobs") if isinstance(choices, list) and choices else None
-    got = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
-    if not isinstance(got, list):
-        return None
-    return [float(v) if isinstance(v, int | float) and math.isfinite(v) else None for v in got]
+    got = answer_logprobs(done.body)
+    return None if got is None else [
+        float(v) if isinstance(v, int | float) and math.isfinite(v) else None for v in got]
 
 
 async def _probe(producer: EngineClient, consumer: EngineClient, model: str,
@@ -60,9 +64,7 @@ async def _probe(producer: EngineClient, consumer: EngineClient, model: str,
 def _disagree(want: list[float | None] | None, got: list[float | None] | None) -> bool:
     if want is None or got is None:
         return want is not got
-    return len(want) != len(got) or any(
-        w is not None and g is not None and abs(w - g) > LOGPROB_TOLERANCE
-        for w, g in zip(want, got, strict=True))
+    return bool(logprob_gap(want, got, LOGPROB_TOLERANCE))
 
 
 async def record_canary(state: CheckState) -> KvCanary | None:

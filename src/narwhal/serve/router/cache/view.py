@@ -105,11 +105,10 @@ class CacheView:
 
     def observed(self, call: Any, engine: Engine, usage: object) -> None:
         """The engine's own cached-token count for the prompt it just computed."""
-        if call.prompt_keys is None or not isinstance(usage, dict):
+        if call.prompt_keys is None:
             return
-        details = usage.get("prompt_tokens_details")
-        hit = details.get("cached_tokens") if isinstance(details, dict) else None
-        if type(hit) is int and hit >= 0:
+        hit = cached_tokens(usage)
+        if hit is not None:
             call.observed_hit = hit
             self.observed_tokens[engine.id] = self.observed_tokens.get(engine.id, 0) + hit
 
@@ -180,3 +179,12 @@ class CacheFamilies(Collector):
                 for kind, n in sorted(cache.counts.items()):
                     events.add_metric([name, kind], float(n))
         yield events
+
+
+def cached_tokens(usage: object) -> int | None:
+    """The prompt tokens an engine did not compute for a request (its prefix cache or a
+    producer's KV), from its answer's `usage.prompt_tokens_details.cached_tokens`, which vLLM
+    reports with --enable-prompt-tokens-details; None when it does not."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    hit = details.get("cached_tokens") if isinstance(details, dict) else None
+    return hit if type(hit) is int and hit >= 0 else None

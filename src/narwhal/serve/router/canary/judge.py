@@ -9,9 +9,12 @@ prompt answers the same text: only its counters show it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from narwhal.core.kv_canary import answer_logprobs, logprob_gap
 
 OK = "ok"
 MISMATCH = "mismatch"  # HTTP 200 with another answer: the KV it decoded was not the prompt's
@@ -41,26 +44,6 @@ class Reference:
     token_logprobs: tuple[float | None, ...] | None
 
 
-def _logprobs(body: dict[str, Any]) -> list[Any] | None:
-    choices = body.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    logprobs = choices[0].get("logprobs")
-    got = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
-    return got if isinstance(got, list) else None
-
-
-def _logprob_gap(want: tuple[float | None, ...], got: list[Any], tolerance: float) -> str:
-    if len(got) != len(want):
-        return f"{len(got)} logprobs came back, the reference has {len(want)}"
-    for k, (w, g) in enumerate(zip(want, got, strict=True)):
-        if w is None or g is None:
-            continue
-        if not isinstance(g, int | float) or not math.isfinite(g) or abs(g - w) > tolerance:
-            return f"token {k}'s logprob is {g!r}, the reference {w!r} (tolerance {tolerance:g})"
-    return ""
-
-
 def judge(ref: Reference, status: int, body: dict[str, Any], external_tokens: float | None,
           tolerance: float) -> Verdict:
     """The verdict on a probe whose decode leg answered `status` with `body`, the consumer's
@@ -77,9 +60,9 @@ def judge(ref: Reference, status: int, body: dict[str, Any], external_tokens: fl
     if text != ref.text:
         return Verdict(MISMATCH, f"answered {text[:120]!r}, the reference is {ref.text[:120]!r}")
     if ref.token_logprobs is not None:
-        got = _logprobs(body)
+        got = answer_logprobs(body)
         gap = "no logprobs came back" if got is None else \
-            _logprob_gap(ref.token_logprobs, got, tolerance)
+            logprob_gap(ref.token_logprobs, got, tolerance)
         if gap:
             return Verdict(MISMATCH, gap)
     if external_tokens is None:
@@ -94,14 +77,12 @@ def judge(ref: Reference, status: int, body: dict[str, Any], external_tokens: fl
 
 def external_kv_tokens(metrics: bytes) -> float | None:
     """The consumer's `vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`
-    (summed over its label sets); None when the page has no such sample."""
-    total, seen = 0.0, False
-    for line in metrics.splitlines():
-        if line.startswith(b"vllm:prompt_tokens_by_source_total{") \
-                and b'source="external_kv_transfer"' in line:
-            try:
-                total += float(line.rsplit(b" ", 1)[1])
-            except (ValueError, IndexError):
-                return None
-            seen = True
-    return total if seen else None
+    (summed over its label sets); None when the page has no such sample or does not parse."""
+    try:
+        samples = [sample for family in text_string_to_metric_families(
+            metrics.decode("utf-8", "replace")) for sample in family.samples
+            if sample.name == "vllm:prompt_tokens_by_source_total"
+            and sample.labels.get("source") == "external_kv_transfer"]
+    except ValueError:
+        return None
+    return sum(sample.value for sample in samples) if samples else None

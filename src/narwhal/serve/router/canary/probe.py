@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from narwhal.serve.router.cache.view import cached_tokens
 from narwhal.serve.router.canary import judge as J
 from narwhal.serve.router.canary.holds import PairHolds
 from narwhal.serve.router.jsonio import dumps, loads
@@ -50,13 +51,6 @@ def _answer(status: int, payload: bytes) -> dict[str, Any]:
         body = None
     return body if isinstance(body, dict) else {"error": {"message": payload[:200].decode(
         "utf-8", "replace")}} if status != 200 else {}
-
-
-def _cached(body: dict[str, Any]) -> float | None:
-    usage = body.get("usage")
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return float(cached) if type(cached) is int else None
 
 
 class Canary:
@@ -148,7 +142,8 @@ class Canary:
             after = await self._external(consumer)
         except (EngineUnreachable, LegFailed, LegTimedOut) as exc:
             return J.Verdict(J.FAILED, f"a leg failed: {exc or type(exc).__name__}")
-        pulled = _cached(answer)
+        cached = cached_tokens(answer.get("usage"))
+        pulled = float(cached) if cached is not None else None
         if pulled is None and before is not None and after is not None:
             pulled = after - before
         return J.judge(self.ref, status, answer, pulled, self.settings.logprob_tolerance)

@@ -231,11 +231,12 @@ class Call:
         self.t_first_token = 0.0  # the first leg's first token, once a stream was continued
         self.events_before = 0  # events the client had from legs before the current one
         self.reason = ""
-        base = {k: v for k, v in body.items() if k not in _LEG_KEYS}
-        self._base = dumps(base)
-        # Prompt length for pricing before the engine tells it: a token-id prompt counts its
-        # ids; text is priced by body bytes over the learned bytes per token (token_estimate.py).
-        prompt = body.get("prompt")
+        self._base = dumps({k: v for k, v in body.items() if k not in _LEG_KEYS})
+        self._price_prompt(body.get("prompt"), estimator)
+
+    def _price_prompt(self, prompt: Any, estimator: BytesPerToken | None) -> None:
+        """Prompt length for pricing before the engine tells it: a token-id prompt counts its
+        ids; text is priced by body bytes over the learned bytes per token (token_estimate.py)."""
         if isinstance(prompt, list):
             self.prompt_tokens = len(prompt)  # token ids: the exact length, known now
         self.estimator = None if isinstance(prompt, list) else estimator

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.serve.router.jsonio import dumps, loads
+from narwhal.serve.router.request.reassemble import StreamError, sse_events
 from narwhal.serve.router.request.relay import SentBytes
 
 # The most a stream may have sent and still be continued.
@@ -80,24 +81,20 @@ class Sent:
     finish: str | None = None  # a finish_reason the client already has
     usage_sent: bool = False
     done: bool = False  # `data: [DONE]` went out
+    unreadable: bool = False  # an event the client got is not JSON
 
     def read(self, payload: bytes, chat: bool) -> None:
-        """Fold the SSE text `payload` (whole events) into what was sent."""
-        for block in payload.replace(b"\r\n", b"\n").split(b"\n\n"):
-            for line in block.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._event(line[5:].strip(), chat)
-
-    def _event(self, data: bytes, chat: bool) -> None:
-        if data == b"[DONE]":
-            self.done = True
-            return
+        """Fold the SSE text `payload` (whole events) into what was sent; an event that is
+        not JSON leaves the stream unreadable (it is not continued)."""
         try:
-            doc = loads(data)
-        except ValueError:
+            events = sse_events(payload)
+        except StreamError:
+            self.unreadable = True
             return
-        if isinstance(doc, dict):
+        for doc in events:
             self.add(doc, chat)
+        if payload.rstrip().endswith(b"[DONE]"):  # the last event (a JSON event ends in "}")
+            self.done = True
 
     def add(self, doc: dict[str, Any], chat: bool) -> None:
         """One event the client was sent."""
@@ -129,7 +126,7 @@ def read_back(log: SentBytes) -> Sent | None:
     if log.total > MAX_SENT_BYTES:
         return None
     sent = log.fold()
-    return sent if isinstance(sent, Sent) else None
+    return sent if isinstance(sent, Sent) and not sent.unreadable else None
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,9 @@ from narwhal.serve.router.scheduling.engines import Engine, Refusal
 from narwhal.serve.router.settings import Limits
 
 _log = logging.getLogger("narwhal.serve.router.request.proxy")
+# How a broken stream settles when it cannot be continued: its row, and the error event the
+# relay owed the client before the continuation was tried.
+Settled = tuple[D.Decision, tuple[str, str] | None]
 # A decode relay's result as the decision table names leg ends (an engine status is split by
 # its class where it is read).
 _DECODE_END = {R.FAILED_BEFORE: D.FAILED_BEFORE, R.TIMEOUT_BEFORE: D.TIMEOUT_BEFORE,
@@ -593,13 +596,14 @@ class Proxy:
             self._settle(call, otherwise, engine, reason=relay.reason,
                          reusable=relay.owe_break())
             return
-        relay.broken = None  # the client gets the rest instead of an error event
+        owed, relay.broken = relay.broken, None  # the rest comes instead of the error event
         if not call.t_first_token:
             call.t_first_token = relay.t_first
             call.ttft_s = round(relay.t_first - call.t0, 6)
         call.events_before += relay.events
         self.metrics.retry("continuation")
-        self._spawn(self._continue(call, engine, nxt, sink, sent, relay.reason, otherwise))
+        self._spawn(self._continue(call, engine, nxt, sink, sent, relay.reason,
+                                   (otherwise, owed)))
 
     @staticmethod
     def _sent(call: Call, relay: R.DecodeRelay, sink: R.DecodeRelay) -> C.Sent | None:
@@ -614,17 +618,18 @@ class Proxy:
         sink.body[:] = [raw[:cut + 2]] if cut >= 0 else []
         sent = C.Sent()
         sent.read(raw[:cut + 2], call.chat)
-        return sent
+        return None if sent.unreadable else sent
 
     async def _continue(self, call: Call, failed: Engine, engine: Engine, sink: R.DecodeRelay,
-                        sent: C.Sent, reason: str, otherwise: D.Decision) -> None:
+                        sent: C.Sent, reason: str, otherwise: Settled) -> None:
         """Count the answer so far on `engine`, then send it the continued request (or end
-        the stream there when the answer was already whole)."""
+        the stream there when the answer was already whole); `otherwise` is how the break
+        settles if it cannot be continued after all: its row and the error event owed."""
         counted = await count_continued(call, engine, sent.text, self.limits, self.deadlines)
         self._guard(call, self._counted, failed, engine, sink, sent, reason, otherwise, counted)
 
     def _counted(self, call: Call, failed: Engine, engine: Engine, sink: R.DecodeRelay,
-                 sent: C.Sent, reason: str, otherwise: D.Decision,
+                 sent: C.Sent, reason: str, otherwise: Settled,
                  counted: tuple[C.Counts, list[int] | None] | None) -> None:
         if call.finished:
             return
@@ -633,8 +638,8 @@ class Proxy:
                          reason="client closed the connection")
             return
         if counted is None or self.cutting:
-            sink.broken = (f"decode engine failed mid-stream: {reason}", "engine_failed")
-            self._settle(call, otherwise, failed, reason=reason, reusable=sink.owe_break())
+            decision, sink.broken = otherwise
+            self._settle(call, decision, failed, reason=reason, reusable=sink.owe_break())
             return
         counts, text_ids = counted
         call.record_continuation(failed.id, engine.id, counts.generated, reason,
