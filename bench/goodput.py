@@ -298,6 +298,43 @@ def _args() -> argparse.Namespace:
     return args
 
 
+def _write(out: Path, stem: str, report: dict[str, Any], raw: dict[str, Any]) -> Path:
+    """The summary (committed) and the per-request rows beside it (ignored by git)."""
+    rows_path = out / "rows" / f"{stem}.json"
+    rows_path.parent.mkdir(parents=True, exist_ok=True)
+    rows_path.write_text(json.dumps(raw))
+    report["rows_file"] = str(rows_path.relative_to(out))
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps(report, indent=1))
+    return path
+
+
+def _measure(name: str, router: Owned, fleet: Fleet, trace: list[Request], prompts: list[str],
+             args: argparse.Namespace, timing: Timing, work: Path
+             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One router's replay of the trace (with its kill schedule, if any): the rows and the
+    scored result, printed as a line."""
+    t0 = time.monotonic()
+    killer = _killer(args.kill_every, fleet, timing, name, work)
+    if killer is not None:
+        killer.begin(t0 + 0.5)  # replay's clock starts half a second from now
+    try:
+        rows = asyncio.run(replay(router.port, fleet.model, trace, prompts, args.timeout))
+    finally:
+        kills = killer.end() if killer is not None else None
+    wall = time.monotonic() - t0
+    result = score(rows, args.seconds, args.ttft, args.tpot)
+    result["roles"] = roles_moved(router.port)
+    if kills is not None:
+        result["kills"] = kills
+        result["journal"] = _journal_summary(work / name / "journal.jsonl")
+    o = result["overall"]
+    print(f"{name}: {o['attaining']}/{o['requests']} attain, goodput {o['goodput_rps']} req/s, "
+          f"{o['ok_200']} ok, {o['failed']} failed ({o['broken_streams']} broken after their "
+          f"200), wall {wall:.1f} s", flush=True)
+    return rows, result
+
+
 def _journal_summary(path: Path) -> dict[str, Any] | None:
     """A Narwhal row's journal: outcomes, and the streams continued on another engine after
     theirs broke (None for a router that writes no such journal)."""
@@ -403,27 +440,8 @@ def main() -> int:
             router = start_router(name, fleet, timing, slo, args.router_cpu, work)
             owned.append(router)
             print(f"{name}: ready in {router.extra.get('ready_s')} s", flush=True)
-            t0 = time.monotonic()
-            killer = _killer(args.kill_every, fleet, timing, name, work)
-            if killer is not None:
-                killer.begin(t0 + 0.5)  # replay's clock starts half a second from now
-            try:
-                rows = asyncio.run(replay(router.port, fleet.model, trace, prompts,
-                                          args.timeout))
-            finally:
-                kills = killer.end() if killer is not None else None
-            wall = time.monotonic() - t0
-            raw[name] = rows
-            results[name] = score(rows, args.seconds, args.ttft, args.tpot)
-            results[name]["roles"] = roles_moved(router.port)
-            if kills is not None:
-                results[name]["kills"] = kills
-                results[name]["journal"] = _journal_summary(work / name / "journal.jsonl")
-            o = results[name]["overall"]
-            print(f"{name}: {o['attaining']}/{o['requests']} attain, goodput "
-                  f"{o['goodput_rps']} req/s, {o['ok_200']} ok, {o['failed']} failed "
-                  f"({o['broken_streams']} broken after their 200), wall {wall:.1f} s",
-                  flush=True)
+            raw[name], results[name] = _measure(name, router, fleet, trace, prompts, args,
+                                                timing, work)
             router.stop()
             owned.remove(router)
             time.sleep(3.0)  # engines drain whatever a timed-out client left behind
@@ -443,13 +461,7 @@ def main() -> int:
                        "narwhal-inference-controller: unpinned, its own controller)",
               "requests": len(trace), "kill_every_s": args.kill_every or None, **meta,
               "results": results}
-    stem = f"goodput-{started.replace(':', '')}"
-    rows_path = args.out / "rows" / f"{stem}.json"  # per-request rows: ignored by git
-    rows_path.parent.mkdir(parents=True, exist_ok=True)
-    rows_path.write_text(json.dumps(raw))
-    report["rows_file"] = str(rows_path.relative_to(args.out))
-    path = args.out / f"{stem}.json"
-    path.write_text(json.dumps(report, indent=1))
+    path = _write(args.out, f"goodput-{started.replace(':', '')}", report, raw)
     print()
     print(table(results))
     print(f"\nwrote {path}" + (f"; scratch kept in {work}" if args.keep else ""))
