@@ -15,15 +15,18 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.browser import render
+from tests.lab import canary_drill as cd
 from tests.lab.fleet_up import GATE_ARGS, through
 from tests.lab.installing import Installer, rows
 from tests.lab.operator import NARWHAL
 
+from narwhal.deploy.gates import monitoring
 from narwhal.lab import lifecycle
 from narwhal.lab.faults import Faults
 from narwhal.lab.testing import ssh
@@ -31,6 +34,9 @@ from narwhal.lab.testing import ssh
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1200)]
 ENGINES = ["engine-1", "engine-2", "engine-3"]
 PAIRS = {f"{a}->{b}" for a in ENGINES for b in ENGINES if a != b}
+# The live KV canary drill's pair: engine-2 decodes what it pulls from engine-1 wrong
+PRODUCER, CONSUMER = "engine-1", "engine-2"
+CANARY_PAIR = f"{PRODUCER}->{CONSUMER}"
 PAIRS_BY_HOST = {f"node-{a}->node-{b}" for a in (1, 2, 3) for b in (1, 2, 3) if a != b}
 # What deploy does after one engine changed (the runbook's engine-restart row): that engine's
 # capture, attestation and profile, full preflight and the router; the fabric kept.
@@ -244,6 +250,137 @@ def test_the_router_follows_every_engine_s_kv_events_and_places_the_next_turn_on
     assert all(e["events"]["refused"] == e["events"]["gaps"] == 0 for e in engines.values())
     assert state["blind_requests"] == 0 and sum(state["decisions"].values()) >= 2, state
     assert sum(state["predicted_hit_tokens"].values()) > 0, state
+
+
+@dataclass(frozen=True)
+class _Drill:
+    """Where the canary drill reads and acts, from the fleet Gate G serves."""
+
+    base: str  # the router, as its host reaches it
+    prometheus: str
+    journal: str
+    period: float  # the fleet's kv_canary.interval_s
+    release_after: int
+    consumer_url: str
+    peer: str  # the producer's NIXL side channel, as the consumer's pulls name it
+
+
+def _drill(fleet: Installer) -> _Drill:
+    """The drill's addresses; Gate G run first if its router does not answer (this test run
+    alone)."""
+    plan = json.loads((fleet.op.last_attempt("serve") / "plan.json").read_text())
+    answer = _on_router(fleet, f"curl -s -o /dev/null -w '%{{http_code}}' "
+                               f"{plan['router_url']}/narwhal/state")
+    if answer != "200":
+        code, doc = fleet.op.json_command("serve")
+        assert code == 0, doc
+        plan = json.loads((fleet.op.last_attempt("serve") / "plan.json").read_text())
+    folder = _router_folder(fleet)
+    served = json.loads(_on_router(fleet, f"cat {folder}/fleet.json"))
+    # Gate F wrote the lab .env's NARWHAL_KV_CANARY_INTERVAL_S beside the reference
+    assert served["kv_canary"] == {"path": "kv-canary.json", "interval_s": 3.0}, served
+    record = json.loads((fleet.op.last_attempt("discover") / f"launch-{PRODUCER}.json")
+                        .read_text())
+    return _Drill(plan["router_url"], plan["prometheus_url"], f"{folder}/journal.jsonl",
+                  served["kv_canary"]["interval_s"],
+                  int(served["kv_canary"].get("release_after", 3)),
+                  next(e["url"] for e in served["engines"] if e["id"] == CONSUMER),
+                  f"{record['fabric_address']}:{record['ports']['nixl_side_channel']}")
+
+
+def _held(fleet: Installer, d: _Drill) -> list[str]:
+    return [k for k, p in cd.canary_state(fleet, d.base)["pairs"].items() if p["held"]]
+
+
+def _caught_alone(fleet: Installer, d: _Drill, faulted_at: float) -> dict[str, Any]:
+    """The pair held within two periods, its evidence the wrong answer; every other pair
+    probed since and none of them held."""
+    def held() -> dict[str, Any] | None:
+        got = cd.canary_state(fleet, d.base)["pairs"].get(CANARY_PAIR, {})
+        return got if got.get("held") else None
+
+    pair = cd.until(f"{CANARY_PAIR} held", held, 2 * d.period + 5, every=0.1)
+    assert pair["held_since"] - faulted_at <= 2 * d.period, (faulted_at, pair)
+    assert pair["verdict"] == "mismatch" and "the reference is" in pair["evidence"], pair
+
+    def others_probed() -> dict[str, Any] | None:
+        pairs = cd.canary_state(fleet, d.base)["pairs"]
+        return pairs if all(pairs.get(k, {}).get("last_probe_at", 0) > pair["held_since"]
+                            for k in PAIRS - {CANARY_PAIR}) else None
+
+    pairs = cd.until("every other pair probed again", others_probed, 2 * d.period + 5)
+    assert [k for k, p in pairs.items() if p["held"]] == [CANARY_PAIR], pairs
+    return pair
+
+
+def _no_request_over_the_pair(fleet: Installer, d: _Drill, since: float) -> None:
+    """Client streams after detection: every one 200 and whole, none split over the held
+    pair (the journal's engines per request), both its engines still serving."""
+    sent = cd.streams(fleet, d.base, "canary-after", 8)
+    assert [s[1:] for s in sent] == [[200, True]] * 8, sent
+
+    def journalled() -> list[dict[str, Any]] | None:
+        rows = cd.journal_rows(fleet, d.journal, "canary-after-")
+        return rows if len(rows) == 8 else None
+
+    assert all(r["outcome"] == "ok" for r in cd.until("8 rows journalled", journalled, 10))
+    later = [r for r in cd.journal_rows(fleet, d.journal, "canary-")
+             if r["received_at"] > since]
+    over = [r["request_id"] for r in later if r["mode"] == "split"
+            and (r["prefill_engine"], r["decode_engine"]) == (PRODUCER, CONSUMER)]
+    assert not over, over
+    assert any(r["mode"] == "split" for r in later), later  # the other pairs still carry KV
+    assert any(r["decode_engine"] == CONSUMER for r in later), later  # the engine serves
+
+
+def _alert_fires(fleet: Installer, d: _Drill, faulted_at: float) -> float:
+    """NarwhalKvPairHeld firing in the lab Prometheus for that pair alone: seconds from the
+    fault to its activeAt (held, then one scrape and one rule evaluation)."""
+    def firing() -> list[dict[str, Any]] | None:
+        alerts = cd.kv_pair_alerts(fleet, d.prometheus)
+        return alerts if any(a["state"] == "firing" for a in alerts) else None
+
+    margin = 2 * monitoring.SCRAPE_INTERVAL_S  # scrape, then evaluation (both every 5 s)
+    alerts = cd.until("NarwhalKvPairHeld firing", firing, 2 * d.period + margin + 5)
+    assert [(a["labels"]["producer"], a["labels"]["consumer"], a["state"]) for a in alerts] \
+        == [(PRODUCER, CONSUMER, "firing")], alerts
+    fired_s = cd.rfc3339(alerts[0]["activeAt"]) - faulted_at
+    assert fired_s <= 2 * d.period + margin, alerts
+    return fired_s
+
+
+def test_a_corrupt_kv_pair_is_held_alone_within_two_canary_periods_and_serves_no_request(
+        attested: Installer) -> None:
+    """Issue 41: engine-2 decodes the KV it pulls from engine-1 as another request's (the
+    emulator's corrupt_pulls: HTTP 200, wrong tokens). Within two canary periods the router
+    holds that pair alone, `narwhal status` names it with its evidence, the lab Prometheus
+    fires NarwhalKvPairHeld for it, and no client request sent afterwards is split over it.
+    Cleared, the pair is released after `release_after` passes and the alert resolves, so the
+    tests after this one find a healthy fleet."""
+    d = _drill(attested)
+    with cd.Load(attested, d.base, "canary-load"):
+        assert _held(attested, d) == []
+        faulted_at = time.time()
+        try:
+            faults = cd.corrupt_pulls(attested, d.consumer_url, d.peer)
+            assert faults["corrupt_pulls_from"] == d.peer, faults
+            pair = _caught_alone(attested, d, faulted_at)
+            _no_request_over_the_pair(attested, d, pair["held_since"])
+            code, doc = attested.op.json_command("status")
+            assert code == 0, doc
+            assert [(p["pair"], p["verdict"]) for p in doc["kv_pairs_held"]] == [
+                (CANARY_PAIR, "mismatch")], doc["kv_pairs_held"]
+            assert "the reference is" in doc["kv_pairs_held"][0]["evidence"]
+            fired_s = _alert_fires(attested, d, faulted_at)
+        finally:
+            cleared = cd.corrupt_pulls(attested, d.consumer_url, None)
+        assert cleared["corrupt_pulls_from"] is None, cleared
+        cd.until(f"{CANARY_PAIR} released", lambda: _held(attested, d) == [],
+                 (d.release_after + 2) * d.period + 5)
+    cd.until("NarwhalKvPairHeld resolved", lambda: not cd.kv_pair_alerts(attested, d.prometheus),
+             2 * monitoring.SCRAPE_INTERVAL_S + 5)
+    print(f"kv canary drill: held {pair['held_since'] - faulted_at:.2f} s and the alert "
+          f"firing {fired_s:.2f} s after the fault (period {d.period:g} s)")
 
 
 def test_an_engine_reached_from_the_router_host_needs_the_engine_key(

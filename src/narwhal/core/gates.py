@@ -50,7 +50,8 @@ GATE_INPUTS: dict[str, tuple[str, ...]] = {
     # every saved profile measured keeps the profiles and the full preflight (the runbook's
     # first repeat-work row); one beyond is a measured input, judged against the saved
     # profiles by `narwhal status` (deploy/gates/preflight.uncovered), not a digest here.
-    "preflight": ("slo",),
+    # kv-canary: the canary's period, which Gate F writes into the fleet the router serves
+    "preflight": ("slo", "kv-canary"),
     "serve": ("router", "slo"),
 }
 

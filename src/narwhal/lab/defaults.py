@@ -76,5 +76,7 @@ def default_spec_document() -> dict[str, Any]:
             },
             "model": {"name": "narwhal-lab/tiny-llama", "dir": "/srv/models/tiny-llama",
                       "config": _MODEL_CONFIG},
+            # a corrupt pair is caught within two canary periods: 6 s here, not 2 minutes
+            "kv_canary_interval_s": 3,
         },
     )

@@ -56,6 +56,8 @@ def env_pairs(plan: LabPlan, *, reveal: bool) -> list[tuple[str, str]]:
     ]
     if spec.ports.kv_events is not None:
         pairs.append(("NARWHAL_KV_EVENTS_PORT", str(spec.ports.kv_events)))
+    if spec.kv_canary_interval_s is not None:
+        pairs.append(("NARWHAL_KV_CANARY_INTERVAL_S", f"{spec.kv_canary_interval_s:g}"))
     return pairs
 
 

@@ -136,6 +136,9 @@ class LabSpec(_Strict):
     model: Model
     run_dir: AbsPath = "/srv/narwhal-run"
     ports: Ports = Ports()
+    # the `.env`'s NARWHAL_KV_CANARY_INTERVAL_S (the router's canary probes each pair once per
+    # this many seconds while it serves); None: the product's default
+    kv_canary_interval_s: Annotated[float, Field(ge=0.1, le=86_400)] | None = None
 
     def engines(self) -> list[Host]:
         return [h for h in self.hosts if h.role == "engine"]

@@ -23,6 +23,7 @@ from narwhal.deploy.gates import monitoring
 from narwhal.deploy.gates.attest import sidecars_reached_at
 from narwhal.deploy.gates.discover_checks import all_problems
 from narwhal.deploy.gates.generated import fleet_draft, launch_record
+from narwhal.deploy.gates.preflight import kv_canary
 from narwhal.deploy.gates.serve import DEFAULT_ROUTER_URL, url_bind
 from narwhal.deploy.gates.transfer import transfer_paths
 from narwhal.deploy.hosts.sessions import known_hosts_path, physical_hosts
@@ -99,6 +100,7 @@ CHANGES: dict[str, tuple[dict[str, Any], str | None, str]] = {
     "GRAFANA_BIND_ADDRESS": ({}, None, "10.0.0.5"),
     "PROMETHEUS_LISTEN_ADDRESS": ({}, None, "127.0.0.1:9191"),
     "SHARED_GPU_ALLOWANCE": (SHARED_HOST, None, "true"),
+    "KV_CANARY_INTERVAL_S": ({}, None, "3"),
     "WORKLOAD_PROMPT_TOKENS": ({}, None, "4096"),
     "WORKLOAD_HANDOFFS_PER_S": ({}, None, "20"),
     "WORKLOAD_BURST": ({}, None, "8"),
@@ -193,6 +195,7 @@ def artifacts(text: str, tmp: Path) -> dict[str, Any]:
         "prometheus": [f"--web.listen-address={listen}", monitoring.reached_at(listen)],
         "grafana": monitoring.grafana_server_ini(inputs.grafana_bind_address),
         "sidecars": sidecars_reached_at(inputs),
+        "kv canary": kv_canary(inputs.kv_canary_interval_s),  # Gate F's calibrated fleet
         "budget": payload_budget(kvb.uniform_payload(4096, inputs.workload.prompt_tokens, 16),
                                  inputs.workload).required_gbps,
     }

@@ -90,6 +90,8 @@ def run_inputs(args: argparse.Namespace) -> int:
     console.print(f"workload: {load.prompt_tokens} prompt tokens, {load.handoffs_per_s:g} "
                   f"handoffs/s, burst {load.burst:g}, transfer budget "
                   f"{load.transfer_budget_ms:g} ms, headroom {load.headroom:g}")
+    console.print(f"kv canary: each producer -> consumer pair probed once per "
+                  f"{inputs.kv_canary_interval_s:g} s while the router serves")
     secrets = ", ".join(sorted({s.name for s in inputs.secrets()})) or "none"
     console.print(f"secrets held (values never shown): {secrets}")
     return EXIT_OK

@@ -4,7 +4,8 @@ Plan (recorded first): the router host, the folder of this prepared run the rout
 from, and every engine. Execute, over the router host's session only (the peer that will rely
 on what is measured):
 1. the fleet document there: Gate E's finalised fleet with the SLO the `.env` says now and
-   `profiles.path`, and Gate C's captures with Gate A's launch records beside it;
+   `profiles.path`, and Gate C's captures with Gate A's launch records beside it (the
+   calibrated fleet also names the live KV canary's reference and the `.env`'s period);
 2. which engines need profiling: all when there is no store yet, else those whose row the
    profile gate of `narwhal-check --only profile` does not bind to the live generation (the
    engine version, process start and attestation digest): a restarted engine is profiled
@@ -34,7 +35,7 @@ from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
-from narwhal.deploy.inputs.model import Inputs
+from narwhal.deploy.inputs.model import KV_CANARY_INTERVAL_S, Inputs
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
 
@@ -64,11 +65,14 @@ class PreflightPlan:
     # tokenizer/<name> -> bytes: Gate A's copy of the checkpoint's tokenizer, when engines
     # publish KV events (the router keys prompts with it; deploy/gates/tokenizer.py)
     tokenizer: dict[str, bytes] = field(default_factory=dict)
+    # the live KV canary's period (NARWHAL_KV_CANARY_INTERVAL_S), written with its reference
+    canary_interval_s: float = KV_CANARY_INTERVAL_S
 
     def document(self) -> dict[str, Any]:
         return {"router_host": self.router, "engines": [e["id"] for e in self.fleet["engines"]],
                 "slo": self.fleet["slo"], "profiles": self.fleet["profiles"],
                 "profile_cover_tokens": self.cover, "captures": sorted(self.files),
+                "kv_canary_interval_s": self.canary_interval_s,
                 **({"tokenizer": sorted(self.tokenizer)} if self.tokenizer else {})}
 
 
@@ -89,7 +93,13 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
         fleet["prefix_cache"] = {**fleet.get("prefix_cache", {}),
                                  "tokenizer_dir": tok.ROUTER_DIR}
     return PreflightPlan(router_host, install, fleet, files, inputs.workload.prompt_tokens,
-                         tokenizer)
+                         tokenizer, inputs.kv_canary_interval_s)
+
+
+def kv_canary(interval_s: float) -> dict[str, Any]:
+    """The fleet's kv_canary section once the calibration wrote the reference beside it. Only
+    the calibrated fleet has one: the fleet narwhal-check is given before holds no reference."""
+    return {"path": CANARY, "interval_s": interval_s}
 
 
 def router_tokenizer(ledger: Ledger) -> dict[str, bytes]:
@@ -267,7 +277,7 @@ def calibrate(folder: RouterFolder, p: PreflightPlan, progress: Progress) -> flo
     named: dict[str, Any] = {"calibration": {"path": CALIBRATION}}
     if folder.host.stat_file(canary) is not None:  # a fleet with at least one pair
         folder.attempt.add_artifact(CANARY, _read(folder.host, canary))
-        named["kv_canary"] = {**p.fleet.get("kv_canary", {}), "path": CANARY}
+        named["kv_canary"] = {**p.fleet.get("kv_canary", {}), **kv_canary(p.canary_interval_s)}
     final = canonical_json({**p.fleet, **named}).encode() + b"\n"
     folder.host.put(final, folder.fleet, exclusive=False)
     folder.attempt.add_artifact("fleet-calibrated.json", final)

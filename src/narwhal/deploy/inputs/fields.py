@@ -30,6 +30,9 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # read "1_0" as 10 and "١" as 1), no hex.
 DECIMAL_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
 MAX_DIGITS = 18
+# The canary's period, bounded as the fleet's kv_canary.interval_s is (core/fleet.KvCanaryRef),
+# so a value the .env accepts is one the router accepts.
+CANARY_MIN_S, CANARY_MAX_S = 0.1, 86_400.0
 
 # How to fix each field, shown beside the problem.
 FIXES: dict[str, str] = {
@@ -67,6 +70,9 @@ FIXES: dict[str, str] = {
     "prometheus_listen_address": "write HOST:PORT as Prometheus' --web.listen-address takes "
                                  "it, e.g. 127.0.0.1:9090 or :9090",
     "shared_gpu_allowance": "write true or false",
+    "kv_canary_interval_s": f"give the seconds in which the router's KV canary probes each "
+                            f"producer -> consumer pair once, a number from {CANARY_MIN_S:g} "
+                            f"to {CANARY_MAX_S:g} (default 60)",
     "workload_prompt_tokens": "give the typical prompt length in tokens, a whole number from 1 "
                               "to 10000000 (default 1024)",
     "workload_handoffs_per_s": "give the mean KV handoffs per second, a number above 0 "
@@ -179,6 +185,13 @@ def _positive_seconds(value: Any) -> float:
     return number
 
 
+def _canary_interval(value: Any) -> float:
+    number = _finite(value)
+    if not CANARY_MIN_S <= number <= CANARY_MAX_S:
+        raise ValueError(f"is not a number of seconds from {CANARY_MIN_S:g} to {CANARY_MAX_S:g}")
+    return number
+
+
 def _above_zero(value: Any) -> float:
     number = _finite(value)
     if number <= 0:
@@ -230,6 +243,7 @@ DeviceList = Annotated[tuple[str, ...], BeforeValidator(jsonfields.device_list)]
 BlockSize = Annotated[int, BeforeValidator(_whole), AfterValidator(_block_size)]
 Fraction = Annotated[float, BeforeValidator(_fraction)]
 Seconds = Annotated[float, BeforeValidator(_positive_seconds)]
+CanaryInterval = Annotated[float, BeforeValidator(_canary_interval)]
 AboveZero = Annotated[float, BeforeValidator(_above_zero)]
 AtLeastOne = Annotated[float, BeforeValidator(_at_least_one)]
 PromptTokens = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=10_000_000)]

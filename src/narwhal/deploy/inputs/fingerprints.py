@@ -54,6 +54,8 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
                      "keys": sorted({k for k in [inputs.ssh_key, inputs.router.ssh_key,
                                                  *[e.ssh_key for e in engines]] if k})},
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
+        # Gate F writes it as the fleet's kv_canary.interval_s; the router reads it at start
+        "kv-canary": {"interval_s": inputs.kv_canary_interval_s},
         "router": {"url": inputs.router.url,
                    **({"standby_url": inputs.router.standby_url}
                       if inputs.router.standby_url else {}),

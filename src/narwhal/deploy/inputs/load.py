@@ -356,7 +356,8 @@ def parse_inputs(text: str, source: Path) -> Inputs:
         ssh_key=reader.globals.get("SSH_KEY"), known_hosts=known_hosts,
         connect_timeout_s=timeout, ttft_s=ttft, tpot_s=tpot,
         engine_key=engine_key, hf_token=reader._secret("HF_TOKEN"),
-        workload=workload, masked_env=masked_env(text), **optional,
+        workload=workload, masked_env=masked_env(text),
+        **{attr: v for attr, v in optional.items() if v is not None},  # unset: Inputs' default
     )
 
 

@@ -55,6 +55,7 @@ class EngineInputs(_Frozen):
 
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:8000"  # the private path, reached through the tunnel
+KV_CANARY_INTERVAL_S = 60.0  # core/fleet.KvCanaryRef.interval_s's default
 
 
 class RouterInputs(_Frozen):
@@ -104,6 +105,9 @@ class Inputs(_Frozen):
     grafana_bind_address: str | None = None
     prometheus_listen_address: str | None = None
     shared_gpu_allowance: bool | None = None
+    # seconds in which the router's live KV canary probes each ordered pair once (Gate F
+    # writes it as the fleet's kv_canary.interval_s); the default is that field's own
+    kv_canary_interval_s: float = KV_CANARY_INTERVAL_S
     workload: Workload = Workload()
     # The `.env` text as read, every secret masked (inputs/masked.py): what each ledger attempt
     # keeps a copy of. Left out of dumps (`narwhal inputs --json` shows the values themselves).

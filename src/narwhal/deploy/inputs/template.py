@@ -51,6 +51,11 @@ NARWHAL_UCX_TCP_PORT_RANGE=30000-30100
 # NARWHAL_PROMETHEUS_LISTEN_ADDRESS=127.0.0.1:9090
 # NARWHAL_SHARED_GPU_ALLOWANCE=false
 
+# Live KV canary (optional): while the router serves, each ordered producer -> consumer pair
+# is probed once per this many seconds (0.1 to 86400) and a pair that answers wrong, recomputes
+# or fails is held out of placement. Gate F writes it into the fleet; a change repeats F and G.
+# NARWHAL_KV_CANARY_INTERVAL_S=60
+
 # Service level objectives (seconds).
 NARWHAL_TTFT_S=10
 NARWHAL_TPOT_S=0.125

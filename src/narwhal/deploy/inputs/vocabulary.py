@@ -55,7 +55,7 @@ GLOBAL_ONLY: set[str] = {
     "DEPLOYMENT", "DEPLOYMENT_REVISION", "ROUTER_SSH", "ROUTER_SSH_PASSWORD", "ROUTER_SSH_KEY",
     "ROUTER_URL", "ROUTER_STANDBY_URL", "ROUTER_API_KEY", "SSH_KEY", "SSH_KNOWN_HOSTS", "SSH_CONNECT_TIMEOUT",
     "TTFT_S", "TPOT_S", "ENGINE_KEY", "HF_TOKEN", "GRAFANA_BIND_ADDRESS",
-    "PROMETHEUS_LISTEN_ADDRESS", "SHARED_GPU_ALLOWANCE",
+    "PROMETHEUS_LISTEN_ADDRESS", "SHARED_GPU_ALLOWANCE", "KV_CANARY_INTERVAL_S",
 }
 # Variables outside the NARWHAL_ namespace that the .env may hold.
 OTHER_KNOWN: set[str] = set()
@@ -72,6 +72,8 @@ OPTIONAL_TYPED: dict[str, tuple[str, Any]] = {
     "NARWHAL_GRAFANA_BIND_ADDRESS": ("grafana_bind_address", f.IpText),
     "NARWHAL_PROMETHEUS_LISTEN_ADDRESS": ("prometheus_listen_address", f.ListenAddress),
     "NARWHAL_SHARED_GPU_ALLOWANCE": ("shared_gpu_allowance", f.Boolean),
+    # the fleet's kv_canary.interval_s, which Gate F writes (each pair probed once per interval)
+    "NARWHAL_KV_CANARY_INTERVAL_S": ("kv_canary_interval_s", f.CanaryInterval),
 }
 
 
