@@ -265,16 +265,23 @@ class _Drill:
     peer: str  # the producer's NIXL side channel, as the consumer's pulls name it
 
 
-def _drill(fleet: Installer) -> _Drill:
-    """The drill's addresses; Gate G run first if its router does not answer (this test run
-    alone)."""
-    plan = json.loads((fleet.op.last_attempt("serve") / "plan.json").read_text())
-    answer = _on_router(fleet, f"curl -s -o /dev/null -w '%{{http_code}}' "
-                               f"{plan['router_url']}/narwhal/state")
-    if answer != "200":
-        code, doc = fleet.op.json_command("serve")
-        assert code == 0, doc
+def _served_plan(fleet: Installer) -> dict[str, Any]:
+    """Gate G's plan, its router answering: Gate G is run first when it has not run or its
+    router does not answer (this test run without the ones before it)."""
+    if "serve" in _attempts(fleet.op):
         plan = json.loads((fleet.op.last_attempt("serve") / "plan.json").read_text())
+        answer = _on_router(fleet, f"curl -s -o /dev/null -w '%{{http_code}}' "
+                                   f"{plan['router_url']}/narwhal/state")
+        if answer == "200":
+            return dict(plan)
+    code, doc = fleet.op.json_command("serve")
+    assert code == 0, doc
+    return dict(json.loads((fleet.op.last_attempt("serve") / "plan.json").read_text()))
+
+
+def _drill(fleet: Installer) -> _Drill:
+    """Where the drill reads and acts, and the canary's settings as Gate F wrote them."""
+    plan = _served_plan(fleet)
     folder = _router_folder(fleet)
     served = json.loads(_on_router(fleet, f"cat {folder}/fleet.json"))
     # Gate F wrote the lab .env's NARWHAL_KV_CANARY_INTERVAL_S beside the reference
