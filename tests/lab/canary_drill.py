@@ -19,32 +19,42 @@ from tests.lab.installing import Installer
 from narwhal.lab.testing import ssh
 
 T = TypeVar("T")
-# Run on the router host: streaming completions through the router, one after another (argv[1]
-# its base URL, the tenant key read from the file argv[2], the model argv[3]), request ids
-# argv[4]-<n>: argv[5] of them, or fewer once the file argv[6] exists. Each prompt starts with
-# its own number, so no prefix cache makes it run whole. One line per request: [id, HTTP status
-# (0: no answer), whether its stream ended with `data: [DONE]`].
-STREAMS = """import json, os, sys, urllib.error, urllib.request
-base, key_file, model, prefix, count, stop = sys.argv[1:7]
+# Run on the router host: streaming completions through the router (argv[1] its base URL, the
+# tenant key read from the file argv[2], the model argv[3]) with request ids argv[4]-<n>,
+# argv[5] of them or fewer once the file argv[6] exists, from argv[7] clients at once (each
+# sends its next when its last ended), argv[8] tokens each. Each prompt starts with its own
+# number, so no prefix cache makes it run whole. One line per request: [id, HTTP status (0: no
+# answer), whether its stream ended with `data: [DONE]`].
+STREAMS = """import itertools, json, os, sys, threading, urllib.error, urllib.request
+base, key_file, model, prefix, count, stop, clients, tokens = sys.argv[1:9]
 key = open(key_file).read().strip()
 words = "the sea and the ships of the world sail on to the far land".split()
-for n in range(int(count)):
-    if os.path.exists(stop):
-        break
-    rid = f"{prefix}-{n}"
-    prompt = f"request {n}: " + " ".join(words[(n + k) % len(words)] for k in range(200))
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 8, "stream": True})
-    req = urllib.request.Request(base + "/v1/completions", data=body.encode(), headers={
-        "Content-Type": "application/json", "Authorization": "Bearer " + key,
-        "x-request-id": rid})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as reply:
-            ended = reply.read().rstrip().endswith(b"data: [DONE]")
-            print(json.dumps([rid, reply.status, ended]), flush=True)
-    except urllib.error.HTTPError as e:
-        print(json.dumps([rid, e.code, False]), flush=True)
-    except OSError:
-        print(json.dumps([rid, 0, False]), flush=True)
+numbers, printing = itertools.count(), threading.Lock()
+def client():
+    for n in numbers:
+        if n >= int(count) or os.path.exists(stop):
+            return
+        rid = f"{prefix}-{n}"
+        prompt = f"request {n}: " + " ".join(words[(n + k) % len(words)] for k in range(200))
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": int(tokens),
+                           "stream": True})
+        req = urllib.request.Request(base + "/v1/completions", data=body.encode(), headers={
+            "Content-Type": "application/json", "Authorization": "Bearer " + key,
+            "x-request-id": rid})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as reply:
+                got = [rid, reply.status, reply.read().rstrip().endswith(b"data: [DONE]")]
+        except urllib.error.HTTPError as e:
+            got = [rid, e.code, False]
+        except OSError:
+            got = [rid, 0, False]
+        with printing:
+            print(json.dumps(got), flush=True)
+threads = [threading.Thread(target=client) for _ in range(int(clients))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
 """
 SCRIPT = "/tmp/narwhal-canary-streams.py"
 STOP = "/tmp/narwhal-canary-streams.stop"
@@ -56,21 +66,28 @@ def on_router(fleet: Installer, command: str, timeout: float = 30.0) -> str:
     return str(done.stdout).strip()
 
 
-def _streams_argv(fleet: Installer, base: str, prefix: str, count: int) -> str:
+def streams(fleet: Installer, base: str, prefix: str, count: int, clients: int,
+            tokens: int) -> list[list[Any]]:
+    """`count` streaming completions through the router from `clients` clients at once:
+    [id, status, ended] each."""
     key = f"{fleet.secrets_dir()}/NARWHAL_ROUTER_API_KEY"
-    return shlex.join(["python3", SCRIPT, base, key, fleet.op.plan.spec.model.name, prefix,
-                       str(count), STOP])
-
-
-def streams(fleet: Installer, base: str, prefix: str, count: int) -> list[list[Any]]:
-    """`count` streaming completions through the router, in turn: [id, status, ended]."""
-    out = on_router(fleet, _streams_argv(fleet, base, prefix, count), timeout=120)
+    argv = ["python3", SCRIPT, base, key, fleet.op.plan.spec.model.name, prefix, str(count),
+            STOP, str(clients), str(tokens)]
+    out = on_router(fleet, shlex.join(argv), timeout=120)
     return [json.loads(line) for line in out.splitlines()]
 
 
+def put_streams(fleet: Installer) -> None:
+    """The client script on the router host, and no stop file left from an earlier run."""
+    done = ssh(fleet.op.plan, fleet.lab_host("router"),
+               f"rm -f {STOP} && cat > {SCRIPT} <<'PY'\n{STREAMS}PY")
+    assert done.returncode == 0, done.stderr
+
+
 class Load:
-    """Client streams through the router, one after another, until the block ends: the canary
-    probes only while the router serves (a request in flight or one ended since its last)."""
+    """Client streams through the router from three clients at once until the block ends:
+    the canary probes only while the router serves (a request in flight or one ended since its
+    last probe), and with several streams at once the router splits requests over the pairs."""
 
     def __init__(self, fleet: Installer, base: str, prefix: str) -> None:
         self.fleet, self.base, self.prefix = fleet, base, prefix
@@ -78,12 +95,10 @@ class Load:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        self.sent = streams(self.fleet, self.base, self.prefix, 100_000)
+        self.sent = streams(self.fleet, self.base, self.prefix, 100_000, 3, 16)
 
     def __enter__(self) -> Load:
-        done = ssh(self.fleet.op.plan, self.fleet.lab_host("router"),
-                   f"rm -f {STOP} && cat > {SCRIPT} <<'PY'\n{STREAMS}PY")
-        assert done.returncode == 0, done.stderr
+        put_streams(self.fleet)
         self._thread.start()
         return self
 

@@ -14,6 +14,7 @@ import shlex
 import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,24 +321,30 @@ def _caught_alone(fleet: Installer, d: _Drill, faulted_at: float) -> dict[str, A
     return pair
 
 
-def _no_request_over_the_pair(fleet: Installer, d: _Drill, since: float) -> None:
-    """Client streams after detection: every one 200 and whole, none split over the held
-    pair (the journal's engines per request), both its engines still serving."""
-    sent = cd.streams(fleet, d.base, "canary-after", 8)
-    assert [s[1:] for s in sent] == [[200, True]] * 8, sent
+def _placed(rows: list[dict[str, Any]]) -> Counter[str]:
+    """How rows were placed: `prefill->decode` per split request, `single engine` otherwise."""
+    return Counter(f"{r['prefill_engine']}->{r['decode_engine']}" if r["mode"] == "split"
+                   else f"single {r['decode_engine']}" for r in rows)
+
+
+def _no_request_over_the_pair(fleet: Installer, d: _Drill, since: float) -> Counter[str]:
+    """Client streams after detection, four at once: every one 200 and whole, none split
+    over the held pair (the journal's engines per request), its consumer still serving and
+    the other pairs still carrying KV. How the requests since were placed, returned."""
+    sent = cd.streams(fleet, d.base, "canary-after", 12, 4, 24)
+    assert sorted(s[1:] for s in sent) == [[200, True]] * 12, sent
 
     def journalled() -> list[dict[str, Any]] | None:
         rows = cd.journal_rows(fleet, d.journal, "canary-after-")
-        return rows if len(rows) == 8 else None
+        return rows if len(rows) == 12 else None
 
-    assert all(r["outcome"] == "ok" for r in cd.until("8 rows journalled", journalled, 10))
-    later = [r for r in cd.journal_rows(fleet, d.journal, "canary-")
-             if r["received_at"] > since]
-    over = [r["request_id"] for r in later if r["mode"] == "split"
-            and (r["prefill_engine"], r["decode_engine"]) == (PRODUCER, CONSUMER)]
-    assert not over, over
-    assert any(r["mode"] == "split" for r in later), later  # the other pairs still carry KV
-    assert any(r["decode_engine"] == CONSUMER for r in later), later  # the engine serves
+    assert all(r["outcome"] == "ok" for r in cd.until("12 rows journalled", journalled, 10))
+    placed = _placed([r for r in cd.journal_rows(fleet, d.journal, "canary-")
+                      if r["received_at"] > since])
+    assert placed[CANARY_PAIR] == 0, placed
+    assert any("->" in k for k in placed), placed  # the other pairs still carry KV
+    assert any(k.endswith(f"->{CONSUMER}") or k == f"single {CONSUMER}" for k in placed), placed
+    return placed
 
 
 def _alert_fires(fleet: Installer, d: _Drill, faulted_at: float) -> float:
@@ -372,7 +379,7 @@ def test_a_corrupt_kv_pair_is_held_alone_within_two_canary_periods_and_serves_no
             faults = cd.corrupt_pulls(attested, d.consumer_url, d.peer)
             assert faults["corrupt_pulls_from"] == d.peer, faults
             pair = _caught_alone(attested, d, faulted_at)
-            _no_request_over_the_pair(attested, d, pair["held_since"])
+            placed = _no_request_over_the_pair(attested, d, pair["held_since"])
             code, doc = attested.op.json_command("status")
             assert code == 0, doc
             assert [(p["pair"], p["verdict"]) for p in doc["kv_pairs_held"]] == [
@@ -387,7 +394,8 @@ def test_a_corrupt_kv_pair_is_held_alone_within_two_canary_periods_and_serves_no
     cd.until("NarwhalKvPairHeld resolved", lambda: not cd.kv_pair_alerts(attested, d.prometheus),
              2 * monitoring.SCRAPE_INTERVAL_S + 5)
     print(f"kv canary drill: held {pair['held_since'] - faulted_at:.2f} s and the alert "
-          f"firing {fired_s:.2f} s after the fault (period {d.period:g} s)")
+          f"firing {fired_s:.2f} s after the fault (period {d.period:g} s); placed while "
+          f"held: {dict(placed)}")
 
 
 def test_an_engine_reached_from_the_router_host_needs_the_engine_key(
