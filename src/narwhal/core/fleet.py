@@ -95,6 +95,14 @@ class Serving(StrictModel):
     stall_steps: int = Field(default=50, ge=1, le=100_000)
     stall_floor_s: float = Field(default=2.0, gt=0, le=3600)
     continue_midstream: bool = True
+    # A leg's first byte is awaited for what it carries (docs/router.md "Deadlines"): a prefill
+    # `deadline_factor` times the TTFT placement predicted for it (never under
+    # `deadline_floor_s`); a decode leg that pulls KV over a pair that has handed off before,
+    # the handoff budget Gate D proved every edge meets plus the stall allowance; the fixed
+    # timeouts above are the caps, and what a leg gets when nothing predicted it.
+    deadline_factor: float = Field(default=4.0, ge=1, le=100)
+    deadline_floor_s: float = Field(default=5.0, gt=0, le=3600)
+    handoff_budget_s: float | None = Field(default=None, gt=0, le=3600)
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     upstream_keepalive_s: float = Field(default=4.0, gt=0, le=3600)
     prompt_length: Literal["prefill_usage", "tokenize"] = "prefill_usage"

@@ -119,7 +119,8 @@ def test_nixl_fault_flags_are_set_and_cleared(engines: StartEngine) -> None:
     faults = post(engine, "/emu/fault", {"fault": "clear"}).json()["faults"]
     assert faults == {"refuse_handshakes": False, "drop_lease_early": False,
                       "recompute_instead_of_pull": False, "stale_peer": False, "hung": False,
-                      "slow_factor": 1.0, "wrong_model": None, "corrupt_pulls_from": None}
+                      "slow_factor": 1.0, "wrong_model": None, "corrupt_pulls_from": None,
+                      "cut_pulls_from": None}
 
 
 def test_corrupt_pulls_names_its_producer_or_every_one_and_clears(engines: StartEngine) -> None:
@@ -132,6 +133,18 @@ def test_corrupt_pulls_names_its_producer_or_every_one_and_clears(engines: Start
     assert off["faults"]["corrupt_pulls_from"] is None
     bad = post(engine, "/emu/fault", {"fault": "corrupt_pulls", "peer": ""})
     assert bad.status == 400
+
+
+def test_cut_pulls_names_its_producer_or_every_one_and_clear_mends_it(
+        engines: StartEngine) -> None:
+    engine = engines()
+    said = post(engine, "/emu/fault", {"fault": "cut_pulls", "peer": "engine-1"})
+    assert said.json()["faults"]["cut_pulls_from"] == "engine-1"
+    assert post(engine, "/emu/fault", {"fault": "cut_pulls"}).json()["faults"][
+        "cut_pulls_from"] == "*"
+    assert post(engine, "/emu/fault", {"fault": "clear"}).json()["faults"][
+        "cut_pulls_from"] is None
+    assert post(engine, "/emu/fault", {"fault": "cut_pulls", "peer": "x" * 257}).status == 400
 
 
 @pytest.mark.parametrize("body", [{"fault": "explode"}, {"fault": "slow", "factor": -1},

@@ -30,6 +30,7 @@ class Metrics:
     notifications_failed: int = 0
     expired: int = 0
     after_expiry: int = 0
+    held_blocks: int = 0
 
     def transfer_done(self, outcome: PullOutcome) -> None:
         self.done.append(outcome)
@@ -45,6 +46,9 @@ class Metrics:
 
     def notification_after_expiry(self) -> None:
         self.after_expiry += 1
+
+    def kv_held(self, blocks: int, capacity: int) -> None:
+        self.held_blocks = blocks
 
 
 @dataclass

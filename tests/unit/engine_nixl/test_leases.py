@@ -33,6 +33,18 @@ def test_held_blocks_are_freed_by_the_readers_notification() -> None:
     assert metrics.after_expiry == 0
 
 
+def test_held_blocks_are_reported_as_used_until_read_or_expired() -> None:
+    leases, clock, metrics, _ = table(lease=1.0)
+    leases.hold("req-1", [3], 306)
+    leases.hold("req-2", [2], 200)
+    assert metrics.held_blocks == 5  # counted in the engine's vllm:kv_cache_usage_perc
+    leases.notified("req-1")
+    assert metrics.held_blocks == 2
+    clock.now += 2
+    leases.sweep()
+    assert metrics.held_blocks == 0
+
+
 def test_an_unread_lease_expires_with_vllms_line_and_counts() -> None:
     leases, clock, metrics, lines = table(lease=30.0)
     leases.hold("req-1", [3], 306)

@@ -102,11 +102,15 @@ def test_a_stale_connection_after_the_client_left_is_neither_blamed_nor_sent_aga
 
 def test_the_kv_a_producer_holds_is_taken_back_whenever_no_decode_leg_will_read_it() -> None:
     releasing = {name for name, d in every_decision().items() if d.release_kv}
+    # a decode leg that failed or timed out before its first byte settles only when no
+    # retry carries the KV to another consumer: then a release leg reads it
     assert releasing == {"decode/rejected", "gone_before_decode", "context_too_long",
-                         "decode/stale_connection_client_gone",
+                         "decode/stale_connection_client_gone", "decode/failed",
+                         "decode/timeout",
                          "decode/rejected@shutdown", "gone_before_decode@shutdown",
                          "context_too_long@shutdown",
-                         "decode/stale_connection_client_gone@shutdown"}
+                         "decode/stale_connection_client_gone@shutdown",
+                         "decode/failed@shutdown", "decode/timeout@shutdown"}
 
 
 def test_an_engine_s_own_4xx_reaches_the_client_as_it_wrote_it() -> None:

@@ -325,6 +325,14 @@ def test_a_kv_canary_section_that_is_not_one_names_its_field(section: Any, named
 @pytest.mark.parametrize(("section", "named"), [
     ({"stall_steps": 0}, "serving.stall_steps"), ({"stall_floor_s": 0}, "serving.stall_floor_s"),
     ({"continue_midstream": "yes"}, "serving.continue_midstream"),
+    ({"deadline_factor": 0.5}, "serving.deadline_factor"),
+    ({"deadline_factor": float("nan")}, "serving.deadline_factor"),
+    ({"deadline_floor_s": 0}, "serving.deadline_floor_s"),
+    ({"deadline_floor_s": 1e9}, "serving.deadline_floor_s"),
+    ({"handoff_budget_s": 0}, "serving.handoff_budget_s"),
+    ({"handoff_budget_s": -1}, "serving.handoff_budget_s"),
+    ({"handoff_budget_s": "1s"}, "serving.handoff_budget_s"),
+    ({"handoff_budget_s": 1e300}, "serving.handoff_budget_s"),
 ])
 def test_stall_and_continuation_settings_are_bounded(section: dict[str, Any], named: str) -> None:
     assert any(p.startswith(named) for p in _problems(_with(serving=section)))

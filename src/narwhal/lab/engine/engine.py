@@ -246,6 +246,9 @@ class Engine:
             await self._park()
         self.metrics.fetching(1)
         try:
+            cut = self.faults.cut_gate(params)
+            if cut is not None:  # fault cut_pulls: nothing moves until the edge is back
+                await cut
             outcome = await connector.pull(params, prompt_ids, internal)
         except KvLoadFailed as exc:
             self.log.error("%s", exc.log_line, extra=at("pull_worker.py:512", ENGINE_CORE))

@@ -15,6 +15,11 @@ if it held another request's blocks (the last prompt it pulled, as vllm#52234; t
 its prompt with the last token repeated): the transfer itself succeeds and every counter says
 so, only the answer is wrong (HTTP 200 with wrong tokens).
 
+cut_pulls (the same optional `peer`) is a cut fabric edge from that producer to this consumer:
+a pull from it starts (the request counts as fetching) and then waits, moving nothing, until
+the fault is cleared, when it goes on as a link that came back would; only the client leaving
+or the engine's death ends it sooner.
+
 Engine-level faults: crash (exit at once, like a dead engine core), hang (no HTTP answer,
 /health included, and no scheduler progress; the /emu routes still answer so a test can clear
 it), slow (every step costs `factor` times more), wrong_model (serve another model name).
@@ -32,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 FLAG_FAULTS = ("refuse_handshakes", "drop_lease_early", "recompute_instead_of_pull", "stale_peer")
 FaultName = Literal["crash", "hang", "slow", "wrong_model", "refuse_handshakes",
                     "drop_lease_early", "recompute_instead_of_pull", "stale_peer",
-                    "corrupt_pulls", "clear"]
+                    "corrupt_pulls", "cut_pulls", "clear"]
 
 
 class FaultCommand(BaseModel):
@@ -45,7 +50,8 @@ class FaultCommand(BaseModel):
     factor: float = Field(default=10.0, gt=0)  # slow
     model: str | None = Field(default=None, min_length=1)  # wrong_model: the name to serve
     exit_code: int = Field(default=1, ge=0, le=255)  # crash
-    peer: str | None = Field(default=None, min_length=1, max_length=256)  # corrupt_pulls
+    # corrupt_pulls, cut_pulls
+    peer: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 @dataclass
@@ -60,9 +66,11 @@ class EngineFaults:
     slow_factor: float = 1.0
     wrong_model: str | None = None
     corrupt_pulls_from: str | None = None  # "*": every producer
+    cut_pulls_from: str | None = None  # "*": every producer
 
     def __post_init__(self) -> None:
         self._resume: asyncio.Future[None] | None = None
+        self._mended: asyncio.Future[None] | None = None
 
     def hang_gate(self) -> asyncio.Future[None] | None:
         """While hung: a future that completes when the hang is cleared; else None."""
@@ -77,6 +85,20 @@ class EngineFaults:
         if not hung and self._resume is not None and not self._resume.done():
             self._resume.set_result(None)
 
+    def cut_gate(self, params: dict[str, object]) -> asyncio.Future[None] | None:
+        """While the edge from this request's producer is cut: a future that completes when
+        the cut is cleared; else None."""
+        if not _matches(self.cut_pulls_from, params):
+            return None
+        if self._mended is None or self._mended.done():
+            self._mended = asyncio.get_running_loop().create_future()
+        return self._mended
+
+    def _set_cut(self, peer: str | None) -> None:
+        self.cut_pulls_from = peer
+        if peer is None and self._mended is not None and not self._mended.done():
+            self._mended.set_result(None)
+
     def apply(self, command: FaultCommand) -> None:
         """Apply one command (crash is handled by the caller: it ends the process)."""
         name = command.fault
@@ -86,6 +108,7 @@ class EngineFaults:
             self.slow_factor = 1.0
             self.wrong_model = None
             self.corrupt_pulls_from = None
+            self._set_cut(None)
             self.set_hung(False)
         elif name == "hang":
             self.set_hung(command.enabled)
@@ -93,6 +116,8 @@ class EngineFaults:
             self.slow_factor = command.factor if command.enabled else 1.0
         elif name == "corrupt_pulls":
             self.corrupt_pulls_from = (command.peer or "*") if command.enabled else None
+        elif name == "cut_pulls":
+            self._set_cut((command.peer or "*") if command.enabled else None)
         elif name == "wrong_model":
             self.wrong_model = (command.model or "wrong-model") if command.enabled else None
         elif name in FLAG_FAULTS:
@@ -108,12 +133,18 @@ class EngineFaults:
             "slow_factor": self.slow_factor,
             "wrong_model": self.wrong_model,
             "corrupt_pulls_from": self.corrupt_pulls_from,
+            "cut_pulls_from": self.cut_pulls_from,
         }
 
     def corrupts(self, params: dict[str, object]) -> bool:
         """Whether KV pulled with these kv_transfer_params is to be decoded as corrupt."""
-        peer = self.corrupt_pulls_from
-        if peer is None:
-            return False
-        host, port = params.get("remote_host"), params.get("remote_port")
-        return peer in ("*", f"{host}:{port}", str(port), str(params.get("remote_engine_id")))
+        return _matches(self.corrupt_pulls_from, params)
+
+
+def _matches(peer: str | None, params: dict[str, object]) -> bool:
+    """Whether a fault naming `peer` (None: off; "*": every producer) concerns a pull with
+    these kv_transfer_params (its producer's "host:port" side channel, port or engine id)."""
+    if peer is None:
+        return False
+    host, port = params.get("remote_host"), params.get("remote_port")
+    return peer in ("*", f"{host}:{port}", str(port), str(params.get("remote_engine_id")))

@@ -84,6 +84,7 @@ class EngineMetrics:
                    [[labels[n] for n in names]])[0].set(1.0)
         reg.register(fast)
         self._sched_waiting = self._fetching = self._parked = 0
+        self._scheduled_usage = self._held_usage = 0.0
 
     def _state_families(self, f: _Families) -> None:
         self.running = f.gauge("vllm:num_requests_running", "Requests in the running batch.")
@@ -218,7 +219,8 @@ class EngineMetrics:
         self.running.set(running)
         self._sched_waiting = waiting
         self._waiting_changed()
-        self.kv_usage.set(used_blocks / total_blocks if total_blocks else 0.0)
+        self._scheduled_usage = used_blocks / total_blocks if total_blocks else 0.0
+        self.kv_usage.set(min(1.0, self._scheduled_usage + self._held_usage))
         if tokens:
             self.iteration_tokens.observe(tokens)
 
@@ -283,6 +285,11 @@ class EngineMetrics:
     def lease_expired(self, count: int) -> None:
         if self._nixl is not None:
             self._nixl.expired.inc(count)
+
+    def kv_held(self, blocks: int, capacity: int) -> None:
+        """Blocks the connector holds under leases for remote readers (producer side)."""
+        self._held_usage = blocks / capacity if capacity else 0.0
+        self.kv_usage.set(min(1.0, self._scheduled_usage + self._held_usage))
 
     def notification_after_expiry(self) -> None:
         if self._nixl is not None:

@@ -63,6 +63,9 @@ class Limits:
     continue_midstream: bool = True
     slo_tpot_s: float = 0.0  # the fleet's TPOT objective: the step a stall is counted in
     # when placement predicted none
+    deadline_factor: float = 4.0  # a leg's deadline: this many of its predicted durations
+    deadline_floor_s: float = 5.0
+    handoff_budget_s: float = 0.0  # Gate D's budget for one handoff (0: none known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +340,8 @@ def settle(doc: FleetDocument, env: Mapping[str, str], fleet_path: Path) -> Rout
         ttft_s=doc.slo.ttft_s,
         tpot_s=doc.slo.tpot_s,
         limits=Limits(**_same_names(Limits, s, tokenize=s.prompt_length == "tokenize",
-                                    slo_tpot_s=doc.slo.tpot_s)),
+                                    slo_tpot_s=doc.slo.tpot_s,
+                                    handoff_budget_s=s.handoff_budget_s or 0.0)),
         clients=ClientLimits(**_same_names(ClientLimits, s, max_body_bytes=s.max_request_bytes)),
         health=HealthPolicy(
             eject_after_failures=doc.health.eject_after_failures,

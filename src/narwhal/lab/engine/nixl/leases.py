@@ -97,6 +97,7 @@ class LeaseTable:
                       expires_at=self._clock() + self.lease_seconds)
         self._held[request_id] = lease
         self._expired.pop(request_id, None)
+        self._report()
         return lease
 
     def state(self, request_id: str) -> Literal["held", "expired", "unknown"]:
@@ -147,6 +148,7 @@ class LeaseTable:
         for lease in self._held.values():
             self.pool.give([b for group in lease.block_ids for b in group])
         self._held.clear()
+        self._report()
 
     def _expire(self, lease: Lease) -> None:
         self._log.warning("Releasing expired KV blocks for request %s which were retrieved by "
@@ -159,3 +161,10 @@ class LeaseTable:
 
     def _free(self, lease: Lease) -> None:
         self.pool.give([b for group in lease.block_ids for b in group])
+        self._report()
+
+    def _report(self) -> None:
+        """Blocks held for remote readers stay allocated in vLLM's one KV cache, so they count
+        in the engine's `vllm:kv_cache_usage_perc` until read or expired."""
+        pool = self.pool
+        self._metrics.kv_held(pool.capacity - pool.free, pool.capacity)

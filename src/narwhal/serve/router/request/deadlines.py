@@ -21,6 +21,23 @@ def stall_s(idle_timeout_s: float, steps: int, floor_s: float, predicted_step_s:
     return min(idle_timeout_s, max(floor_s, steps * predicted_step_s))
 
 
+def leg_deadline_s(predicted_s: float, factor: float, floor_s: float, cap_s: float) -> float:
+    """How long a leg may take to its first byte: `factor` times what placement predicted it
+    takes (`predicted_s`), within [`floor_s`, `cap_s`]; the cap when nothing predicted it."""
+    if predicted_s <= 0.0:
+        return cap_s
+    return min(cap_s, max(floor_s, factor * predicted_s))
+
+
+def handoff_deadline_s(budget_s: float, stall_s: float, cap_s: float) -> float:
+    """How long a decode leg that pulls KV may take to its first byte: the transfer's budget
+    (the one Gate D proved the edge meets) and then as long as a stream may go between two
+    tokens; `cap_s` when no budget is known."""
+    if budget_s <= 0.0:
+        return cap_s
+    return min(cap_s, budget_s + stall_s)
+
+
 class Expirable(Protocol):
     deadline: float
 

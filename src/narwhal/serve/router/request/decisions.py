@@ -170,14 +170,16 @@ ROWS: Final = (
         "prefill engine {engine} failed: {reason}", health=HEALTH_FAILED, retry=True)),
     Row(DECODE, FAILED_BEFORE, 0, _err(
         "decode/failed", Outcome.DECODE_FAILED, 502, "engine_unreachable",
-        "decode engine {engine} failed: {reason}", health=HEALTH_FAILED, retry=True)),
+        "decode engine {engine} failed: {reason}", health=HEALTH_FAILED, retry=True,
+        release_kv=True)),
     Row(PREFILL, TIMEOUT_BEFORE, 0, _err(
         "prefill/timeout", Outcome.PREFILL_TIMEOUT, 504, "engine_timeout",
         "prefill engine {engine} did not answer within {timeout:g} s", health=HEALTH_SUSPECT,
         retry=True)),
     Row(DECODE, TIMEOUT_BEFORE, 0, _err(
         "decode/timeout", Outcome.DECODE_TIMEOUT, 504, "engine_timeout",
-        "decode engine {engine} timed out: {reason}", health=HEALTH_SUSPECT, retry=True)),
+        "decode engine {engine} timed out: {reason}", health=HEALTH_SUSPECT, retry=True,
+        release_kv=True)),
     Row(PREFILL, ENGINE_5XX, 0, _err(
         "prefill/engine_5xx", Outcome.ENGINE_ERROR, 502, "engine_error",
         "prefill engine {engine} answered {status}: {reason}", retry=True)),

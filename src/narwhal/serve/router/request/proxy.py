@@ -36,7 +36,12 @@ from narwhal.serve.router.request import decisions as D
 from narwhal.serve.router.request import relay as R
 from narwhal.serve.router.request.call import Call
 from narwhal.serve.router.request.context_fit import context_of, context_overflow, needs_count
-from narwhal.serve.router.request.deadlines import Deadlines, stall_s
+from narwhal.serve.router.request.deadlines import (
+    Deadlines,
+    handoff_deadline_s,
+    leg_deadline_s,
+    stall_s,
+)
 from narwhal.serve.router.request.health import Health
 from narwhal.serve.router.request.legs import (
     FAILED,
@@ -88,6 +93,9 @@ class Proxy:
         # Prefill legs waiting in the router's line for an engine (`Engine.prefill_line`), each
         # booked on its queue when placed, sent in the order placed as its legs answer.
         self._lines: dict[Engine, deque[tuple[Call, Collector, bytes]]] = {}
+        # (producer, consumer) ids that have handed KV off since either last failed: a pair's
+        # first handoff also makes its connection, which no transfer budget covers
+        self._warm: set[tuple[str, str]] = set()
         self.cutting = False  # set when shutdown cuts requests that outlived the drain
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls: set[Call] = set()
@@ -184,10 +192,12 @@ class Proxy:
         if d.message:
             call.reason = d.message.format(
                 engine=engine.id if engine is not None else "", reason=reason,
-                status=engine_status, detail=detail, timeout=self.limits.prefill_timeout_s)
-        if d.release_kv and call.kv is not None and engine is not None:
-            release_kv(call, engine, call.kv, self.limits, self.deadlines, self.metrics,
-                       self._spawn)
+                status=engine_status, detail=detail,
+                timeout=self._predicted_s(call, 1.0, self.limits.prefill_timeout_s))
+        if d.release_kv and call.kv is not None:
+            alive = engine is not None and d.health != D.HEALTH_FAILED \
+                and d.health != D.HEALTH_SUSPECT
+            self._release(call, call.kv, engine if alive else None)
         self._finish(call)
         reply = d.reply
         conn = call.conn
@@ -201,6 +211,24 @@ class Proxy:
         elif reply == D.CLOSE:
             conn.finish(False)
 
+    def _release(self, call: Call, kv: bytes, engine: Engine | None,
+                 skip: Engine | None = None) -> None:
+        """Have an engine read the KV the producer holds for `call` and no decode leg will:
+        `engine` (a live decode engine that refused or whose client left), else another decode
+        engine the canary does not hold from the producer. With none, the producer frees it
+        when its lease runs out."""
+        if engine is None:
+            tried = [*call.decode_tries, *call.prefill_tries[-1:]]
+            if skip is not None:
+                tried.append(skip)
+            engine = self.chooser.another_decode(call, tried)
+            if engine is None or self._held_pair(call, engine):
+                _log.warning("request %s: no engine left to read the KV its producer holds; "
+                             "it is freed when its lease runs out",
+                             call.request_id.decode("ascii", "replace"))
+                return
+        release_kv(call, engine, kv, self.limits, self.deadlines, self.metrics, self._spawn)
+
     def _learn(self, engine: Engine, d: D.Decision, reason: str) -> None:
         """What the row says the engine's health learns from how its leg ended."""
         health = d.health
@@ -208,6 +236,8 @@ class Proxy:
             self.health.ok(engine)
         elif health == D.HEALTH_FAILED:
             self.health.failed(engine, reason)
+            if self._warm:  # a restarted engine makes its connections anew
+                self._warm = {p for p in self._warm if engine.id not in p}
         elif health == D.HEALTH_SUSPECT:
             self.health.suspect(engine)
 
@@ -319,7 +349,7 @@ class Proxy:
         now = time.monotonic()
         self.bookings.prefill_queued(call, engine)
         leg = Collector(lambda s: self._guard(call, self._prefill_done, engine, s, fresh),
-                        now + self.limits.prefill_timeout_s)
+                        now + self._predicted_s(call, 1.0, self.limits.prefill_timeout_s))
         req = request_bytes(b"POST", call.path, engine.spec.host_header,
                             call.leg_id + b"-prefill", call.prefill_body(),
                             bearer=engine.spec.bearer)
@@ -443,7 +473,6 @@ class Proxy:
             call.decode_attempts += 1
         call.decode_engine = engine.id
         call.kv = kv
-        limits = self.limits
         conn = call.conn
 
         def then(relay: R.DecodeRelay) -> None:
@@ -451,15 +480,16 @@ class Proxy:
 
         relay: R.DecodeRelay
         stall = self._stall_s(call)
+        first = self._first_byte_s(call, engine, kv, stall)
         if call.stream and call.http11:
             keep = call.keep_alive and not conn.closing
-            relay = R.PassRelay(then, limits.first_token_timeout_s, stall, conn,
+            relay = R.PassRelay(then, first, stall, conn,
                                 stream_head(call.request_id, keep, True))
         elif call.stream:  # an HTTP/1.0 client: unframed body, ended by closing
-            relay = R.StreamRelay(then, limits.first_token_timeout_s, stall, conn,
+            relay = R.StreamRelay(then, first, stall, conn,
                                   stream_head(call.request_id, False, False), False)
         else:
-            relay = R.BufferRelay(then, limits.first_token_timeout_s, stall)
+            relay = R.BufferRelay(then, first, stall)
         if call.stream and self._continuable(call):
             relay.log = C.sent_log(call.chat, call.http11)
         relay.stall = self._stall_check(call, engine)
@@ -478,6 +508,23 @@ class Proxy:
         step = placement.predicted_tpot_s if placement is not None else 0.0
         return stall_s(limits.stream_idle_timeout_s, limits.stall_steps, limits.stall_floor_s,
                        step if step > 0.0 else limits.slo_tpot_s)
+
+    def _predicted_s(self, call: Call, scale: float, cap_s: float) -> float:
+        """A leg that computes a prompt: the deadline for `scale` times the TTFT placement
+        predicted for the request (a continuation's prompt is longer than the client's)."""
+        limits, placement = self.limits, call.placement
+        predicted = placement.predicted_ttft_s * scale if placement is not None else 0.0
+        return leg_deadline_s(predicted, limits.deadline_factor, limits.deadline_floor_s, cap_s)
+
+    def _first_byte_s(self, call: Call, engine: Engine, kv: bytes | None, stall: float) -> float:
+        """A decode leg's first-byte deadline: the handoff's budget where it pulls KV over a
+        warm pair, the prefill's prediction where it computes the prompt itself."""
+        cap = self.limits.first_token_timeout_s
+        if kv is None:
+            return self._predicted_s(call, 1.0, cap)
+        if (call.prefill_engine or "", engine.id) not in self._warm:
+            return cap
+        return handoff_deadline_s(self.limits.handoff_budget_s, stall, cap)
 
     def _held_pair(self, call: Call, consumer: Engine) -> bool:
         """Whether the canary holds the handoff from this request's producer to `consumer`."""
@@ -544,8 +591,11 @@ class Proxy:
             nxt = self.chooser.another_decode(call, call.decode_tries)
             if nxt is not None:
                 self.metrics.retry("decode")
-                if relay.error_first or self._held_pair(call, nxt):
-                    call.kv = None  # its KV could not be pulled, or not by nxt: nxt computes it
+                if relay.error_first:
+                    call.kv = None  # not pulled, and the consumer's clean-up freed it: nxt computes
+                elif call.kv is not None and self._held_pair(call, nxt):
+                    self._release(call, call.kv, None, skip=nxt)  # not by nxt: nxt computes it
+                    call.kv = None
                 self._decode(call, nxt, call.kv)
                 return
         self._timings(call, engine, relay, result == R.OK)
@@ -576,6 +626,8 @@ class Proxy:
             if call.t_prefill_done and not call.t_first_token:
                 call.handoff_s = round(first - call.t_prefill_done, 6)
                 self.bookings.handoff(engine, call.handoff_s)
+                if call.kv is not None and call.prefill_engine is not None:
+                    self._warm.add((call.prefill_engine, engine.id))
         if call.stream:
             call.events = max(0, call.events_before + relay.events - (1 if ok else 0))
             last = relay.t_last or first
@@ -675,8 +727,10 @@ class Proxy:
         def then(relay: R.DecodeRelay) -> None:
             self._guard(call, self._decode_done, engine, relay, True)
 
-        relay = R.ContinueRelay(then, self.limits.first_token_timeout_s, self._stall_s(call),
-                                sink, C.Rewriter(sent, counts, call.chat))
+        longer = (counts.prompt + counts.generated) / max(counts.prompt, 1)
+        relay = R.ContinueRelay(then, self._predicted_s(call, longer,
+                                                        self.limits.first_token_timeout_s),
+                                self._stall_s(call), sink, C.Rewriter(sent, counts, call.chat))
         relay.stall = self._stall_check(call, engine)
         self.bookings.decode_started(call, engine, relay, False)
         call.relay = relay
