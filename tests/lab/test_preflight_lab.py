@@ -329,8 +329,10 @@ def _placed(rows: list[dict[str, Any]]) -> Counter[str]:
 
 def _no_request_over_the_pair(fleet: Installer, d: _Drill, since: float) -> Counter[str]:
     """Client streams after detection, four at once: every one 200 and whole, none split
-    over the held pair (the journal's engines per request), its consumer still serving and
-    the other pairs still carrying KV. How the requests since were placed, returned."""
+    over the held pair (the journal's engines per request), its consumer still serving. How
+    the requests since were placed, returned. (At the lab's load the curve scheduler runs
+    nearly every request whole on one engine: a split is priced only where the TPOT budget
+    needs it; tests/component/serve/test_kv_canary.py splits over every pair.)"""
     sent = cd.streams(fleet, d.base, "canary-after", 12, 4, 24)
     assert sorted(s[1:] for s in sent) == [[200, True]] * 12, sent
 
@@ -342,7 +344,6 @@ def _no_request_over_the_pair(fleet: Installer, d: _Drill, since: float) -> Coun
     placed = _placed([r for r in cd.journal_rows(fleet, d.journal, "canary-")
                       if r["received_at"] > since])
     assert placed[CANARY_PAIR] == 0, placed
-    assert any("->" in k for k in placed), placed  # the other pairs still carry KV
     assert any(k.endswith(f"->{CONSUMER}") or k == f"single {CONSUMER}" for k in placed), placed
     return placed
 
