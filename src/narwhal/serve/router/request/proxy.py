@@ -518,13 +518,16 @@ class Proxy:
 
     def _first_byte_s(self, call: Call, engine: Engine, kv: bytes | None, stall: float) -> float:
         """A decode leg's first-byte deadline: the handoff's budget where it pulls KV over a
-        warm pair, the prefill's prediction where it computes the prompt itself."""
+        warm pair (after the prefills booked on the consumer, which its first step waits
+        for), the prefill's prediction where it computes the prompt itself."""
         cap = self.limits.first_token_timeout_s
         if kv is None:
             return self._predicted_s(call, 1.0, cap)
         if (call.prefill_engine or "", engine.id) not in self._warm:
             return cap
-        return handoff_deadline_s(self.limits.handoff_budget_s, stall, cap)
+        queued = self.bookings.prefills_done_at(engine) - time.monotonic()
+        return handoff_deadline_s(self.limits.handoff_budget_s,
+                                  stall + (queued if queued > 0.0 else 0.0), cap)
 
     def _held_pair(self, call: Call, consumer: Engine) -> bool:
         """Whether the canary holds the handoff from this request's producer to `consumer`."""
