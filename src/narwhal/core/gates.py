@@ -51,7 +51,9 @@ GATE_INPUTS: dict[str, tuple[str, ...]] = {
     # first repeat-work row); one beyond is a measured input, judged against the saved
     # profiles by `narwhal status` (deploy/gates/preflight.uncovered), not a digest here.
     # kv-canary: the canary's period, which Gate F writes into the fleet the router serves
-    "preflight": ("slo", "kv-canary"),
+    # handoff-budget: the workload's transfer budget, which Gate F writes into the fleet as
+    # the handoff's deadline (a moved budget re-judges D's samples and repeats F and G)
+    "preflight": ("slo", "kv-canary", "handoff-budget"),
     "serve": ("router", "slo"),
 }
 

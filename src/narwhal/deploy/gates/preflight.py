@@ -51,6 +51,7 @@ PROFILE, CHECK = "narwhal-profile", "narwhal-check"
 TOOL_TIMEOUT_S = 900.0
 STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"
 CALIBRATION = "first-token-calibration.json"
+HANDOFF_BUDGET_BOUND_S = 3600.0  # core/fleet.py Serving.handoff_budget_s's upper bound
 CANARY = "kv-canary.json"  # the live KV canary's reference, recorded with the calibration
 Progress = Callable[[str, str], None]
 
@@ -81,6 +82,8 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
     passed_artifact(ledger, "preflight", CONTRACT)
     fleet = dict(passed_artifact(ledger, "preflight", FLEET).json())
     fleet["slo"] = {**fleet.get("slo", {}), "ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s}
+    fleet["serving"] = {**fleet.get("serving", {}),
+                        "handoff_budget_s": handoff_budget_s(inputs.workload.transfer_budget_ms)}
     fleet["profiles"] = {"path": STORE}
     files = {}
     for e in fleet["engines"]:
@@ -94,6 +97,14 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
                                  "tokenizer_dir": tok.ROUTER_DIR}
     return PreflightPlan(router_host, install, fleet, files, inputs.workload.prompt_tokens,
                          tokenizer, inputs.kv_canary_interval_s)
+
+
+def handoff_budget_s(transfer_budget_ms: float) -> float:
+    """The fleet's `serving.handoff_budget_s`: the transfer budget Gate D proves every edge
+    meets, from which the router derives a handoff's first-byte deadline (docs/router.md
+    "Deadlines"). The router caps every deadline at its fixed timeouts, so a budget past the
+    fleet's hour bound means the same as the bound."""
+    return min(transfer_budget_ms / 1000.0, HANDOFF_BUDGET_BOUND_S)
 
 
 def kv_canary(interval_s: float) -> dict[str, Any]:

@@ -56,6 +56,8 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
         # Gate F writes it as the fleet's kv_canary.interval_s; the router reads it at start
         "kv-canary": {"interval_s": inputs.kv_canary_interval_s},
+        # Gate F writes it as the fleet's serving.handoff_budget_s, the handoff's deadline
+        "handoff-budget": {"transfer_budget_ms": inputs.workload.transfer_budget_ms},
         "router": {"url": inputs.router.url,
                    **({"standby_url": inputs.router.standby_url}
                       if inputs.router.standby_url else {}),

@@ -75,9 +75,13 @@ class Canary:
 
     async def run(self) -> None:
         turn = 0
+        due = time.monotonic()
         while True:
             pairs = pairs_of(self.engines)
-            await asyncio.sleep(self.settings.interval_s / max(len(pairs), 1))
+            # probes start on a fixed cadence, so a pair's period is `interval_s` however
+            # long each probe takes (one that overran starts the next at once)
+            due = max(due + self.settings.interval_s / max(len(pairs), 1), time.monotonic())
+            await asyncio.sleep(due - time.monotonic())
             if not pairs or not self.primary() or not self._serving():
                 continue
             producer, consumer = pairs[turn % len(pairs)]
