@@ -172,9 +172,12 @@ PLANNER = {"mode": "planner", "interval_s": 0.5, "window_s": 3.0, "cooldown_s": 
 
 def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
                   work: Path, name: str = "narwhal", flips: dict[str, object] | None = None,
-                  profiled: bool = False, prefix_aware: bool = False) -> Owned:
+                  profiled: bool = False, prefix_aware: bool = False,
+                  serving: dict[str, object] | None = None) -> Owned:
     """Narwhal over the fleet; `prefix_aware` adds cache-aware placement (the fleet's
-    tokenizer and each engine's KV event endpoint; needs a fleet started with CacheSetup)."""
+    tokenizer and each engine's KV event endpoint; needs a fleet started with CacheSetup);
+    `serving` is the fleet's serving block (none: the router's defaults, as goodput.py runs
+    it), e.g. Gate D's `handoff_budget_s` for bench/kv_release.py."""
     folder = work / name
     folder.mkdir(exist_ok=True)
     if not profiled:
@@ -192,6 +195,8 @@ def start_narwhal(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
         "profiles": {"path": str(folder / "profiles.json")}}
     if flips:
         doc["role_flips"] = flips
+    if serving:
+        doc["serving"] = serving
     if prefix_aware:
         doc["prefix_cache"] = {"tokenizer_dir": str(fleet.model_dir)}
     (folder / "fleet.json").write_text(json.dumps(doc, indent=1))
@@ -241,16 +246,20 @@ NWI_CONTROLLER = {
 
 
 def start_narwhal_inference(fleet: Fleet, timing: Timing, slo: dict[str, float], cpu: str,
-                            work: Path, controller: bool = False) -> Owned:
+                            work: Path, controller: bool = False,
+                            first_token_timeout_s: float = 30.0) -> Owned:
     """narwhal-inference at the fixed 2+2 split (every engine pinned), or with its reactive
-    role controller on (`controller`: unpinned, its shipped tuning)."""
+    role controller on (`controller`: unpinned, its shipped tuning). `first_token_timeout_s`
+    is its engine.first_token_timeout_s, 30 s as goodput.py has always run it (its own
+    default is 2.5 s, which it asks to calibrate with narwhal-check --calibrate-first-token);
+    bench/kv_release.py can run it at another."""
     root = venv("setup-narwhal-inference.sh")
     folder = (work / ("nwi-controller" if controller else "nwi")).resolve()
     folder.mkdir(exist_ok=True)
     doc = {"schema": "narwhal.fleet", "schema_version": 2, "model": fleet.model,
            "engines": [{"iid": f"e{i}", "url": fleet.url(i), "role": role,
                         "pin": not controller} for i, role in enumerate(fleet.roles)],
-           "slo": slo, "engine": {"first_token_timeout_s": 30.0},
+           "slo": slo, "engine": {"first_token_timeout_s": first_token_timeout_s},
            "profiles": {"path": str(folder / "profiles.json")},
            "recovery": {"state_path": str(folder / "state.json")},
            **({"controller": NWI_CONTROLLER} if controller else {})}
