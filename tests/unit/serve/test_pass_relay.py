@@ -191,3 +191,45 @@ def test_an_engine_error_status_is_kept_for_the_router_and_never_streamed() -> N
                  + _chunk(body) + TERMINATOR, True)
     assert client.writes == []
     assert relay.result == R.ENGINE_STATUS and b"".join(relay.body) == body
+
+
+class _Verbatim:
+    """A rewriter that passes the continuing engine's events on unchanged."""
+
+    def feed(self, payload: bytes) -> bytes:
+        return payload
+
+
+def _continuing(client: Client) -> tuple[R.ContinueRelay, list[R.DecodeRelay]]:
+    """A stream broken after one event, continued by a second leg."""
+    relay, _ = _relay(client)
+    relay.on_raw(ENGINE_HEAD + _event(0), False)
+    relay.on_fail("engine closed the connection", False, False)
+    relay.broken = None  # continued: no error event
+    ended: list[R.DecodeRelay] = []
+    cont = R.ContinueRelay(ended.append, 5.0, 5.0, relay, _Verbatim())
+    cont.on_start(200)
+    return cont, ended
+
+
+def test_a_continuation_s_done_waits_for_its_engine_s_end_so_a_client_leaving_on_it_is_served(
+        ) -> None:
+    """A client that closes on `[DONE]` must not outrun the end of the leg: the router would
+    settle a whole answer as client_gone (the real tier saw it)."""
+    client = Client()
+    cont, ended = _continuing(client)
+    cont.on_body(b"data: {\"n\": 1}\n\n")
+    cont.on_body(b"data: [DONE]\n\n")
+    assert b"[DONE]" not in client.received  # held until the engine's response ends
+    cont.on_complete()
+    assert client.received.endswith(_chunk(b"data: [DONE]\n\n") + TERMINATOR)
+    assert ended == [cont] and cont.result == R.OK
+
+
+def test_a_continuation_that_breaks_after_done_still_delivers_it() -> None:
+    client = Client()
+    cont, ended = _continuing(client)
+    cont.on_body(b"data: {\"n\": 1}\n\ndata: [DONE]\n\n")
+    cont.on_fail("engine closed the connection", False, False)
+    assert client.received.endswith(_chunk(b'data: {"n": 1}\n\ndata: [DONE]\n\n'))
+    assert ended == [cont] and cont.result == R.FAILED_MID
