@@ -26,6 +26,11 @@ from narwhal.core.kv_canary import LOGPROB_TOLERANCE
 from narwhal.core.secret import Secret
 
 SCHEMA = "narwhal.fleet"
+# Fields the deploy side writes from the `.env`, whose reader keeps to the same bounds so a
+# value it accepts is one the router accepts.
+KV_CANARY_INTERVAL_S = 60.0  # kv_canary.interval_s's default
+KV_CANARY_INTERVAL_RANGE_S = (0.1, 86_400.0)
+HANDOFF_BUDGET_MAX_S = 3600.0  # serving.handoff_budget_s's bound
 VERSION = 1
 REFERENCE = "docs/router.md"  # where the fields are described
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
@@ -102,7 +107,7 @@ class Serving(StrictModel):
     # timeouts above are the caps, and what a leg gets when nothing predicted it.
     deadline_factor: float = Field(default=4.0, ge=1, le=100)
     deadline_floor_s: float = Field(default=5.0, gt=0, le=3600)
-    handoff_budget_s: float | None = Field(default=None, gt=0, le=3600)
+    handoff_budget_s: float | None = Field(default=None, gt=0, le=HANDOFF_BUDGET_MAX_S)
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
     upstream_keepalive_s: float = Field(default=4.0, gt=0, le=3600)
     prompt_length: Literal["prefill_usage", "tokenize"] = "prefill_usage"
@@ -251,7 +256,8 @@ class KvCanaryRef(StrictModel):
     it at preflight) and how often each ordered pair is probed (serve/router/canary/)."""
 
     path: str
-    interval_s: float = Field(default=60.0, ge=0.1, le=86_400)  # each pair once per interval
+    interval_s: float = Field(default=KV_CANARY_INTERVAL_S, ge=KV_CANARY_INTERVAL_RANGE_S[0],
+                              le=KV_CANARY_INTERVAL_RANGE_S[1])  # each pair once per interval
     release_after: int = Field(default=3, ge=1, le=1000)  # passes in a row that free a pair
     logprob_tolerance: float = Field(default=LOGPROB_TOLERANCE, ge=0, le=10)
 

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,16 @@ class Fleet:
                 if self.gauge(name, series, label) > 0:
                     return name
         return None
+
+
+@contextlib.contextmanager
+def running(root: Path, serving: dict[str, Any] | None = None) -> Iterator[Fleet]:
+    """A started fleet (for a module's tests to share), stopped whatever happens."""
+    fleet = Fleet(root, serving)
+    try:
+        yield fleet.start()
+    finally:
+        fleet.stop()
 
 
 class Stream:

@@ -27,6 +27,7 @@ from tests.component.serve.faulted_fleet import (
     Stream,
     answer_text,
     journal_row,
+    running,
 )
 from tests.component.serve.harness import call
 
@@ -35,11 +36,8 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    fleet = Fleet(tmp_path_factory.mktemp("continuation"))
-    try:
-        yield fleet.start()
-    finally:
-        fleet.stop()
+    with running(tmp_path_factory.mktemp("continuation")) as fleet:
+        yield fleet
 
 
 @pytest.fixture

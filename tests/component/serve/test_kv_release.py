@@ -25,6 +25,7 @@ from tests.component.serve.faulted_fleet import (
     Stream,
     answer_text,
     journal_row,
+    running,
 )
 from tests.component.serve.harness import call, journal_rows
 
@@ -41,12 +42,9 @@ BODY = {"model": "tiny", "prompt": PROMPT, "max_tokens": 40, "temperature": 0, "
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    fleet = Fleet(tmp_path_factory.mktemp("kv-release"),
-                  {"handoff_budget_s": HANDOFF_BUDGET_S})
-    try:
-        yield fleet.start()
-    finally:
-        fleet.stop()
+    with running(tmp_path_factory.mktemp("kv-release"),
+                 {"handoff_budget_s": HANDOFF_BUDGET_S}) as fleet:
+        yield fleet
 
 
 @pytest.fixture

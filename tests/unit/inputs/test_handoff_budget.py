@@ -5,15 +5,15 @@ a moved budget repeats Gates F and G (Gate D only re-judges its samples)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from narwhal.core.fleet import Serving
-from narwhal.core.gates import GATE_INPUTS, GATE_NAMES, VERDICT_ONLY
-from narwhal.deploy.gates.preflight import HANDOFF_BUDGET_BOUND_S, handoff_budget_s
+from narwhal.core.fleet import HANDOFF_BUDGET_MAX_S, Serving
+from narwhal.core.gates import VERDICT_ONLY
+from narwhal.deploy.gates.preflight import handoff_budget_s
 from narwhal.deploy.inputs import parse_inputs
 from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from narwhal.deploy.ledger.status import compute
 from tests.envtext import valid_env
+from tests.unit.inputs.passed_ledger import all_passed
 
 SOURCE = Path(".env")
 NAME = "NARWHAL_WORKLOAD_TRANSFER_BUDGET_MS"
@@ -22,7 +22,7 @@ NAME = "NARWHAL_WORKLOAD_TRANSFER_BUDGET_MS"
 def test_the_budget_reaches_the_fleet_in_seconds_within_what_the_router_accepts() -> None:
     assert handoff_budget_s(1000.0) == 1.0
     assert handoff_budget_s(250.0) == 0.25
-    assert handoff_budget_s(1e12) == HANDOFF_BUDGET_BOUND_S  # the router caps deadlines anyway
+    assert handoff_budget_s(1e12) == HANDOFF_BUDGET_MAX_S  # the router caps deadlines anyway
     for ms in (0.001, 1000.0, 1e12):
         Serving(handoff_budget_s=handoff_budget_s(ms))  # what the router validates
 
@@ -36,20 +36,13 @@ def test_a_moved_budget_moves_the_fabric_s_workload_and_gate_f_s_handoff_budget(
     assert "workload" in VERDICT_ONLY["fabric"]
 
 
-def _all_passed() -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
-    prints = {g: {name: f"{name}-1" for name in GATE_INPUTS[g]} for g in GATE_NAMES}
-    doc = {"gates": {g: {"state": "passed", "fingerprint": dict(prints[g]), "attempts": ["a1"]}
-                     for g in GATE_NAMES}}
-    return doc, prints
-
-
 def test_a_moved_budget_repeats_preflight_and_serve_and_a_record_before_it_is_not_stale() -> None:
-    doc, now = _all_passed()
+    doc, now = all_passed()
     now["preflight"]["handoff-budget"] = "handoff-budget-2"
     rows = {r.gate: r for r in compute(doc, now)}
     assert {g: r.state for g, r in rows.items() if r.state != "passed"} == {
         "preflight": "stale", "serve": "stale"}
     assert rows["preflight"].reason == "input moved: handoff-budget"
-    doc, now = _all_passed()
+    doc, now = all_passed()
     del doc["gates"]["preflight"]["fingerprint"]["handoff-budget"]
     assert {r.state for r in compute(doc, now)} == {"passed"}

@@ -4,20 +4,19 @@ fleet's kv_canary.interval_s is, written by Gate F and part of Gate F's fingerpr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import KvCanaryRef
-from narwhal.core.gates import GATE_INPUTS, GATE_NAMES
 from narwhal.deploy.gates.preflight import CANARY, PreflightPlan, kv_canary
 from narwhal.deploy.inputs import parse_inputs
 from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from narwhal.deploy.inputs.template import TEMPLATE
 from narwhal.deploy.ledger.status import compute
 from tests.envtext import valid_env
+from tests.unit.inputs.passed_ledger import all_passed
 
 SOURCE = Path(".env")
 NAME = "NARWHAL_KV_CANARY_INTERVAL_S"
@@ -75,15 +74,8 @@ def test_a_moved_period_moves_gate_fs_canary_fingerprint_alone() -> None:
     assert same == before  # the default written out is no change
 
 
-def _all_passed() -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
-    prints = {g: {name: f"{name}-1" for name in GATE_INPUTS[g]} for g in GATE_NAMES}
-    doc = {"gates": {g: {"state": "passed", "fingerprint": dict(prints[g]), "attempts": ["a1"]}
-                     for g in GATE_NAMES}}
-    return doc, prints
-
-
 def test_a_moved_period_repeats_preflight_and_serve_only() -> None:
-    doc, now = _all_passed()
+    doc, now = all_passed()
     now["preflight"]["kv-canary"] = "kv-canary-2"
     rows = {r.gate: r for r in compute(doc, now)}
     assert {g: r.state for g, r in rows.items() if r.state != "passed"} == {
@@ -93,7 +85,7 @@ def test_a_moved_period_repeats_preflight_and_serve_only() -> None:
 
 
 def test_a_record_from_before_the_period_existed_is_not_stale_for_it() -> None:
-    doc, now = _all_passed()
+    doc, now = all_passed()
     del doc["gates"]["preflight"]["fingerprint"]["kv-canary"]
     assert {r.state for r in compute(doc, now)} == {"passed"}
 

@@ -231,5 +231,8 @@ def test_a_continuation_that_breaks_after_done_still_delivers_it() -> None:
     cont, ended = _continuing(client)
     cont.on_body(b"data: {\"n\": 1}\n\ndata: [DONE]\n\n")
     cont.on_fail("engine closed the connection", False, False)
-    assert client.received.endswith(_chunk(b'data: {"n": 1}\n\ndata: [DONE]\n\n'))
     assert ended == [cont] and cont.result == R.FAILED_MID
+    assert cont.owe_break()  # not continued again: the router settles it with its error event
+    done = _chunk(b'data: {"n": 1}\n\ndata: [DONE]\n\n')
+    assert done in client.received
+    assert client.received.split(done, 1)[1].endswith(TERMINATOR)  # then the error event

@@ -28,6 +28,7 @@ from typing import Any
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
+from narwhal.core.fleet import HANDOFF_BUDGET_MAX_S, KV_CANARY_INTERVAL_S
 from narwhal.deploy.gates import tokenizer as tok
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact
@@ -35,7 +36,7 @@ from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
-from narwhal.deploy.inputs.model import KV_CANARY_INTERVAL_S, Inputs
+from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
 
@@ -51,7 +52,6 @@ PROFILE, CHECK = "narwhal-profile", "narwhal-check"
 TOOL_TIMEOUT_S = 900.0
 STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"
 CALIBRATION = "first-token-calibration.json"
-HANDOFF_BUDGET_BOUND_S = 3600.0  # core/fleet.py Serving.handoff_budget_s's upper bound
 CANARY = "kv-canary.json"  # the live KV canary's reference, recorded with the calibration
 Progress = Callable[[str, str], None]
 
@@ -104,7 +104,7 @@ def handoff_budget_s(transfer_budget_ms: float) -> float:
     meets, from which the router derives a handoff's first-byte deadline (docs/router.md
     "Deadlines"). The router caps every deadline at its fixed timeouts, so a budget past the
     fleet's hour bound means the same as the bound."""
-    return min(transfer_budget_ms / 1000.0, HANDOFF_BUDGET_BOUND_S)
+    return min(transfer_budget_ms / 1000.0, HANDOFF_BUDGET_MAX_S)
 
 
 def kv_canary(interval_s: float) -> dict[str, Any]:

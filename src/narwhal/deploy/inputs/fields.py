@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from narwhal.core.fleet import KV_CANARY_INTERVAL_RANGE_S, KV_CANARY_INTERVAL_S
 from narwhal.core.gpu_sharing import canonical_spelling
 from narwhal.deploy.inputs import hostnames, jsonfields, refs
 
@@ -32,7 +33,7 @@ DECIMAL_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3
 MAX_DIGITS = 18
 # The canary's period, bounded as the fleet's kv_canary.interval_s is (core/fleet.KvCanaryRef),
 # so a value the .env accepts is one the router accepts.
-CANARY_MIN_S, CANARY_MAX_S = 0.1, 86_400.0
+CANARY_MIN_S, CANARY_MAX_S = KV_CANARY_INTERVAL_RANGE_S
 
 # How to fix each field, shown beside the problem.
 FIXES: dict[str, str] = {
@@ -72,7 +73,7 @@ FIXES: dict[str, str] = {
     "shared_gpu_allowance": "write true or false",
     "kv_canary_interval_s": f"give the seconds in which the router's KV canary probes each "
                             f"producer -> consumer pair once, a number from {CANARY_MIN_S:g} "
-                            f"to {CANARY_MAX_S:g} (default 60)",
+                            f"to {CANARY_MAX_S:g} (default {KV_CANARY_INTERVAL_S:g})",
     "workload_prompt_tokens": "give the typical prompt length in tokens, a whole number from 1 "
                               "to 10000000 (default 1024)",
     "workload_handoffs_per_s": "give the mean KV handoffs per second, a number above 0 "

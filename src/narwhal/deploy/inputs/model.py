@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from narwhal.core.fleet import KV_CANARY_INTERVAL_S
 from narwhal.core.secret import Secret
 from narwhal.deploy.inputs.destination import Destination
 
@@ -55,7 +56,6 @@ class EngineInputs(_Frozen):
 
 
 DEFAULT_ROUTER_URL = "http://127.0.0.1:8000"  # the private path, reached through the tunnel
-KV_CANARY_INTERVAL_S = 60.0  # core/fleet.KvCanaryRef.interval_s's default
 
 
 class RouterInputs(_Frozen):

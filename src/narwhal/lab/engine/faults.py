@@ -54,6 +54,23 @@ class FaultCommand(BaseModel):
     peer: str | None = Field(default=None, min_length=1, max_length=256)
 
 
+class _Clearing:
+    """What waits for a fault to clear: one future shared by every waiter, made when the first
+    one asks and completed when the fault is cleared."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] | None = None
+
+    def wait(self) -> asyncio.Future[None]:
+        if self._future is None or self._future.done():
+            self._future = asyncio.get_running_loop().create_future()
+        return self._future
+
+    def cleared(self) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+
 @dataclass
 class EngineFaults:
     """Live fault state (mutable on purpose: faults change while the engine runs)."""
@@ -69,35 +86,27 @@ class EngineFaults:
     cut_pulls_from: str | None = None  # "*": every producer
 
     def __post_init__(self) -> None:
-        self._resume: asyncio.Future[None] | None = None
-        self._mended: asyncio.Future[None] | None = None
+        self._unhung = _Clearing()
+        self._mended = _Clearing()
 
     def hang_gate(self) -> asyncio.Future[None] | None:
         """While hung: a future that completes when the hang is cleared; else None."""
-        if not self.hung:
-            return None
-        if self._resume is None or self._resume.done():
-            self._resume = asyncio.get_running_loop().create_future()
-        return self._resume
+        return self._unhung.wait() if self.hung else None
 
     def set_hung(self, hung: bool) -> None:
         self.hung = hung
-        if not hung and self._resume is not None and not self._resume.done():
-            self._resume.set_result(None)
+        if not hung:
+            self._unhung.cleared()
 
     def cut_gate(self, params: dict[str, object]) -> asyncio.Future[None] | None:
         """While the edge from this request's producer is cut: a future that completes when
         the cut is cleared; else None."""
-        if not _matches(self.cut_pulls_from, params):
-            return None
-        if self._mended is None or self._mended.done():
-            self._mended = asyncio.get_running_loop().create_future()
-        return self._mended
+        return self._mended.wait() if _matches(self.cut_pulls_from, params) else None
 
     def _set_cut(self, peer: str | None) -> None:
         self.cut_pulls_from = peer
-        if peer is None and self._mended is not None and not self._mended.done():
-            self._mended.set_result(None)
+        if peer is None:
+            self._mended.cleared()
 
     def apply(self, command: FaultCommand) -> None:
         """Apply one command (crash is handled by the caller: it ends the process)."""

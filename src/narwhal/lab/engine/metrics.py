@@ -220,7 +220,7 @@ class EngineMetrics:
         self._sched_waiting = waiting
         self._waiting_changed()
         self._scheduled_usage = used_blocks / total_blocks if total_blocks else 0.0
-        self.kv_usage.set(min(1.0, self._scheduled_usage + self._held_usage))
+        self._set_kv_usage()
         if tokens:
             self.iteration_tokens.observe(tokens)
 
@@ -289,6 +289,9 @@ class EngineMetrics:
     def kv_held(self, blocks: int, capacity: int) -> None:
         """Blocks the connector holds under leases for remote readers (producer side)."""
         self._held_usage = blocks / capacity if capacity else 0.0
+        self._set_kv_usage()
+
+    def _set_kv_usage(self) -> None:
         self.kv_usage.set(min(1.0, self._scheduled_usage + self._held_usage))
 
     def notification_after_expiry(self) -> None:

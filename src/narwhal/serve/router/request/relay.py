@@ -348,7 +348,6 @@ def dechunk(raw: bytes) -> bytes:
 # The last SSE event of an OpenAI stream, as one HTTP chunk. The engine sends its chunked
 # body's terminator right behind it (often in a separate segment).
 _DONE_CHUNK = b"data: [DONE]\n\n\r\n"
-_DONE_EVENT = b"data: [DONE]\n\n"
 
 
 class PassRelay(DecodeRelay):
@@ -361,7 +360,8 @@ class PassRelay(DecodeRelay):
     chunk in CRLF: `\\n\\r\\n`); otherwise the client connection is closed mid-body, which an
     HTTP client reports as a truncated response.
 
-    A read that ends with the `[DONE]` chunk is held until the terminator behind it arrives,
+    A read that ends with the `[DONE]` chunk (or a continuation's events written through
+    `write_events` that end with it) is held until the terminator behind it arrives,
     so the stream's end costs the client one write (and one wakeup) instead of two; nothing a
     client can act on waits, since `[DONE]` carries no token and the response is not complete
     without the terminator. A leg that breaks first flushes what it held before its error event.
@@ -459,6 +459,9 @@ class PassRelay(DecodeRelay):
         out = held + (b"%x\r\n%b\r\n" % (len(payload), payload) if payload else b"")
         if end:
             out += b"0\r\n\r\n"
+        elif out.endswith(_DONE_CHUNK):  # a continuation's [DONE] waits for the end too
+            self.held = out
+            return
         if out:
             self._send(out)
 
@@ -477,14 +480,13 @@ class ContinueRelay(DecodeRelay):
     status other than 200 included; the engine's events are rewritten (`EventRewriter`) and
     written through the relay that began the response (`sink`, for its framing)."""
 
-    __slots__ = ("held", "rewriter", "sink")
+    __slots__ = ("rewriter", "sink")
 
     def __init__(self, then: Callable[[DecodeRelay], None], first_byte_timeout_s: float,
                  idle_s: float, sink: DecodeRelay, rewriter: EventRewriter) -> None:
         super().__init__(then, first_byte_timeout_s, idle_s)
         self.sink = sink
         self.rewriter = rewriter
-        self.held = b""  # a final `[DONE]` waiting for the engine's response to end
         self.started = True
         self.body = sink.body  # a buffered reply is reassembled from both legs' events
 
@@ -509,11 +511,7 @@ class ContinueRelay(DecodeRelay):
         out = self.rewriter.feed(data)
         if out:
             self.events += out.count(b"data:")  # the events the client gets, as they go
-            out, self.held = self.held + out, b""
-            if out.endswith(_DONE_EVENT):  # held to the response's end, as PassRelay holds it:
-                self.held = out  # a client that leaves on [DONE] must not outrun the end
-            else:
-                self.sink.write_events(out, False)
+            self.sink.write_events(out, False)
             self.t_last = time.monotonic()
 
     def on_flush(self) -> None:
@@ -527,27 +525,8 @@ class ContinueRelay(DecodeRelay):
             self._end(FAILED_MID, reason)
             return
         self.t_last = time.monotonic()
-        held, self.held = self.held, b""
-        self.sink.write_events(held, True)
+        self.sink.write_events(b"", True)
         self._end(OK)
-
-    def on_fail(self, reason: str, before_response: bool, reused: bool) -> None:
-        self._flush_held()
-        super().on_fail(reason, before_response, reused)
-
-    def expire(self) -> None:
-        self._flush_held()
-        super().expire()
-
-    def client_gone(self) -> None:
-        self.held = b""
-        super().client_gone()
-
-    def _flush_held(self) -> None:
-        """A leg that ends otherwise than whole still owes the client what it held."""
-        if self.held and not self.result:
-            held, self.held = self.held, b""
-            self.sink.write_events(held, False)
 
     def _break_stream(self, message: str, code: str) -> None:
         self.sink._break_stream(message, code)
