@@ -46,9 +46,10 @@ def test_device_nodes_and_pci_view_exist_only_inside_the_host(needs_lab: LabPlan
 @pytest.mark.lab
 def test_docker_runs_a_container_as_a_host_process(needs_lab: LabPlan) -> None:
     image = identity.image_id(needs_lab.spec.image)
+    # named, so that what the shared lab's other tests left on eng2 is not counted
     out = ssh(needs_lab, "eng2",
-              f"docker run --rm --entrypoint sh {image} -c 'echo $UCX_TLS; exit 3'; echo rc=$?; "
-              "docker inspect nosuch; echo rc=$?; docker ps -aq | wc -l")
+              f"docker run --rm --name rm-probe --entrypoint sh {image} -c 'echo $UCX_TLS; exit 3'; "
+              "echo rc=$?; docker inspect nosuch; echo rc=$?; docker ps -aq --filter name=rm-probe | wc -l")
     assert out.stdout.split() == ["tcp", "rc=3", "[]", "rc=1", "0"], out.stderr
     assert "Error: No such object: nosuch" in out.stderr
 

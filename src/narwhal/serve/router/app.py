@@ -101,19 +101,19 @@ def _keep_startup_objects_out_of_gc() -> None:
     gc.set_threshold(20_000, 50, 100)
 
 
-def _end_background(loop: asyncio.AbstractEventLoop,
-                    tasks: tuple[asyncio.Task[Any], ...]) -> None:
-    """Cancel the router's own tasks and take its signal handlers off the loop, then ignore
-    stop and reload signals for good.
+def _end_background(tasks: tuple[asyncio.Task[Any], ...]) -> None:
+    """Cancel the router's own tasks, then ignore stop and reload signals for good.
 
     The shutdown is under way and bounded: a stop signal from now until the process exits (the
     loop's threads joining, the result line printed) is one more request to stop, and a reload
     one for a router that is going; the default action would answer either by killing it with
-    no result."""
+    no result.
+
+    The disposition goes straight from the loop's handler to ignore: removing the handler
+    first would restore the default action for a moment, and a signal in that moment killed
+    the router. uvloop's close leaves a stopped loop's dispositions as they are."""
     for task in tasks:
         task.cancel()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.remove_signal_handler(sig)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
 
@@ -335,7 +335,7 @@ class Router:
                                 "took_over_at": lead.took_over_at}
             return summary
         finally:
-            _end_background(loop, (*background, *leasing))
+            _end_background((*background, *leasing))
 
     async def _before_listening(self) -> None:
         """Open the journal and read every engine once before the port opens: a bad journal
