@@ -72,3 +72,16 @@ def test_the_dashboard_holds_to_grafanas_model_and_each_panel_is_a_generated_que
     assert "panel ids repeat" in problems and any("has no query" in p for p in problems)
     datasource = json.loads(monitoring.grafana_datasource("http://127.0.0.1:9090"))
     assert datasource["datasources"][0]["uid"] == dashboard["panels"][0]["datasource"]["uid"]
+
+
+def test_the_attainment_alert_fires_exactly_where_the_trial_calls_a_capacity_miss() -> None:
+    """One target: a rate the trial calls within SLO must not page the operator in production."""
+    from narwhal.core.attainment import TARGET_ATTAINMENT
+    from narwhal.deploy.trial.verdict import verdict
+
+    rules = json.loads(monitoring.alert_rules(2.0))["groups"][0]["rules"]
+    low = next(r for r in rules if r["alert"] == "NarwhalTtftAttainmentLow")
+    assert low["expr"].endswith(f") < {TARGET_ATTAINMENT}")
+    at = {"requests": 10, "late_sends": 0, "statuses": {"200": 10}}
+    assert verdict({**at, "attainment": TARGET_ATTAINMENT}, True, True) == "within SLO"
+    assert verdict({**at, "attainment": TARGET_ATTAINMENT - 0.01}, True, True) == "capacity miss"

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from narwhal.core.attainment import TARGET_ATTAINMENT
 from narwhal.core.outcomes import FAILED_ON_ENGINE
 
 SCRAPE_INTERVAL_S = 5
-ATTAINMENT_TARGET = 0.9  # share of requests within the TTFT SLO below which an alert fires
+# the share of requests within the TTFT SLO below which an alert fires: the trial's target too
+ATTAINMENT_TARGET = TARGET_ATTAINMENT
 FAILED_OUTCOMES = "|".join(sorted(FAILED_ON_ENGINE))
 DATASOURCE_UID = "narwhal-prometheus"
 DASHBOARD_UID = "narwhal-fleet"

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from narwhal.core.attainment import TARGET_ATTAINMENT
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import GateBlocked, HostError, Problem
 from narwhal.deploy.gates.serve import (
@@ -65,7 +66,7 @@ from narwhal.deploy.trial.trace import (
     reuse,
 )
 from narwhal.deploy.trial.tunnel_log import TunnelLog
-from narwhal.deploy.trial.verdict import TARGET_ATTAINMENT, summarise, verdict
+from narwhal.deploy.trial.verdict import summarise, verdict
 
 ACTIVITY = "load-trial"
 COMMAND = "trial"  # how its errors are labelled: `narwhal trial: ...`

@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from narwhal.core.attainment import TARGET_ATTAINMENT
+
 MAX_LAG_S = 0.1  # a send later than this after its planned time means the client lagged
 MAX_LATE_SHARE = 0.05  # more late sends than this share: the schedule was not kept
 MAX_CLIENT_CPU = 0.9  # the client is one event loop: past this share of a core it is the limit
-TARGET_ATTAINMENT = 0.9
 
 
 @dataclass(frozen=True)
