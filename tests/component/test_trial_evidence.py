@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from narwhal.core.errors import HostError
-from narwhal.deploy.gates import serve, trial
+from narwhal.deploy.gates import trial
+from narwhal.deploy.hosts import forward_http
 from narwhal.deploy.hosts.ssh import SshHost
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.trial.tunnel_log import TunnelLog
@@ -81,7 +82,7 @@ def test_the_tunnel_log_shows_each_forward_opened_used_and_cancelled(
         host: SshHost, router_port: int, tmp_path: Path) -> None:
     host.run(["true"], check=True)  # the master is up, as it is by the time of a trial
     tunnels = TunnelLog(host.alias, host.transport, host.session_log())
-    with serve.forwarded(host, [("127.0.0.1", router_port)], tunnels) as [local]:
+    with forward_http.forwarded(host, [("127.0.0.1", router_port)], tunnels) as [local]:
         assert _get(local) == b"router here"  # the log names a tunnel that worked
     rows = [json.loads(x) for x in _kept(tmp_path, "tunnel.jsonl", tunnels.jsonl()).splitlines()]
     assert [(r["event"], r["ok"]) for r in rows] == [("open", True), ("cancel", True)]
@@ -101,8 +102,8 @@ def test_a_taken_local_port_is_named_in_the_tunnel_log_with_sshs_own_words(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = int(taken.getsockname()[1])
-        monkeypatch.setattr(serve, "_free_port", lambda: port)  # free a moment ago; not now
-        with pytest.raises(HostError), serve.forwarded(
+        monkeypatch.setattr(forward_http, "_free_port", lambda: port)  # free a moment ago; not now
+        with pytest.raises(HostError), forward_http.forwarded(
                 host, [("127.0.0.1", router_port)], tunnels):
             pass
     rows = [json.loads(x) for x in _kept(tmp_path, "tunnel.jsonl", tunnels.jsonl()).splitlines()]

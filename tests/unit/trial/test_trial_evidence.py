@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import HostError
-from narwhal.deploy.gates.serve import forwarded
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import RunResult
+from narwhal.deploy.hosts.forward_http import forwarded
 from narwhal.deploy.hosts.local import LocalHost
 from narwhal.deploy.trial import network
 from narwhal.deploy.trial.tunnel_log import STDERR_BYTES, TunnelLog

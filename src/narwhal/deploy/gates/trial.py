@@ -37,15 +37,10 @@ from typing import Any
 from narwhal.core.attainment import TARGET_ATTAINMENT
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import GateBlocked, HostError, Problem
-from narwhal.deploy.gates.serve import (
-    RouterHost,
-    ServePlan,
-    forwarded,
-    http,
-    serving,
-)
+from narwhal.deploy.gates.serve import RouterHost, ServePlan, serving
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host, RunResult
+from narwhal.deploy.hosts.forward_http import forwarded, http
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 from narwhal.deploy.ledger.status import GateStatus
