@@ -34,9 +34,10 @@ from narwhal.core.flag_types import number
 from narwhal.core.launch_record import ENGINE_API_KEY_ENV
 from narwhal.core.transfer_path import TransferPath
 from narwhal.node.engine.errors import RuntimeError_
+from narwhal.node.engine.runtimes import NAMES
 
 if TYPE_CHECKING:
-    from narwhal.node.engine.runtime import Started
+    from narwhal.node.engine.runtimes.base import Started
 
 # Each subcommand imports only what it uses: Gate D runs `idle` on every engine around
 # every fabric sample, so its start-up time is part of the gate's overhead.
@@ -82,7 +83,7 @@ def _plan(run_dir: Path) -> tuple[dict[str, Any], str]:
 
 
 def _started(run_dir: Path) -> Started:
-    from narwhal.node.engine.runtime import Started
+    from narwhal.node.engine.runtimes.base import Started
 
     s = _read_json(run_dir / "started.json", "start")
     return Started(s["runtime"], s["id"], s["created"])
@@ -215,8 +216,7 @@ def do_evidence(args: argparse.Namespace) -> dict[str, Any]:
     started = _started(run_dir) if (run_dir / "started.json").exists() else None
     data, total = rt.log_tail(started, log_path, args.log_bytes)
     _write(run_dir / LOG_TAIL, data)
-    source = str(log_path) if started is None or started.runtime == "native" \
-        else f"{started.runtime} logs {started.id}"
+    source = rt.log_source(started, log_path)
     return {"log": {**(_file_facts(run_dir / LOG_TAIL) or {}), "source": source,
                     "total_bytes": total, "limit_bytes": args.log_bytes},
             "http": _file_facts(run_dir / HTTP_FILE)}
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="launch record -> run plan (launch.json)")
     p.add_argument("--launch", required=True)
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--runtime", choices=["docker", "podman", "native"], default=None)
+    p.add_argument("--runtime", choices=list(NAMES), default=None)
     p.add_argument("--transfer", default=None, metavar="PATH_JSON",
                    help="the KV transfer path Gate C derived (core/transfer_path.py)")
     p.add_argument("--secrets", default=None, help="the folder of 0600 secret files start "

@@ -14,6 +14,7 @@ import shutil
 from typing import Any
 
 from narwhal.node import host_probe as hp
+from narwhal.node.engine.runtimes import choose
 
 
 def _check(name: str, ok: bool, found: Any, fix: str = "") -> dict[str, Any]:
@@ -146,6 +147,6 @@ def ports(plan: dict[str, Any]) -> dict[str, Any]:
 
 def run_all(plan: dict[str, Any], runtime: str) -> list[dict[str, Any]]:
     found = [*gpus(plan), checkpoint(plan), run_dir(plan), fabric(plan), ports(plan)]
-    if runtime != "native":
+    if choose(runtime).contained:  # a process has no image to hold
         found.insert(1, image(plan, runtime))
     return found

@@ -16,19 +16,17 @@ from typing import Any
 from narwhal.core import launch_record as lr
 from narwhal.core.documents import canonical_json, sha256_bytes, stamp
 from narwhal.core.transfer_path import TransferPath, conflicts
+from narwhal.node.engine import runtimes
+from narwhal.node.engine.runtimes.container import CONTAINER_PREFIX, container_name
 
 SCHEMA = "narwhal.engine-run-plan"
 VERSION = 1
-CONTAINER_PREFIX = "narwhal-"
+__all__ = ["CONTAINER_PREFIX", "container_name"]
 
 
 def load_record(path: Path) -> tuple[lr.LaunchRecord, str]:
     data = path.read_bytes()
     return lr.LaunchRecord.model_validate_json(data), sha256_bytes(data)
-
-
-def container_name(record: lr.LaunchRecord) -> str:
-    return f"{CONTAINER_PREFIX}{record.engine}"
 
 
 class PathRefused(ValueError):
@@ -51,31 +49,8 @@ def environment(record: lr.LaunchRecord, runtime: str,
         for name, value in path.environment().items():
             env.setdefault(name, value)  # an operator's UCX_TLS may add copy transports
     env.setdefault("UCX_NET_DEVICES", record.fabric_interface)
-    if runtime == "native" and record.devices:  # a process sees every GPU unless told
-        uuids = ",".join(d.uuid for d in record.devices)
-        env["CUDA_VISIBLE_DEVICES" if record.accelerator == "nvidia"
-            else "ROCR_VISIBLE_DEVICES"] = uuids
+    env.update(runtimes.choose(runtime).visible_devices(record))
     return env
-
-
-def device_args(record: lr.LaunchRecord) -> list[str]:
-    """How the runtime is given exactly the record's GPUs.
-
-    NVIDIA with docker: `--gpus device=UUID,...` (the NVIDIA container toolkit); with podman:
-    one CDI device `nvidia.com/gpu=UUID` each (podman's documented way). AMD with either:
-    /dev/kfd, each GPU's render node, and the video group that owns them (ROCm's documented
-    container flags); the container sees only the GPUs whose render nodes it was given.
-    """
-    if record.accelerator == "none":
-        return []
-    if record.accelerator == "nvidia":
-        if record.runtime == "podman":
-            return [a for d in record.devices for a in ("--device", f"nvidia.com/gpu={d.uuid}")]
-        return ["--gpus", "device=" + ",".join(d.uuid for d in record.devices)]
-    args = ["--device", "/dev/kfd"]
-    for d in record.devices:
-        args += ["--device", str(d.render_node)]
-    return [*args, "--group-add", "video"]
 
 
 def serve_args(record: lr.LaunchRecord) -> list[str]:
@@ -84,45 +59,22 @@ def serve_args(record: lr.LaunchRecord) -> list[str]:
             json.dumps(record.kv_transfer_config, sort_keys=True, separators=(",", ":"))]
 
 
-def transfer_args(path: TransferPath | None) -> list[str]:
-    """An RDMA path's device nodes, and the locked memory its registrations need."""
-    if path is None or not path.device_nodes:
-        return []
-    args = [a for node in path.device_nodes for a in ("--device", node)]
-    return [*args, "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
-
-
-def container_argv(record: lr.LaunchRecord, env: dict[str, str],
-                   path: TransferPath | None = None) -> list[str]:
-    """`docker|podman run -d ...`: host network (the side channel and UCX bind the fabric
-    address), the model read-only at its own path, the run dir, exactly the record's GPUs
-    and the transfer path's devices."""
-    argv = [record.runtime, "run", "-d", "--name", container_name(record), "--network", "host",
-            "--ipc", "host", "--label", f"narwhal.engine={record.engine}",
-            "-v", f"{record.model_dir}:{record.model_dir}:ro",
-            "-v", f"{record.run_dir}:{record.run_dir}", *device_args(record),
-            *transfer_args(path)]
-    for name in sorted(env):
-        argv += ["-e", f"{name}={env[name]}"]
-    for name in record.secret_environment:  # passed through from the runtime's environment
-        argv += ["-e", name]
-    return [*argv, record.image.id, *serve_args(record)]
-
-
 def build(record: lr.LaunchRecord, record_sha256: str, runtime: str,
           path: TransferPath | None = None) -> dict[str, Any]:
     """The stamped run plan. runtime: the launch record's container runtime, or `native`;
     path: the KV transfer path Gate C derived (PathRefused when the environment contradicts
     it)."""
+    chosen = runtimes.choose(runtime)
     env = environment(record, runtime, path)
     if path is not None:  # the path as the engine takes it: the UCX_TLS it is given
         path = path.model_copy(update={"tls": tuple(env["UCX_TLS"].split(","))})
-    argv = (container_argv(record, env, path) if runtime != "native"
-            else [*(record.entrypoint or ("vllm", "serve")), *serve_args(record)])
+    # a container's argv is built by the launch record's own runtime (its binary and flags)
+    builder = runtimes.container_for(record.runtime) if chosen.contained else chosen
+    argv = builder.launch_argv(record, env, path, serve_args(record))
     return stamp(SCHEMA, VERSION, {
         "engine": record.engine, "launch_record_sha256": record_sha256, "runtime": runtime,
-        "container_name": container_name(record) if runtime != "native" else None,
-        "argv": argv, "environment": env if runtime == "native" else {},
+        "container_name": chosen.container_name(record),
+        "argv": argv, "environment": chosen.plan_environment(env),
         "secret_environment": list(record.secret_environment),
         "image_id": record.image.id, "accelerator": record.accelerator,
         "devices": [d.model_dump() for d in record.devices],
