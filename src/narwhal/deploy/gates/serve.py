@@ -36,6 +36,7 @@ from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes, retire
+from narwhal.deploy.gates.serve_rules import Answer, adoption, strays, url_of
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
@@ -52,10 +53,6 @@ PROMETHEUS, PROMTOOL = "prometheus", "promtool"
 PROMETHEUS_AT = ("127.0.0.1", 9090)
 READY_S, UP_S, BOUND_S = 60.0, 45.0, 20.0
 Progress = Callable[[str, str], None]
-
-
-def url_of(bind: tuple[str, int]) -> str:
-    return f"http://{bind[0]}:{bind[1]}"
 
 
 @dataclass(frozen=True)
@@ -192,6 +189,13 @@ def _pid(state: tuple[int, dict[str, Any]] | None) -> int | None:
     return int(pid) if isinstance(pid, int) else None
 
 
+def _answer(state: tuple[int, dict[str, Any]] | None, p: ServePlan) -> Answer:
+    """What answers at an address, as the adoption rule reads it (serve_rules.py)."""
+    standby_of = controller_of(state).get("standby_of")
+    return Answer(_role(state, p), _pid(state),
+                  standby_of if isinstance(standby_of, str) else None)
+
+
 def serving(rh: RouterHost, p: ServePlan) -> ServePlan:
     """The plan as it serves now: after a takeover the primary answers at the standby's
     address, so the two are swapped (the trial and the tunnel go to the primary)."""
@@ -217,16 +221,11 @@ def start_routers(rh: RouterHost, attempt: Attempt, ledger: Ledger, p: ServePlan
                  "it with one on the fleet Gate F checked")
         retire(rh.host, older, progress, "router")
     seen = {b: rh.get(f"{url_of(b)}/narwhal/state") for b in p.addresses}
-    primary = next((b for b in p.addresses if _role(seen[b], p) == "primary"), None)
-    standby_at = None if p.standby is None else p.standby if primary in (None, p.bind) \
-        else p.bind
-    standing_by = primary is not None and standby_at is not None and \
-        _role(seen[standby_at], p) == "standby" and \
-        controller_of(seen[standby_at]).get("standby_of") == url_of(primary)
-    keep = {_pid(seen[b]) for b in (primary, standby_at if standing_by else None) if b}
-    # (a router that does not say its pid cannot be told from the others: none is ended)
-    stray = [] if None in keep else [r for r in ours
-                                     if r not in older and int(r["pid"]) not in keep]
+    decided = adoption(p.bind, p.standby, {b: _answer(seen[b], p) for b in p.addresses})
+    primary, standby_at, standing_by = decided.primary, decided.standby_at, decided.standing_by
+    keep: set[int | None] = set(decided.keep)
+    ending = set(strays(decided.keep, [int(r["pid"]) for r in ours if r not in older]))
+    stray = [r for r in ours if r not in older and int(r["pid"]) in ending]
     if stray:  # ours, but not what the plan keeps: a hung router, a standby no longer named
         retire(rh.host, stray, progress, "router")
         seen = {b: rh.get(f"{url_of(b)}/narwhal/state") for b in p.addresses}
