@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
+from narwhal.core.document_io import StrictModel
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import ContractError
 
@@ -31,11 +32,7 @@ Count = Annotated[int, Field(ge=0)]
 ModelRow = tuple[str, Count, Sha256Hex]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class OsRelease(_Strict):
+class OsRelease(StrictModel):
     """The three os-release(5) fields discovery reports; null when the host has no file."""
 
     ID: str | None
@@ -43,7 +40,7 @@ class OsRelease(_Strict):
     PRETTY_NAME: str | None
 
 
-class PythonFacts(_Strict):
+class PythonFacts(StrictModel):
     """The python3 that ran the probe: the one Narwhal's venv would be built from."""
 
     executable: str
@@ -55,14 +52,14 @@ class PythonFacts(_Strict):
         return int(major), int(minor)
 
 
-class Tool(_Strict):
+class Tool(StrictModel):
     """A host utility: where PATH finds it (null: not installed) and its version if it says."""
 
     path: str | None
     version: str | None
 
 
-class Gpu(_Strict):
+class Gpu(StrictModel):
     index: Count
     name: str
     uuid: str
@@ -72,7 +69,7 @@ class Gpu(_Strict):
     render_node: str | None = None  # AMD: the DRI render node a container is given
 
 
-class Accelerators(_Strict):
+class Accelerators(StrictModel):
     """The GPU inventory; `error` holds the vendor tool's own words when it failed."""
 
     vendor: Literal["nvidia", "amd"] | None
@@ -81,39 +78,39 @@ class Accelerators(_Strict):
     error: str | None
 
 
-class Gid(_Strict):
+class Gid(StrictModel):
     index: Count
     gid: str
     type: str | None
 
 
-class RdmaPort(_Strict):
+class RdmaPort(StrictModel):
     port: Annotated[int, Field(ge=1)]
     state: str
     link_layer: str
     gids: list[Gid]
 
 
-class RdmaDevice(_Strict):
+class RdmaDevice(StrictModel):
     device: str
     ports: list[RdmaPort]
 
 
-class Address(_Strict):
+class Address(StrictModel):
     family: Literal["inet", "inet6"]
     address: str
     prefixlen: Annotated[int, Field(ge=0, le=128)]
     scope: str
 
 
-class Interface(_Strict):
+class Interface(StrictModel):
     name: str
     mtu: Annotated[int, Field(ge=0)] | None
     operstate: str
     addresses: list[Address]
 
 
-class Listener(_Strict):
+class Listener(StrictModel):
     """A TCP socket already listening on a requested port, and its owner when ss could tell."""
 
     port: Port
@@ -122,14 +119,14 @@ class Listener(_Strict):
     pid: Annotated[int, Field(ge=1)] | None
 
 
-class Disk(_Strict):
+class Disk(StrictModel):
     exists: bool
     is_dir: bool
     free_bytes: Count | None
     writable: bool
 
 
-class Packages(_Strict):
+class Packages(StrictModel):
     """Versions inside the engine image; null when absent or when the image could not run."""
 
     vllm: str | None
@@ -137,7 +134,7 @@ class Packages(_Strict):
     nixl: str | None
 
 
-class ImageFacts(_Strict):
+class ImageFacts(StrictModel):
     ref: str
     id: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None
     repo_digests: list[str]
@@ -146,7 +143,7 @@ class ImageFacts(_Strict):
     packages: Packages
 
 
-class ModelFacts(_Strict):
+class ModelFacts(StrictModel):
     """The checkpoint tree: rows of (relative path, size, sha256) and their digest."""
 
     dir: str
@@ -167,7 +164,7 @@ class ModelFacts(_Strict):
         return first_differing_path(self.rows, other.rows)
 
 
-class HostFacts(_Strict):
+class HostFacts(StrictModel):
     """Everything discovery measured on one host, for one probe request."""
 
     schema_: Literal["narwhal.host-facts"] = Field(alias="schema")

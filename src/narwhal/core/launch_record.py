@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from narwhal.core.document_io import StrictModel
 
 SCHEMA = "narwhal.launch-record"
 VERSION = 1
@@ -21,11 +23,7 @@ ENGINE_API_KEY_ENV = "VLLM_API_KEY"
 HF_TOKEN_ENV = "HF_TOKEN"  # noqa: S105 - the variable's name huggingface_hub reads, not a token
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class Device(_Strict):
+class Device(StrictModel):
     index: int = Field(ge=0)
     uuid: str = Field(min_length=1)
     pci_bus_id: str = Field(min_length=1)
@@ -34,7 +32,7 @@ class Device(_Strict):
     render_node: str | None = Field(default=None, pattern=r"^/dev/dri/renderD[0-9]{1,4}$")
 
 
-class Ports(_Strict):
+class Ports(StrictModel):
     engine: int = Field(ge=1, le=65535)
     attest: int = Field(ge=1, le=65535)
     nixl_side_channel: int = Field(ge=1, le=65535)
@@ -44,13 +42,13 @@ class Ports(_Strict):
     kv_events: int | None = Field(default=None, ge=1, le=65535)
 
 
-class Image(_Strict):
+class Image(StrictModel):
     ref: str = Field(min_length=1)
     id: str = Field(min_length=1)
     repo_digests: tuple[str, ...] = ()
 
 
-class LaunchRecord(_Strict):
+class LaunchRecord(StrictModel):
     """`narwhal.launch-record` v1."""
 
     schema_: Literal["narwhal.launch-record"] = Field(alias="schema")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import Field, ValidationError
 
+from narwhal.core.document_io import StrictModel
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import ContractError
 
@@ -22,16 +23,14 @@ SCHEMA = "narwhal.result"
 VERSION = 1
 
 
-class ResultLine(BaseModel):
+class ResultLine(StrictModel):
     """What a fleet-side command reports back to the workstation."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     schema_: str = SCHEMA
     schema_version: int = VERSION
     command: str
     ok: bool
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = Field(default_factory=dict)
     error: str = ""
 
     def render(self) -> str:

@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from narwhal.core.document_io import StrictModel
 from narwhal.core.errors import Problem
 
 # What each NARWHAL_GPU_TLS value adds to UCX_TLS (UCX's own transport names and aliases).
@@ -31,10 +32,8 @@ NETWORK_TLS: dict[str, tuple[str, ...]] = {"ucx_tcp": ("tcp",), "ucx_rdma": ("rc
 RDMA_NODES_PREFIX = "/dev/infiniband/"
 
 
-class TransferPath(BaseModel):
+class TransferPath(StrictModel):
     """One engine's KV transfer path (`narwhal.transfer-path`, carried inside run plans)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     transport: Literal["ucx_tcp", "ucx_rdma"]
     net_devices: tuple[str, ...] = Field(min_length=1)  # UCX_NET_DEVICES: interface or HCA:port

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from narwhal.core.document_io import StrictModel
 from narwhal.core.kv.blocks import cdiv
 from narwhal.core.kv.geometry import Geometry
 from narwhal.core.kv.transfer import request_transfer
 
 
-class Workload(BaseModel):
+class Workload(StrictModel):
     """The handoff load one directed edge must carry; NaN and infinity are refused."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     prompt_tokens: int = Field(default=1024, ge=1)
     handoffs_per_s: float = Field(default=1.0, gt=0)
@@ -42,10 +41,8 @@ class Workload(BaseModel):
         return max(self.handoffs_per_s, self.burst / self.transfer_budget_s)
 
 
-class Budget(BaseModel):
+class Budget(StrictModel):
     """A computed budget for one directed edge."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     payload_bytes_per_handoff: int
     peak_handoffs_per_s: float

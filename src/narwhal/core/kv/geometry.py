@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from narwhal.core.document_io import StrictModel
 from narwhal.core.errors import InputError, Problem
 from narwhal.core.kv.arch import Arch, arch_from_config, tp_problems, valid_tp_sizes
 from narwhal.core.kv.backends import Backend
@@ -31,13 +30,9 @@ from narwhal.core.kv.plan import LaunchPlan
 from narwhal.core.kv.specs import MambaState, layer_specs, mamba_state
 from narwhal.core.kv.versions import VllmFacts, facts_for
 
-_FROZEN = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-
-class Architecture(BaseModel):
+class Architecture(StrictModel):
     """Model-level numbers, before any launch choice."""
-
-    model_config = _FROZEN
 
     model_type: str
     num_hidden_layers: int
@@ -50,10 +45,8 @@ class Architecture(BaseModel):
     layer_kinds: dict[str, int]
 
 
-class Geometry(BaseModel):
+class Geometry(StrictModel):
     """Everything predicted for one engine; the unit pair checks and budgets work on."""
-
-    model_config = _FROZEN
 
     engine: str
     plan: LaunchPlan

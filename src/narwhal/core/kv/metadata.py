@@ -6,19 +6,14 @@ Kept apart from the pipeline so the live side-channel reply can be compared fiel
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
+from narwhal.core.document_io import StrictModel
 from narwhal.core.kv.blocks import cdiv
 from narwhal.core.kv.groups import Group
 from narwhal.core.kv.plan import LaunchPlan
 
-_FROZEN = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-
-class GroupView(BaseModel):
+class GroupView(StrictModel):
     """One KV cache group (or its share on one PP stage)."""
-
-    model_config = _FROZEN
 
     kind: str
     window: int | None
@@ -30,10 +25,8 @@ class GroupView(BaseModel):
         return self.kind in ("mamba1", "mamba2", "gdn")
 
 
-class AgentMetadata(BaseModel):
+class AgentMetadata(StrictModel):
     """The NixlAgentMetadata fields a rank will report, minus addresses and the opaque blob."""
-
-    model_config = _FROZEN
 
     num_regions: int
     block_lens: list[int]
@@ -48,10 +41,8 @@ class AgentMetadata(BaseModel):
     pcp_size: int
 
 
-class StageView(BaseModel):
+class StageView(StrictModel):
     """What every TP rank of one PP stage holds: the same shape on each rank."""
-
-    model_config = _FROZEN
 
     pp_rank: int
     first_layer: int
@@ -62,10 +53,8 @@ class StageView(BaseModel):
     metadata: AgentMetadata
 
 
-class Capacity(BaseModel):
+class Capacity(StrictModel):
     """num_blocks and concurrency as vLLM logs them, when available KV bytes are given."""
-
-    model_config = _FROZEN
 
     num_blocks: int
     blocks_per_request: int | None

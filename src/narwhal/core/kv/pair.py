@@ -11,18 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from narwhal.core.document_io import StrictModel
 from narwhal.core.kv.compat_hash import FIX_BY_FACTOR, differing_factors
 from narwhal.core.kv.geometry import Geometry
 from narwhal.core.kv.layout import BLOCK_CONTIGUOUS
 from narwhal.core.kv.versions import facts_for
 
 
-class Finding(BaseModel):
+class Finding(StrictModel):
     """One reason the pair fails, in operator terms."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     check: str
     producer: str
@@ -34,10 +31,8 @@ class Finding(BaseModel):
     fix: str
 
 
-class PairReport(BaseModel):
+class PairReport(StrictModel):
     """The verdict for one ordered producer -> consumer pair."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     producer: str
     consumer: str

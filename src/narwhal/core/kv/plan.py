@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from narwhal.core.document_io import StrictModel
 from narwhal.core.kv.versions import facts_for
 
 LAYOUT_NAMES = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
@@ -33,10 +34,8 @@ MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
 MAMBA_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
-class SpeculativePlan(BaseModel):
+class SpeculativePlan(StrictModel):
     """`--speculative-config`: only EAGLE/MTP-style methods reach the hash."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     method: str
     model: str | None = None
@@ -48,10 +47,8 @@ class SpeculativePlan(BaseModel):
     num_speculative_tokens: int = Field(default=0, ge=0)
 
 
-class LaunchPlan(BaseModel):
+class LaunchPlan(StrictModel):
     """How one engine is launched, as far as its KV cache and handshake are concerned."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     name: str = Field(default="engine", min_length=1)
     vllm_version: str = "0.29.0"

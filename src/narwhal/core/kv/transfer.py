@@ -7,17 +7,14 @@ slices the producer's blocks to fit), so these numbers are always the consumer's
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
+from narwhal.core.document_io import StrictModel
 from narwhal.core.kv.blocks import cdiv
 from narwhal.core.kv.geometry import Geometry
 from narwhal.core.kv.metadata import GroupView
 
 
-class StageTransfer(BaseModel):
+class StageTransfer(StrictModel):
     """Per consumer rank of one PP stage."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     pp_rank: int
     blocks_per_group: list[int]
@@ -25,10 +22,8 @@ class StageTransfer(BaseModel):
     descriptors_per_rank: int
 
 
-class RequestTransfer(BaseModel):
+class RequestTransfer(StrictModel):
     """One request of `prompt_tokens` handed from producer to this consumer geometry."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     prompt_tokens: int
     transferred_tokens: int

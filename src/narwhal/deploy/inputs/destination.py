@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from narwhal.core.document_io import StrictModel
 from narwhal.deploy.inputs.hostnames import canonical_host
 
 USER_RE = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
@@ -18,10 +19,10 @@ SSH_PORT = 22
 FORMS = "write user@host or ssh://user@host:port (no leading '-', no spaces)"
 
 
-class Destination(BaseModel):
+class Destination(StrictModel):
     """Where one physical host is reached: `host` as written (without brackets), checked."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(strict=False)  # built from parsed `.env` text, as before
 
     text: str
     user: str | None

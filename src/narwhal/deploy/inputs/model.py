@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from narwhal.core.document_io import StrictModel
 from narwhal.core.fleet import KV_CANARY_INTERVAL_S
 from narwhal.core.secret import Secret
 from narwhal.deploy.inputs.destination import Destination
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+class _Frozen(StrictModel):
+    # Built from values the `.env` grammar already checked as text (vocabulary.py, fields.py,
+    # which refuses NaN itself), with pydantic's lax conversion, and holding Path and Secret:
+    # so lax, arbitrary types allowed, and NaN left to the grammar, as before.
+    model_config = ConfigDict(strict=False, arbitrary_types_allowed=True, allow_inf_nan=True)
 
 
 class EngineInputs(_Frozen):
@@ -69,15 +73,13 @@ class RouterInputs(_Frozen):
     api_key: Secret | None = None
 
 
-class Workload(BaseModel):
+class Workload(StrictModel):
     """The load the fleet is sized for. Gate D budgets every directed edge from it and the
     "workload" fingerprint digests it, so a changed load makes the budget (and what was
     measured against it) stale. Read from the optional NARWHAL_WORKLOAD_* variables.
 
     Gate D hands it to `core.kv.budget.Workload` (deploy/fabric/budget.py): the same fields,
     the transfer budget in milliseconds here as operators state it, seconds there."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     prompt_tokens: int = Field(default=1024, ge=1, le=10_000_000)  # a typical prompt
     handoffs_per_s: float = Field(default=1.0, gt=0)  # mean prefill-to-decode handoffs

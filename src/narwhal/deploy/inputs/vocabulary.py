@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from narwhal.core.document_io import StrictModel
 from narwhal.deploy.inputs import fields as f
 
 # FIELD suffix -> attribute name, for fields that may be global or per engine.
@@ -89,10 +90,13 @@ WORKLOAD_TYPED: dict[str, tuple[str, Any]] = {
 GLOBAL_ONLY |= {name.removeprefix("NARWHAL_") for name in WORKLOAD_TYPED}
 
 
-class EngineFieldValues(BaseModel):
+class EngineFieldValues(StrictModel):
     """Validation of one engine's merged string values; errors come back per field."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Its values are `.env` strings that the annotated types convert (lax parsing is the
+    # point: "8000" is a port) and that refuse NaN with their own words (fields.py); it was
+    # never frozen, so it stays as it was.
+    model_config = ConfigDict(strict=False, frozen=False, allow_inf_nan=True)
 
     engine_image: f.ImageRef
     model_name: f.ModelName
