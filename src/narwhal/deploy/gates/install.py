@@ -25,6 +25,13 @@ from typing import Any
 from narwhal.core.documents import canonical_json, stamp
 from narwhal.core.errors import GateBlocked, HostError, InputError, Problem
 from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install_rules import (
+    checkout_refusal,
+    file_action,
+    install_outcome,
+    marker_stale,
+    pip_needed,
+)
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
 from narwhal.deploy.hosts import commandline as cl
@@ -221,10 +228,11 @@ def _send(host: Host, attempt: Attempt, base: str, pkg: prep.HostPackage) -> tup
         # A local file's digest was checked against the manifest just before (changed_files).
         want = f.sha256 or hashlib.sha256(data).hexdigest()
         existing = host.stat_file(target)
-        if existing is not None:
-            if existing[1] != want:
-                raise HostError(host.alias, f"{target} already exists with other content; it "
-                                "was left as it is: move it away, or prepare a new run")
+        action = file_action(None if existing is None else existing[1], want)
+        if action == "refuse":
+            raise HostError(host.alias, f"{target} already exists with other content; it "
+                            "was left as it is: move it away, or prepare a new run")
+        if action == "keep":
             present += 1
             continue
         attempt.create_file(host, target, data)
@@ -271,12 +279,12 @@ def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostP
             attempt.own_tree(host, checkout)
             state, cloned = host.run(cl.checkout_state(checkout), check=True), True
         head, changed = state.text.split()
-        if head != p.revision or changed != "0":
-            raise HostError(host.alias, f"{checkout} is at {head} with {changed} changed "
-                            f"path(s), not a clean {p.revision}; move it away and rerun")
+        if (refused := checkout_refusal(head, changed, p.revision)) is not None:
+            raise HostError(host.alias, f"{checkout} {refused}; move it away and rerun")
         venv = f"{base}/venv"
         reqs = next(f for f in pkg.files if f.remote == pkg.requirements)
-        pip_ran = host.run(cl.venv_stamp(venv), check=True).text.strip() != reqs.sha256
+        pip_ran = pip_needed(host.run(cl.venv_stamp(venv), check=True).text.strip(),
+                             reqs.sha256)
         if pip_ran:
             progress(host.alias, "installing from the wheelhouse")
             fresh = host.stat_dir(venv) is None
@@ -291,18 +299,19 @@ def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostP
         for command in pkg.smoke:
             host.run([f"{venv}/bin/{command}", "--help"], check=True)
         marker = host.run(cl.read_file(f"{base}/installed"))
-        verified = marker.ok and marker.text.strip() == p.revision
+        verified = not marker_stale(marker.ok, marker.text, p.revision)
         if not verified:
             host.run(cl.write_marker(f"{base}/installed", p.revision), check=True)
         current = host.run(cl.read_file(f"{base}/current"))
-        if not (current.ok and current.text.strip() == p.run_id):
+        if marker_stale(current.ok, current.text, p.run_id):
             host.run(cl.write_marker(f"{base}/current", p.run_id), check=True)
-        progress(host.alias, "verified" if verified and not pip_ran else "installed")
+        said, recorded = install_outcome(verified, pip_ran, sent)
+        progress(host.alias, said)
         return stamp(RESULT_SCHEMA, 1, {
             "host": host.alias, "roles": pkg.roles, "dir": base, "revision": p.revision,
             "head": head, "files_sent": sent, "files_present": present, "cloned": cloned,
             "pip_ran": pip_ran, "smoke": pkg.smoke,
-            "outcome": "verified" if verified and not pip_ran and not sent else "installed"})
+            "outcome": recorded})
     finally:
         host.run(cl.lock_drop(lock, owner))
 
