@@ -37,6 +37,7 @@ from typing import Any
 from narwhal.core.attainment import TARGET_ATTAINMENT
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import GateBlocked, HostError, Problem
+from narwhal.core.trial_summary import RateSummary, TrialSummary
 from narwhal.deploy.gates.serve import RouterHost, ServePlan, serving
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host, RunResult
@@ -258,9 +259,10 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
                 data.append(rate_data)
     finally:  # kept when a forward failed most of all: the log says which and why
         attempt.add_artifact("tunnel.jsonl", tunnels.jsonl())
-    doc = {"slo": slo, "seed": work.seed, "requests_per_rate": work.size.requests,
-           "duration_s": work.size.duration_s, "tag": tag, "rates": out,
-           **({"trace": described} if described else {})}
+    doc = TrialSummary.model_validate({
+        "slo": slo, "seed": work.seed, "requests_per_rate": work.size.requests,
+        "duration_s": work.size.duration_s, "tag": tag, "rates": out,
+        **({"trace": described} if described else {})}).document()
     attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
     progress("report", "writing the report")
     files = report.build(f"Capacity trial {attempt.id} of {inputs.deployment}", slo, data,
@@ -319,6 +321,7 @@ def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned]
         summary["continued"] = continued
     summary["verdict"] = verdict(summary, rec.ok,
                                  scrape_holds(snapshot, len(p.targets()), out_now))
+    summary = RateSummary.model_validate(summary).document()  # refused here if misshapen
     attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(sent.records))
     attempt.add_artifact(f"{name}-journal.jsonl", b"".join(
         canonical_json(r).encode() + b"\n" for r in rows))
