@@ -73,6 +73,7 @@ def test_a_restarted_engine_is_refused_with_the_reason_at_once(sidecar: Sidecar)
     assert engine("stop", "--run-dir", run_dir).ok
     status, body = sidecar.get()
     assert status == 503 and "engine process changed" in body["error"], body
+    assert body["kind"] == "process_changed", body
     # what `narwhal status` asks the engine's host when a sidecar says this
     state = engine("state", "--run-dir", run_dir).data
     assert state["started"] is True and state["running"] is False, state

@@ -21,14 +21,17 @@ def test_a_sidecar_that_vouches_for_the_contract_needs_nothing() -> None:
 
 
 def test_a_restarted_engine_is_a_process_change_and_the_sidecars_words_are_the_reason() -> None:
-    why, changed = judge(ENGINE, _got(503, {"error": "engine process changed: it started at 2"}))
+    why, changed = judge(ENGINE, _got(503, {"kind": "process_changed",
+                                            "error": "engine process changed: it started at 2"}))
     assert changed and why.startswith("engine process changed")
-    why, changed = judge(ENGINE, _got(503, {"error": "layout changed: cache_config_info"}))
+    why, changed = judge(ENGINE, _got(503, {"kind": "layout_changed",
+                                            "error": "layout changed: cache_config_info"}))
     assert changed and why.startswith("layout changed")
 
 
 def test_other_refusals_are_not_taken_for_an_engine_change() -> None:
-    assert judge(ENGINE, _got(503, {"error": "engine not answering (timed out)"}))[1] is False
+    assert judge(ENGINE, _got(503, {"kind": "unreadable",
+                                    "error": "engine not answering (timed out)"}))[1] is False
     why, changed = judge(ENGINE, _got(200, {"digest": "sha256:" + "b" * 64}))
     assert not changed and "is not the fleet's contract" in why
     why, changed = judge(ENGINE, _got(0, {}, ok=False, error="connection refused"))

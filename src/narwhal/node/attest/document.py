@@ -22,6 +22,7 @@ from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
 from narwhal.core.documents import canonical_json, digest, sha256_bytes, stamp
 from narwhal.core.errors import ContractError
 from narwhal.core.kv.capture.endpoints import parse_cache_config_info, parse_process_start_time
+from narwhal.core.sidecar_answer import RefusalKind
 from narwhal.node.engine.runtime import Started, alive
 
 SCHEMA = "narwhal.engine-attestation"
@@ -31,7 +32,12 @@ SAME_START_S = 1e-3
 
 
 class Changed(Exception):
-    """The live engine is no longer the attested one; the message is the reason."""
+    """The sidecar cannot vouch for the live engine: `kind` says why for machines (core's
+    sidecar_answer.REFUSAL_KINDS), the message says it for people."""
+
+    def __init__(self, kind: RefusalKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind: RefusalKind = kind
 
 
 @dataclass(frozen=True)
@@ -105,22 +111,24 @@ def _metrics(url: str, timeout_s: float) -> str:
             text: str = reply.read(MAX_METRICS_BYTES).decode("utf-8", "replace")
             return text
     except (OSError, urllib.error.URLError) as exc:
-        raise Changed(f"engine not answering ({exc})") from None
+        raise Changed("unreadable", f"engine not answering ({exc})") from None
 
 
 def verify(a: Attested, timeout_s: float = 3.0) -> None:
     """Raise Changed with the reason when the live engine is not the attested one."""
     if not alive(a.started):
-        raise Changed("engine process changed: the attested container or process is gone")
+        raise Changed("process_changed",
+                      "engine process changed: the attested container or process is gone")
     text = _metrics(a.plan["url"], timeout_s)
     try:
         start = parse_process_start_time(text)
         live = [c.labels for c in parse_cache_config_info(text)]
     except (ValueError, ContractError) as exc:
-        raise Changed(f"engine metrics unreadable ({exc})") from None
+        raise Changed("unreadable", f"engine metrics unreadable ({exc})") from None
     if abs(start - a.capture.process_start_time_seconds) > SAME_START_S:
-        raise Changed(f"engine process changed: it started at {start:.3f}, the attested "
+        raise Changed("process_changed",
+                      f"engine process changed: it started at {start:.3f}, the attested "
                       f"process at {a.capture.process_start_time_seconds:.3f}")
     if canonical_json(live) != canonical_json(list(a.capture.cache_config_info)):
-        raise Changed("layout changed: the engine's cache_config_info differs from the "
-                      "attested capture")
+        raise Changed("layout_changed", "layout changed: the engine's cache_config_info "
+                      "differs from the attested capture")
