@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.deploy.cli.context import Context
+from narwhal.deploy.actions.context import Context
 from narwhal.deploy.cli.main import main
 from narwhal.deploy.hosts.sessions import control_dir
 from tests.component.conftest import write_env
@@ -118,7 +118,7 @@ def _word(name: str) -> re.Pattern[bytes]:
 def main_args(common: list[str]) -> object:
     import argparse
 
-    from narwhal.deploy.cli.context import add_common
+    from narwhal.deploy.actions.context import add_common
 
     parser = argparse.ArgumentParser()
     add_common(parser)

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import GateBlocked
-from narwhal.deploy.cli.context import Context
+from narwhal.deploy.actions.context import Context
 from narwhal.deploy.cli.main import main
 from narwhal.deploy.gates import discover
+from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.runner import run_gate
 from narwhal.deploy.hosts.ssh import SshHost
 from tests.component.conftest import write_env
@@ -41,7 +42,7 @@ def test_two_gate_attempts_in_one_run_reuse_each_hosts_master(sshd: Sshd, tmp_pa
         for _ in range(2):
             targets = discover.plan(ctx.inputs)
             with pytest.raises(GateBlocked):  # loopback has no GPUs; the probes still run
-                run_gate(discover.SPEC, ctx.ledger, ctx.fingerprints(), ctx.sessions().roles(),
+                run_gate(SPECS["discover"], ctx.ledger, ctx.fingerprints(), ctx.sessions().roles(),
                          ctx.inputs.revision, {},
                          lambda attempt, t=targets: discover.execute(
                              ctx.inputs, ctx.sessions(), attempt, t, lambda *_: None))

@@ -1,50 +1,72 @@
-"""What `narwhal deploy` runs for each gate: the operator's own command line, with only the
-flags that gate takes, and a recapture of exactly the engines the live check found changed."""
+"""What `narwhal deploy` runs for each gate: the options an operator would give its command,
+with only the flags that gate takes, and a recapture of exactly the engines the live check
+found changed."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from narwhal.core.gates import gate
-from narwhal.deploy.cli.deploy_cmd import gate_argv
+from narwhal.deploy.actions.gate_commands import (
+    COMMANDS,
+    DeployFlags,
+    engine_options,
+    fabric_choice,
+    install_options,
+)
+from narwhal.deploy.actions.gate_runs import EngineOptions, InstallOptions
 from narwhal.deploy.cli.main import build_parser
+from narwhal.deploy.gates.fabric import FabricOptions
+from narwhal.deploy.gates.live_check import Live, findings
+from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.restarts import EngineChange
 
-
-def _args(*extra: str) -> object:
-    return build_parser().parse_args(["deploy", *extra])
+NO_CONTEXT: Any = None  # these options read nothing from the record
+FLAGS = DeployFlags(prepared="20261202T000000Z", checkout=Path("/src"), fabric_seconds=2)
 
 
 def test_each_gate_gets_its_own_flags_only() -> None:
-    args = _args("--prepared", "20261202T000000Z", "--checkout", "/src", "--fabric-seconds", "2")
-    assert gate_argv(gate("B"), args, False, []) == [
-        "install", "--prepared", "20261202T000000Z"]  # a prepared run carries its checkout
-    assert gate_argv(gate("D"), args, False, []) == [
-        "fabric", "--seconds", "2"]
-    for name in ("discover", "engines", "attest", "preflight", "serve"):
-        assert gate_argv(gate(name), args, False, []) == [gate(name).command]
-    plain = _args("--wheelhouse", "/w", "--checkout", "/src")
-    assert gate_argv(gate("B"), plain, False, []) == [
-        "install", "--wheelhouse", "/w", "--checkout", "/src"]
+    options, argv = install_options(NO_CONTEXT, FLAGS, {})
+    assert argv == ["install", "--prepared", "20261202T000000Z"]  # a prepared run carries its
+    assert options == InstallOptions(prepared="20261202T000000Z")  # checkout
+    assert fabric_choice(None, FLAGS.fabric_seconds) == (FabricOptions(seconds=2),
+                                                          ["fabric", "--seconds", "2"])
+    for name in ("discover", "attest", "preflight", "serve"):
+        assert COMMANDS[name].deploy_options(NO_CONTEXT, FLAGS, {}) == (None, [name])
+    plain = DeployFlags(wheelhouse=Path("/w"), checkout=Path("/src"))
+    assert install_options(NO_CONTEXT, plain, {}) == (
+        InstallOptions(Path("/w"), Path("/src")),
+        ["install", "--wheelhouse", "/w", "--checkout", "/src"])
 
 
 def test_an_engine_only_the_live_check_found_changed_is_captured_again_alone() -> None:
     changes = [EngineChange("engine-2", "engine process changed", (), True),
                EngineChange("engine-3", "sidecar not vouching", (), False)]
-    args = _args()
-    assert gate_argv(gate("C"), args, True, changes) == [
-        "engines", "--recapture", "engine-2"]
+    partial = SPECS["engines"].partial
+    assert partial is not None
+    named = partial.subjects(findings(Live(engines=changes)))
+    assert named == {"recapture": ["engine-2"]}
+    assert engine_options(NO_CONTEXT, DeployFlags(), named) == (
+        EngineOptions(recapture=("engine-2",)), ["engines", "--recapture", "engine-2"])
     # inputs moved too: the whole gate runs again
-    assert gate_argv(gate("C"), args, False, changes) == ["engines"]
+    assert engine_options(NO_CONTEXT, DeployFlags(), {}) == (EngineOptions(), ["engines"])
 
 
-def test_every_flag_a_gate_command_gets_is_one_it_parses() -> None:
-    args = _args("--prepared", "r1", "--fabric-seconds", "3")
+def test_every_command_line_deploy_prints_parses_to_the_options_it_ran() -> None:
     parser = build_parser()
-    for g in ("A", "B", "C", "D", "E", "F", "G"):
-        argv = gate_argv(gate(g), args, False, [])
-        parsed = parser.parse_args([*argv, "--env", str(Path("x.env")), "--json"])
-        assert parsed.handler is not None
+    options, argv = install_options(NO_CONTEXT, DeployFlags(prepared="r1"), {})
+    parsed = parser.parse_args([*argv, "--env", str(Path("x.env")), "--json"])
+    assert parsed.prepared == options.prepared and parsed.handler is not None
+    options, argv = engine_options(NO_CONTEXT, DeployFlags(), {"recapture": ["e2"],
+                                                               "restart": ["e3", "e1"]})
+    parsed = parser.parse_args(argv)
+    assert (tuple(parsed.recapture), tuple(parsed.restart)) == (options.recapture,
+                                                                options.restart)
+    kept = {"seconds": 1, "omit_s": 0, "parallel": 1, "port": 5201}
+    options, argv = fabric_choice(kept, None)
+    parsed = parser.parse_args(argv)
+    assert (parsed.seconds, parsed.omit, parsed.parallel, parsed.port) == (
+        options.seconds, options.omit_s, options.parallel, options.port)
 
 
 def test_an_engine_that_is_not_running_is_started_again_alone_beside_a_recapture() -> None:
@@ -52,7 +74,10 @@ def test_an_engine_that_is_not_running_is_started_again_alone_beside_a_recapture
                EngineChange("engine-3", "engine process changed: the attested container or "
                             "process is gone; its host says it is not running", (), True,
                             restart=True)]
-    assert gate_argv(gate("C"), _args(), True, changes) == [
+    partial = SPECS["engines"].partial
+    assert partial is not None
+    named = partial.subjects(findings(Live(engines=changes)))
+    assert engine_options(NO_CONTEXT, DeployFlags(), named)[1] == [
         "engines", "--recapture", "engine-2", "--restart", "engine-3"]
     parsed = build_parser().parse_args(["engines", "--restart", "engine-3,engine-1"])
     assert parsed.restart == ["engine-3", "engine-1"]
@@ -62,12 +87,10 @@ def test_the_fabric_runs_again_with_the_parameters_its_last_pass_measured_with()
     """They are part of every link record: other parameters would measure every edge again,
     not only those whose links moved."""
     kept = {"seconds": 1, "omit_s": 0, "parallel": 1, "port": 5201}
-    assert gate_argv(gate("D"), _args(), False, [], kept) == [
-        "fabric", "--seconds", "1", "--omit", "0", "--parallel", "1", "--port", "5201"]
-    assert gate_argv(gate("D"), _args("--fabric-seconds", "4"), False, [], kept)[1:3] == [
-        "--seconds", "4"]  # the operator's word wins
-    parsed = build_parser().parse_args(gate_argv(gate("D"), _args(), False, [], kept))
-    assert (parsed.seconds, parsed.omit, parsed.parallel, parsed.port) == (1, 0, 1, 5201)
+    assert fabric_choice(kept, None) == (
+        FabricOptions(seconds=1, omit_s=0, parallel=1, port=5201),
+        ["fabric", "--seconds", "1", "--omit", "0", "--parallel", "1", "--port", "5201"])
+    assert fabric_choice(kept, 4)[1][1:3] == ["--seconds", "4"]  # the operator's word wins
 
 
 def test_a_row_that_did_not_measure_the_workloads_prompt_length_is_profiled_again() -> None:

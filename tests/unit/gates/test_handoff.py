@@ -9,14 +9,15 @@ import pytest
 
 from narwhal.core.errors import GateBlocked, LedgerError
 from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.runner import current_fingerprints, fingerprint, run_gate
-from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.spec import GateSpec, Reads, sequence
 from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.status import compute
 
 READS = Reads("discover", "discovery.json")
-ENGINES = GateSpec("engines", Spread.PER_ENGINE, (READS,))
-DISCOVER = GateSpec("discover", Spread.PER_HOST)
+ENGINES = GateSpec("engines", reads=(READS,))
+DISCOVER = GateSpec("discover")
 ENV = {"discover": {"hosts": "h1"}, "engines": {"engine-image": "i1"}}
 
 
@@ -43,10 +44,10 @@ def test_the_read_artifact_digest_is_in_the_readers_fingerprint(tmp_path: Path) 
     first = fingerprint(ENGINES, ledger, ENV)
     assert first == {"engine-image": "i1", "artifact:discover/discovery.json": art.sha256}
     run_gate(ENGINES, ledger, ENV, {}, "", {}, lambda attempt: None)
-    assert compute(ledger.load(), current_fingerprints({"engines": ENGINES}, ledger, ENV))[2] \
-        .state == "passed"
+    assert compute(SPECS, ledger.load(),
+                   current_fingerprints({"engines": ENGINES}, ledger, ENV))[2].state == "passed"
     _discover(ledger, b'{"engines": 2}')  # discovery passed again with other facts
-    rows = {r.gate: r for r in compute(ledger.load(),
+    rows = {r.gate: r for r in compute(SPECS, ledger.load(),
                                        current_fingerprints({"engines": ENGINES}, ledger, ENV))}
     assert rows["engines"].state == "stale"
     assert "artifact:discover/discovery.json" in rows["engines"].reason
@@ -78,8 +79,9 @@ def test_the_plan_is_recorded_before_execute_runs(tmp_path: Path) -> None:
 
 
 def test_a_gate_may_not_read_from_a_later_gate() -> None:
-    with pytest.raises(ValueError, match="runs after it"):
-        GateSpec("discover", Spread.PER_HOST, (Reads("engines", "x.json"),))
+    with pytest.raises(ValueError, match="does not run before it"):
+        sequence(GateSpec("discover", reads=(Reads("engines", "x.json"),)), GateSpec("engines"))
+    assert list(sequence(GateSpec("discover"), ENGINES)) == ["discover", "engines"]
 
 
 def test_a_gate_redoing_part_of_its_work_reads_its_last_pass_through_a_failed_attempt(

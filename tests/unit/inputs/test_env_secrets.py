@@ -16,8 +16,8 @@ import pytest
 from narwhal.core.errors import InputError
 from narwhal.core.secret import MASK, Secret
 from narwhal.deploy.cli.main import main
+from narwhal.deploy.gates.registry import env_fingerprints
 from narwhal.deploy.inputs import parse_inputs
-from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from narwhal.deploy.ledger.evidence import Redactor
 from tests.envtext import valid_env
 
@@ -65,7 +65,7 @@ def test_an_engine_env_token_is_a_known_secret_the_ledger_masks(tmp_path: Path) 
     assert TOKEN in {s.reveal() for s in inputs.secrets()}
     assert "NARWHAL_ENGINE_ENV[HF_TOKEN]" in {s.name for s in inputs.secrets()}
     assert TOKEN not in Redactor(inputs.secrets()).text(f"curl -H 'Bearer {TOKEN}'")
-    assert TOKEN not in repr(inputs) and TOKEN not in json.dumps(gate_fingerprints(inputs))
+    assert TOKEN not in repr(inputs) and TOKEN not in json.dumps(env_fingerprints(inputs))
 
 
 def test_a_file_holding_an_engine_env_token_must_be_private(

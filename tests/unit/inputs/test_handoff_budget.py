@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from narwhal.core.fleet import HANDOFF_BUDGET_MAX_S, Serving
-from narwhal.core.gates import VERDICT_ONLY
 from narwhal.deploy.gates.preflight import handoff_budget_s
+from narwhal.deploy.gates.registry import SPECS, env_fingerprints
 from narwhal.deploy.inputs import parse_inputs
-from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from narwhal.deploy.ledger.status import compute
 from tests.envtext import valid_env
 from tests.unit.inputs.passed_ledger import all_passed
@@ -28,21 +27,21 @@ def test_the_budget_reaches_the_fleet_in_seconds_within_what_the_router_accepts(
 
 
 def test_a_moved_budget_moves_the_fabric_s_workload_and_gate_f_s_handoff_budget() -> None:
-    before = gate_fingerprints(parse_inputs(valid_env(), SOURCE))
-    after = gate_fingerprints(parse_inputs(valid_env(**{NAME: "250"}), SOURCE))
+    before = env_fingerprints(parse_inputs(valid_env(), SOURCE))
+    after = env_fingerprints(parse_inputs(valid_env(**{NAME: "250"}), SOURCE))
     moved = {(g, name) for g in before for name in before[g]
              if before[g][name] != after[g][name]}
     assert moved == {("fabric", "workload"), ("preflight", "handoff-budget")}
-    assert "workload" in VERDICT_ONLY["fabric"]
+    assert "workload" in SPECS["fabric"].verdict_only
 
 
 def test_a_moved_budget_repeats_preflight_and_serve_and_a_record_before_it_is_not_stale() -> None:
     doc, now = all_passed()
     now["preflight"]["handoff-budget"] = "handoff-budget-2"
-    rows = {r.gate: r for r in compute(doc, now)}
+    rows = {r.gate: r for r in compute(SPECS, doc, now)}
     assert {g: r.state for g, r in rows.items() if r.state != "passed"} == {
         "preflight": "stale", "serve": "stale"}
     assert rows["preflight"].reason == "input moved: handoff-budget"
     doc, now = all_passed()
     del doc["gates"]["preflight"]["fingerprint"]["handoff-budget"]
-    assert {r.state for r in compute(doc, now)} == {"passed"}
+    assert {r.state for r in compute(SPECS, doc, now)} == {"passed"}

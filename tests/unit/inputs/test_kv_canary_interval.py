@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from narwhal.core.errors import InputError
 from narwhal.core.fleet import KvCanaryRef
 from narwhal.deploy.gates.preflight import CANARY, PreflightPlan, kv_canary
+from narwhal.deploy.gates.registry import SPECS, env_fingerprints
 from narwhal.deploy.inputs import parse_inputs
-from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from narwhal.deploy.inputs.template import TEMPLATE
 from narwhal.deploy.ledger.status import compute
 from tests.envtext import valid_env
@@ -65,19 +65,19 @@ def test_a_bad_period_is_reported_with_every_other_problem() -> None:
 
 
 def test_a_moved_period_moves_gate_fs_canary_fingerprint_alone() -> None:
-    before = gate_fingerprints(parse_inputs(valid_env(), SOURCE))
-    after = gate_fingerprints(parse_inputs(valid_env(**{NAME: "3"}), SOURCE))
+    before = env_fingerprints(parse_inputs(valid_env(), SOURCE))
+    after = env_fingerprints(parse_inputs(valid_env(**{NAME: "3"}), SOURCE))
     moved = {(g, name) for g in before for name in before[g]
              if before[g][name] != after[g][name]}
     assert moved == {("preflight", "kv-canary")}
-    same = gate_fingerprints(parse_inputs(valid_env(**{NAME: "60.0"}), SOURCE))
+    same = env_fingerprints(parse_inputs(valid_env(**{NAME: "60.0"}), SOURCE))
     assert same == before  # the default written out is no change
 
 
 def test_a_moved_period_repeats_preflight_and_serve_only() -> None:
     doc, now = all_passed()
     now["preflight"]["kv-canary"] = "kv-canary-2"
-    rows = {r.gate: r for r in compute(doc, now)}
+    rows = {r.gate: r for r in compute(SPECS, doc, now)}
     assert {g: r.state for g, r in rows.items() if r.state != "passed"} == {
         "preflight": "stale", "serve": "stale"}
     assert rows["preflight"].reason == "input moved: kv-canary"
@@ -87,7 +87,7 @@ def test_a_moved_period_repeats_preflight_and_serve_only() -> None:
 def test_a_record_from_before_the_period_existed_is_not_stale_for_it() -> None:
     doc, now = all_passed()
     del doc["gates"]["preflight"]["fingerprint"]["kv-canary"]
-    assert {r.state for r in compute(doc, now)} == {"passed"}
+    assert {r.state for r in compute(SPECS, doc, now)} == {"passed"}
 
 
 def test_gate_f_writes_the_period_beside_the_reference() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import InputError
+from narwhal.deploy.gates.registry import env_fingerprints
 from narwhal.deploy.inputs import parse_inputs
-from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from tests.envtext import valid_env
 
 SOURCE = Path(".env")
@@ -27,8 +27,8 @@ def test_a_standby_address_is_read_and_moves_gate_gs_router_input() -> None:
                                 SOURCE)
     assert plain.router.standby_url is None
     assert with_standby.router.standby_url == "http://127.0.0.1:8001"
-    assert gate_fingerprints(plain)["serve"] != gate_fingerprints(with_standby)["serve"]
-    assert gate_fingerprints(plain)["preflight"] == gate_fingerprints(with_standby)["preflight"]
+    assert env_fingerprints(plain)["serve"] != env_fingerprints(with_standby)["serve"]
+    assert env_fingerprints(plain)["preflight"] == env_fingerprints(with_standby)["preflight"]
 
 
 @pytest.mark.parametrize("value", [

@@ -9,8 +9,9 @@ import pytest
 
 from narwhal.core.errors import InputError
 from narwhal.deploy.cli.main import main
+from narwhal.deploy.gates.registry import env_fingerprints
 from narwhal.deploy.inputs import parse_inputs
-from narwhal.deploy.inputs.fingerprints import gate_fingerprints, input_values
+from narwhal.deploy.inputs.fingerprints import input_values
 from narwhal.deploy.inputs.template import TEMPLATE
 from tests.envtext import valid_env
 
@@ -84,8 +85,8 @@ def test_every_bad_workload_value_is_reported_in_one_pass() -> None:
 
 @pytest.mark.parametrize("name", VARIABLES)
 def test_a_changed_workload_moves_the_workload_fingerprint(name: str) -> None:
-    before = gate_fingerprints(parse_inputs(valid_env(), SOURCE))
-    after = gate_fingerprints(parse_inputs(valid_env(**{name: VARIABLES[name][1]}), SOURCE))
+    before = env_fingerprints(parse_inputs(valid_env(), SOURCE))
+    after = env_fingerprints(parse_inputs(valid_env(**{name: VARIABLES[name][1]}), SOURCE))
     assert before["fabric"]["workload"] != after["fabric"]["workload"]
     assert {k: v for k, v in before["fabric"].items() if k != "workload"} == {
         k: v for k, v in after["fabric"].items() if k != "workload"}

@@ -9,9 +9,9 @@ import pytest
 
 from narwhal.core.errors import GateBlocked, LedgerError
 from narwhal.deploy.cli.main import main
+from narwhal.deploy.gates.registry import env_fingerprints
 from narwhal.deploy.hosts.local import LocalHost
 from narwhal.deploy.inputs import load_inputs
-from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from narwhal.deploy.ledger import Ledger
 from tests.envtext import valid_env
 
@@ -82,7 +82,7 @@ def test_moved_input_makes_gate_and_later_gates_stale(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     env = _env(tmp_path)
     ledger = _ledger(env, tmp_path)
-    prints = gate_fingerprints(load_inputs(env))
+    prints = env_fingerprints(load_inputs(env))
     for gate in ("discover", "install", "engines", "fabric"):
         with ledger.attempt(gate, fingerprint=prints[gate], hosts={}):
             pass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from narwhal.core.documents import sha256_bytes
 from narwhal.core.secret import MASK
-from narwhal.deploy.cli.context import Context
+from narwhal.deploy.actions.context import Context
 from narwhal.deploy.inputs.envfile import parse_env_text
 from narwhal.deploy.inputs.masked import masked_env
 from tests.envtext import valid_env

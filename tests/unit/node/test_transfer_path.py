@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from narwhal.core.errors import Problem
-from narwhal.core.gates import GATE_INPUTS
 from narwhal.core.transfer_path import TransferPath, derive
+from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.transfer import path_mismatches
 from narwhal.node.engine import runplan
 from tests.unit.node.test_engine_runplan import _flags, _record
@@ -114,5 +114,5 @@ def test_an_edge_whose_engine_runs_on_another_path_is_named() -> None:
 
 
 def test_the_transport_settings_define_exactly_gates_c_and_d() -> None:
-    assert {g for g, names in GATE_INPUTS.items() if "transport" in names} == {"engines",
+    assert {g for g, spec in SPECS.items() if "transport" in spec.inputs} == {"engines",
                                                                               "fabric"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.deploy.cli.context import Context
+from narwhal.deploy.actions.context import Context
 from narwhal.deploy.cli.main import main
 from narwhal.deploy.trial import trace as tr
 from narwhal.deploy.trial.trace import Scale, TraceError, TraceRow, read_trace

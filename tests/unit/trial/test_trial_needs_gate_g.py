@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from narwhal.deploy.cli.context import Context
+from narwhal.deploy.actions.context import Context
 from narwhal.deploy.cli.main import main
 from narwhal.deploy.gates.trial import serve_refusal
 from narwhal.deploy.ledger import Ledger
@@ -60,13 +60,12 @@ def test_an_error_inside_the_trial_is_labelled_as_the_trials(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     from narwhal.core.errors import HostUnreachable
-    from narwhal.deploy.gates import serve
+    from narwhal.deploy.gates.registry import SPECS, env_fingerprints
     from narwhal.deploy.gates.runner import fingerprint
     from narwhal.deploy.inputs import load_inputs
-    from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 
     ledger = ledger_for_valid_env(tmp_path)
-    now = fingerprint(serve.SPEC, ledger, gate_fingerprints(load_inputs(tmp_path / ".env")))
+    now = fingerprint(SPECS["serve"], ledger, env_fingerprints(load_inputs(tmp_path / ".env")))
     with ledger.attempt("serve", fingerprint=now, hosts={}):
         pass  # passed, and fresh
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from narwhal.deploy.gates.registry import env_fingerprints
+from narwhal.deploy.gates.spec import GateSpec
 from narwhal.deploy.hosts.sessions import Sessions
 from narwhal.deploy.inputs import Inputs, load_inputs
-from narwhal.deploy.inputs.fingerprints import gate_fingerprints
 from narwhal.deploy.ledger import Ledger
 
 
@@ -49,5 +51,7 @@ class Context:
             self._sessions.close()
             self._sessions = None
 
-    def fingerprints(self) -> dict[str, dict[str, str]]:
-        return gate_fingerprints(self.inputs)
+    def fingerprints(self, specs: Mapping[str, GateSpec] | None = None
+                     ) -> dict[str, dict[str, str]]:
+        """Gate -> the digest of each `.env` input it declares (`specs`: the runbook's)."""
+        return env_fingerprints(self.inputs, specs)

@@ -6,7 +6,6 @@ problems, each naming host, field and fix, as JSON or as lines.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
@@ -40,31 +39,49 @@ class Progress:
             self.console.print(text)
 
 
-def report_blocked(gate: str, args: argparse.Namespace, exc: GateBlocked,
-                   after: str = "") -> None:
+def blocked_document(gate: str, exc: GateBlocked) -> dict[str, Any]:
+    """The blocked verdict as `--json` prints it."""
+    return {"gate": gate, "verdict": "blocked", "cause": exc.cause,
+            "problems": [{"field": p.field, "problem": p.problem, "fix": p.fix}
+                         for p in exc.problems]}
+
+
+def blocked_lines(gate: str, exc: GateBlocked, after: str = "") -> list[str]:
+    """The blocked verdict as lines: the count, then every problem (or the cause)."""
+    lines = [f"narwhal {gate}: blocked, {len(exc.problems) or 1} problem(s){after}:"]
+    lines += [f"  - {p.line()}" for p in exc.problems] or [f"  - {exc.cause}"]
+    return lines
+
+
+def report_blocked(gate: str, as_json: bool, exc: GateBlocked, after: str = "") -> None:
     """The blocked verdict: one JSON document with --json, else every problem on stderr."""
-    if args.json:
-        print(json.dumps({"gate": gate, "verdict": "blocked", "cause": exc.cause,
-                          "problems": [{"field": p.field, "problem": p.problem, "fix": p.fix}
-                                       for p in exc.problems]}, indent=1))
+    if as_json:
+        print(json.dumps(blocked_document(gate, exc), indent=1))
         return
-    print(f"narwhal {gate}: blocked, {len(exc.problems) or 1} problem(s){after}:",
-          file=sys.stderr)
-    for p in exc.problems:
-        print(f"  - {p.line()}", file=sys.stderr)
-    if not exc.problems:
-        print(f"  - {exc.cause}", file=sys.stderr)
+    for line in blocked_lines(gate, exc, after):
+        print(line, file=sys.stderr)
 
 
-def report_passed(gate: str, args: argparse.Namespace, ledger: Ledger, shown: dict[str, Any],
+def passed_document(gate: str, ledger: Ledger, shown: dict[str, Any]) -> dict[str, Any]:
+    """The passed verdict as `--json` prints it: the attempt and what the gate shows."""
+    return {"gate": gate, "verdict": "passed", "attempt": ledger.load()["gates"][gate]["last"],
+            **shown}
+
+
+def report_passed(gate: str, as_json: bool, ledger: Ledger, shown: dict[str, Any],
                   table: Callable[[], None]) -> None:
     """The passed verdict: one JSON document (the attempt and `shown`) with --json, else the
     gate's table and where its evidence is."""
-    attempt = ledger.load()["gates"][gate]["last"]
-    if args.json:
-        print(json.dumps({"gate": gate, "verdict": "passed", "attempt": attempt, **shown},
-                         indent=1))
+    if as_json:
+        print(json.dumps(passed_document(gate, ledger, shown), indent=1))
         return
     table()
-    print(f"gate {gate_named(gate).letter} passed: evidence in "
-          f"{ledger.attempt_folder(gate, attempt)}")
+    attempt = ledger.load()["gates"][gate]["last"]
+    print(f"gate {_letter(gate)} passed: evidence in {ledger.attempt_folder(gate, attempt)}")
+
+
+def _letter(gate: str) -> str:
+    try:
+        return gate_named(gate).letter
+    except KeyError:
+        return gate  # a gate outside the runbook's seven (a test's) is named by its name

@@ -3,21 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
-from narwhal.core.errors import InputError, Problem
-from narwhal.deploy.cli.context import Context
-from narwhal.deploy.cli.gate_command import (
-    Execute,
-    add_gate_parser,
-    run_gate_command,
-)
-from narwhal.deploy.cli.gate_output import Progress
-from narwhal.deploy.gates import engines
-from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.actions.command_line import add_gate_parser, run_gate_command
+from narwhal.deploy.actions.gate_runs import EngineOptions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,39 +28,6 @@ def roles_list(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx = Context.load(args)
-    progress = Progress(args.json)
-
-    def prepare(sessions: Sessions) -> tuple[Any, Execute]:
-        targets, doc = engines.plan(ctx.inputs, ctx.ledger)
-        if args.recapture is not None or args.restart is not None:
-            again, restart = args.recapture or [], args.restart or []
-            both = sorted(set(again) & set(restart))
-            if both:
-                raise InputError("--restart", [Problem("--restart", f"{', '.join(both)} "
-                                                       "also given to --recapture", "name each "
-                                                       "engine in one of the two")])
-            carried = engines.carried_captures(ctx.ledger, targets, again + restart)
-            doc["recapture"] = {"engines": again, "restart": restart, "carried": {
-                role: art.attempt for role, art in carried.items()}}
-            said = [f"capturing {', '.join(again)} again"] if again else []
-            said += [f"starting {', '.join(restart)} again"] if restart else []
-            progress.say(f"narwhal engines: {'; '.join(said)}; {len(carried)} capture(s) "
-                         "carried")
-            return doc, lambda attempt: engines.recapture(
-                sessions, attempt, targets, doc, carried, progress, frozenset(restart))
-        progress.say(f"narwhal engines: {len(targets)} engine(s) in "
-                     f"{len(doc['start_groups'])} start group(s)")
-        return doc, lambda attempt: engines.execute(sessions, attempt, targets, doc, progress)
-
-    return run_gate_command(args, ctx, engines.SPEC, prepare, _table)
-
-
-def _table(result: dict[str, Any]) -> None:
-    table = Table(title="engines started and captured")
-    for column in ("engine", "host", "vLLM", "compatibility hash", "healthy after"):
-        table.add_column(column)
-    for role, e in result["engines"].items():
-        table.add_row(role, e["host"], e["version"], str(e["compatibility_hash"])[:16],
-                      f"{e['healthy_after_s']:.1f} s")
-    Console().print(table)
+    options = EngineOptions(None if args.recapture is None else tuple(args.recapture),
+                            None if args.restart is None else tuple(args.restart))
+    return run_gate_command(args, "engines", options)

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
-from narwhal.core.documents import canonical_json
-from narwhal.core.errors import GateBlocked, HostError, HostKeyChanged
+from narwhal.core.errors import GateBlocked, HostKeyChanged
 from narwhal.core.private_file import write_private
-from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.actions.access import check_hosts
+from narwhal.deploy.actions.context import Context, add_common
 from narwhal.deploy.hosts.sessions import PhysicalHost, known_hosts_path, physical_hosts
 from narwhal.deploy.hosts.trust import (
     CONFIRMED,
@@ -67,8 +65,7 @@ def run_trust(args: argparse.Namespace) -> int:
             try:
                 _apply(survey, path, args.yes)
             finally:
-                attempt.add_artifact("trust.json", canonical_json(
-                    trust_record(path, survey)).encode() + b"\n")
+                attempt.add_json("trust.json", trust_record(path, survey))
     except GateBlocked as exc:
         print(f"narwhal hosts trust: {exc.cause}", file=sys.stderr)
         return EXIT_FAILED
@@ -128,31 +125,4 @@ def _confirm(alias: str, yes: bool) -> bool | None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    ctx = Context.load(args)
-    sessions = ctx.sessions()
-    failures = 0
-    try:
-        with ctx.ledger.attempt("access", fingerprint=ctx.fingerprints()["discover"],
-                                hosts=sessions.roles(),
-                                deployment_revision=ctx.inputs.revision) as attempt:
-            hosts = [sessions.get(alias) for alias in sessions.hosts]
-            with attempt.bind(*hosts), ThreadPoolExecutor(max_workers=8) as pool:
-                results = list(pool.map(_hostname, hosts))
-            for alias, ok, message in results:
-                print(f"{alias}: {message}")
-                failures += not ok
-            if failures:
-                attempt.block(f"{failures} host(s) not reachable; see the messages above")
-    except HostError:
-        return EXIT_FAILED
-    finally:
-        ctx.close()
-    return EXIT_OK
-
-
-def _hostname(host: Host) -> tuple[str, bool, str]:
-    try:
-        result = host.run(["hostname"], check=True)
-    except HostError as exc:
-        return host.alias, False, f"blocked: {exc}"
-    return host.alias, True, f"reachable as {result.text.strip()}"
+    return check_hosts(Context.load(args), print)

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from narwhal.core.cli_common import EXIT_BAD_INPUT, EXIT_OK
 from narwhal.core.secret import MASK, Secret
-from narwhal.deploy.cli.context import add_common
+from narwhal.deploy.actions.context import add_common
 from narwhal.deploy.inputs import Inputs, load_inputs
 from narwhal.deploy.inputs.template import TEMPLATE
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +12,19 @@ from rich.console import Console
 from rich.table import Table
 
 from narwhal.core.cli_common import EXIT_OK
-from narwhal.core.errors import GateBlocked, HostError, LedgerError
 from narwhal.core.gates import GATE_NAMES, gate
-from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.gates import engines, fabric, live_check, preflight, restarts
-from narwhal.deploy.gates.engines import INSTALL_PLAN
-from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
-from narwhal.deploy.gates.install import installed_tool
-from narwhal.deploy.gates.live_check import KV_PAIR_REPEAT, PROMETHEUS_REPEAT, ROUTER_REPEAT, Live
+from narwhal.deploy.actions.context import Context, add_common
+from narwhal.deploy.actions.status import read_live, rows_now
+from narwhal.deploy.gates.live_check import (
+    KV_PAIR_REPEAT,
+    PROMETHEUS_REPEAT,
+    ROUTER_REPEAT,
+    Live,
+    findings,
+)
 from narwhal.deploy.gates.registry import SPECS
-from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.ledger.export import export
 from narwhal.deploy.ledger.recover import recover
-from narwhal.deploy.ledger.status import GateStatus, compute, with_live_changes
 
 STATE_STYLE = {"passed": "green", "stale": "yellow", "blocked": "red", "failed": "red",
                "running": "cyan", "pending": "dim"}
@@ -55,77 +54,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rec.set_defaults(handler=run_recover)
 
 
-def read_live(ctx: Context) -> Live:
-    """What moved that the record cannot see, read from the hosts (recorded as activity
-    `status`): the attested engines (asked from the router host, the peer that relies on
-    their sidecars), the router and Prometheus Gate G left serving, and the links Gate D
-    measured (asked of both ends). Empty, with the reason, when the live check cannot run."""
-    if restarts.attested_fleet(ctx.ledger) is None and passed_attempt(ctx.ledger, "fabric") is None:
-        return Live()
-    try:
-        plan = passed_artifact(ctx.ledger, "status", INSTALL_PLAN).json()
-    except (GateBlocked, LedgerError):
-        return Live()
-    sessions = ctx.sessions()
-    alias = next(a for a, rs in sessions.roles().items() if "router" in rs)
-    try:
-        with ctx.ledger.attempt("status", fingerprint={}, hosts={alias: ["router"]},
-                                deployment_revision=ctx.inputs.revision) as attempt:
-            live = Live()
-            router = sessions.get(alias)
-            with attempt.bind(router):
-                tool = installed_tool(router, str(plan["remote_dir"]), restarts.COMMAND)
-                running = engines.running_probe(sessions, ctx.ledger, ctx.inputs, attempt)
-                live.engines = restarts.changed_engines(ctx.ledger, router, tool, running)
-                states = live_check.router_states(ctx.ledger, router, tool)
-                live.router = live_check.router_down(ctx.ledger, router, tool, states)
-                live.prometheus = live_check.prometheus_down(ctx.ledger, router, tool)
-                live.kv_pairs = live_check.held_kv_pairs(states)
-            live.links = live_check.moved_links(ctx.inputs, ctx.ledger, sessions, attempt)
-            attempt.add_artifact("live-check.json", json.dumps(
-                {"router_host": alias, **live.as_dict()}, indent=1).encode() + b"\n")
-        return live
-    except HostError as exc:
-        return Live(skipped=f"live check skipped: {exc}")
-    finally:
-        ctx.close()
-
-
-def recorded_rows(ctx: Context) -> list[GateStatus]:
-    """Every gate's state from the record, the inputs' fingerprints now, and one measured
-    input: the workload's prompt length held to the range Gate F's saved profiles measured
-    (beyond it, Gate F is stale naming the rows to profile again). A moved workload makes Gate
-    D stale alone (its samples are judged against the new budget; the note says which edges,
-    if any, are measured again); inside the profiled range, nothing after it is repeated."""
-    ledger = ctx.ledger
-    doc = ledger.load()
-    cover = ctx.inputs.workload.prompt_tokens
-    gap = preflight.range_gap(ledger, cover) \
-        if doc.get("gates", {}).get("preflight", {}).get("state") == "passed" else ""
-    rows = compute(doc, current_fingerprints(SPECS, ledger, ctx.fingerprints()),
-                   measured={"preflight": gap} if gap else None)
-    out = []
-    for row in rows:
-        if row.gate == "fabric" and row.state == "stale" and "workload" in row.reason:
-            note = fabric.rejudged(ctx.inputs, ledger)
-            if not gap and doc.get("gates", {}).get("preflight", {}).get("state") == "passed":
-                note += f"; every saved profile measured {cover}-token prompts: Gate F kept"
-            row = replace(row, reason=f"{row.reason} ({note.lstrip('; ')})")
-        out.append(row)
-    return out
-
-
-def with_live(ctx: Context, rows: list[GateStatus], live: Live) -> list[GateStatus]:
-    """The rows with what the live check found moved (restarts.py, live_check.py)."""
-    return with_live_changes(rows, ctx.ledger.load(), live.engines, live.router, live.links,
-                             live.prometheus)
-
-
 def run_status(args: argparse.Namespace) -> int:
     ctx = Context.load(args)
     ledger = ctx.ledger.ensure()
     live = Live() if args.offline else read_live(ctx)
-    rows = with_live(ctx, recorded_rows(ctx), live)
+    rows = rows_now(ctx, SPECS, findings(live))
     if args.json:
         print(json.dumps({"deployment": ledger.deployment,
                           "gates": [r.as_dict() for r in rows], **live.as_dict(),

@@ -14,7 +14,7 @@ import sys
 
 from narwhal.core.cli_common import EXIT_FAILED
 from narwhal.core.errors import InputError, Problem
-from narwhal.deploy.cli.context import Context, add_common
+from narwhal.deploy.actions.context import Context, add_common
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import install_dir
 from narwhal.deploy.gates.spec import Reads

@@ -14,11 +14,12 @@ from rich.table import Table
 from narwhal.core.cli_common import EXIT_FAILED, EXIT_OK
 from narwhal.core.errors import GateBlocked, NarwhalError
 from narwhal.core.flag_types import number
-from narwhal.deploy.cli.context import Context, add_common
-from narwhal.deploy.cli.gate_command import router_alias
-from narwhal.deploy.cli.gate_output import Progress, report_blocked
-from narwhal.deploy.cli.ledger_cmd import recorded_rows
+from narwhal.deploy.actions.context import Context, add_common
+from narwhal.deploy.actions.gate_runs import router_alias
+from narwhal.deploy.actions.output import Progress, report_blocked
+from narwhal.deploy.actions.status import rows_now
 from narwhal.deploy.gates import serve, trial
+from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.ledger.status import GateStatus
 from narwhal.deploy.trial.trace import Trace, TraceError, read_trace
 
@@ -71,7 +72,7 @@ def serve_row(ctx: Context) -> GateStatus:
     passed gate whose inputs or upstream moved is stale). No host is asked."""
     if not ctx.ledger.exists():
         return GateStatus("serve", "G", "pending", 0, "", "no deployment record yet", ())
-    return next(r for r in recorded_rows(ctx) if r.gate == "serve")
+    return next(r for r in rows_now(ctx, SPECS) if r.gate == "serve")
 
 
 def _said(args: argparse.Namespace, verdict: str, cause: str) -> None:
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         doc = _trial(ctx, args)
     except GateBlocked as exc:
-        report_blocked(trial.COMMAND, args, exc)
+        report_blocked(trial.COMMAND, args.json, exc)
         return EXIT_FAILED
     except NarwhalError as exc:  # a host or the record failed inside the trial: say whose
         _said(args, "failed", str(exc))

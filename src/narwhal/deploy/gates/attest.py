@@ -28,7 +28,7 @@ from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.owned_processes import earlier_processes, retire
 from narwhal.deploy.gates.parallel import each
-from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
@@ -42,7 +42,7 @@ CONTRACT = Reads("engines", "contract.json")
 # link and so no engine this gate vouches for.
 LINKS = Reads("fabric", "links.json")
 DRAFT = Reads("discover", "fleet-draft.json")
-SPEC = GateSpec("attest", Spread.PER_ENGINE, reads=(INSTALL_PLAN, CONTRACT, LINKS, DRAFT))
+READS = (INSTALL_PLAN, CONTRACT, LINKS, DRAFT)  # its spec: gates/registry.py
 COMMAND = "narwhal-attest"
 SCHEMA = "narwhal.engine-attestation"
 READY_S = 20.0

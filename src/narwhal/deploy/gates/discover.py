@@ -22,7 +22,6 @@ from narwhal.core.documents import canonical_json, sha256_bytes, stamp
 from narwhal.core.errors import (
     ClientToolMissing,
     ContractError,
-    GateBlocked,
     HostError,
     Problem,
 )
@@ -31,13 +30,11 @@ from narwhal.deploy.gates import discover_checks as checks
 from narwhal.deploy.gates import tokenizer
 from narwhal.deploy.gates.generated import fleet_draft, launch_record
 from narwhal.deploy.gates.parallel import each
-from narwhal.deploy.gates.spec import GateSpec, Spread
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
 from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 
-SPEC = GateSpec("discover", Spread.PER_HOST)
 PROBE_COMMAND = "narwhal-host-probe"
 # The probe is shipped to hosts as a file and run there; deploy never imports node code.
 PROBE_FILE = Path(__file__).resolve().parents[2] / "node" / "host_probe.py"
@@ -159,8 +156,7 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
             continue
         assert outcome.value is not None
         facts[alias] = outcome.value
-        attempt.add_artifact(f"host-facts-{alias}.json",
-                             canonical_json(outcome.value).encode() + b"\n")
+        attempt.add_json(f"host-facts-{alias}.json", outcome.value)
     host_of = {role: h.alias for h in physical_hosts(inputs) for role in h.roles}
     engine_facts = {a: f for a, f in facts.items() if a != "workstation"}
     found, plans = checks.all_problems(inputs, engine_facts, host_of, facts.get("workstation"))
@@ -170,21 +166,15 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
         kept, found = router_tokenizer(sessions, attempt, plans, facts)
         problems += found
     if problems:
-        attempt.add_artifact("problems.json", canonical_json(
-            [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]).encode())
-        raise GateBlocked("discover", f"{len(problems)} problem(s): " + "; ".join(
-            f"{p.field}: {p.problem}" for p in problems[:3]) + (" ..." if len(problems) > 3
-                                                                 else ""), problems=problems)
+        attempt.block(problems=problems)
     discovery = stamp(DISCOVERY_SCHEMA, 1, {
         "deployment": inputs.deployment, "engines": [p.as_json() for p in plans],
         "workstation": {k: facts["workstation"].get(k) for k in ("hostname", "python", "tools")}
         if "workstation" in facts else None})
-    attempt.add_artifact("discovery.json", canonical_json(discovery).encode() + b"\n")
+    attempt.add_json("discovery.json", discovery)
     for p in plans:
-        attempt.add_artifact(f"launch-{p.engine.role}.json",
-                             canonical_json(launch_record(inputs, p)).encode() + b"\n")
-    attempt.add_artifact("fleet-draft.json", canonical_json(fleet_draft(inputs, plans))
-                         .encode() + b"\n")
+        attempt.add_json(f"launch-{p.engine.role}.json", launch_record(inputs, p))
+    attempt.add_json("fleet-draft.json", fleet_draft(inputs, plans))
     for name, data in kept.items():
         attempt.add_artifact(name, data)
     return discovery

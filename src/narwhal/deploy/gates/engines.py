@@ -42,7 +42,7 @@ from narwhal.deploy.gates.handoff import Artifact, passed_artifact
 from narwhal.deploy.gates.install import install_dir
 from narwhal.deploy.gates.owned_processes import owned_containers
 from narwhal.deploy.gates.parallel import each
-from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.gates.transfer import started_paths, transfer_paths
 from narwhal.deploy.hosts.base import Host, RunResult
 from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
@@ -52,7 +52,7 @@ from narwhal.deploy.ledger.attempt import Attempt
 
 INSTALL_PLAN = Reads("install", "plan.json")
 DISCOVERY = Reads("discover", "discovery.json")
-SPEC = GateSpec("engines", Spread.PER_ENGINE, reads=(INSTALL_PLAN, DISCOVERY))
+READS = (INSTALL_PLAN, DISCOVERY)  # its spec: gates/registry.py
 COMMAND = "narwhal-engine"
 START_TIMEOUT_S = 180.0
 CAPTURE_TIMEOUT_S = 300.0
@@ -189,8 +189,8 @@ def _captured(r: Remote, attempt: Attempt, progress: Progress) -> CacheLayout:
                  timeout=CAPTURE_TIMEOUT_S + 60)
     if not cap.ok:
         raise HostError(t.alias, f"{t.role}: capture failed: {cap.error}")
-    attempt.add_artifact(f"cache-layout-{t.role}.json", canonical_json(
-        cap.data["cache_layout"]).encode() + b"\n")  # kept even when malformed
+    # kept even when malformed
+    attempt.add_json(f"cache-layout-{t.role}.json", cap.data["cache_layout"])
     try:
         capture = parse_cache_layout(cap.data["cache_layout"], f"{t.alias}: {t.role} capture")
     except InputError as exc:
@@ -259,12 +259,6 @@ def _check_problems(t: EngineTarget, result: result_line.ResultLine) -> list[Pro
             for c in result.data["checks"] if not c["ok"]]
 
 
-def _block(attempt: Attempt, cause: str, problems: list[Problem]) -> GateBlocked:
-    attempt.add_artifact("problems.json", canonical_json(
-        [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]).encode())
-    return GateBlocked("engines", cause, problems)
-
-
 def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
             doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
     install = doc["install"]
@@ -289,7 +283,7 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
         else:
             problems += outcome.value or []
     if problems:
-        raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
+        attempt.block(problems=problems)
 
     captures: dict[str, CacheLayout] = {}
 
@@ -310,7 +304,7 @@ def execute(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
                                     "http-<engine>.json); `narwhal recover engines` removes "
                                     "what this attempt started"))
     if problems:
-        raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
+        attempt.block(problems=problems)
 
     return judge(attempt, targets, captures)
 
@@ -371,7 +365,7 @@ def recapture(sessions: Sessions, attempt: Attempt, targets: list[EngineTarget],
         elif o.error is not None:
             raise o.error
     if problems:
-        raise _block(attempt, "; ".join(p.line() for p in problems[:2]), problems)
+        attempt.block(problems=problems)
     return judge(attempt, targets, captures)
 
 
@@ -394,9 +388,9 @@ def judge(attempt: Attempt, targets: list[EngineTarget],
     contract = stamp("narwhal.engine-contract", 1, {
         "engines": {g.engine: {"compatibility_hash": g.compatibility_hash} for g in geometries},
         "findings": [{"field": p.field, "problem": p.problem, "fix": p.fix} for p in problems]})
-    attempt.add_artifact("contract.json", canonical_json(contract).encode() + b"\n")
+    attempt.add_json("contract.json", contract)
     if problems:
-        raise _block(attempt, "the live KV contract failed: " + "; ".join(
+        attempt.block("the live KV contract failed: " + "; ".join(
             p.line() for p in problems[:2]), problems)
     return {"engines": {t.role: {"host": t.alias, "version": captures[t.role].version,
                                  "compatibility_hash": captures[t.role].ranks[0]

@@ -40,7 +40,7 @@ from narwhal.deploy.fabric.tools import Rdma, Tool
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, Remote, targets_for
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.parallel import each
-from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.gates.transfer import path_mismatches, started_paths, transfer_paths
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
@@ -53,7 +53,7 @@ CONTRACT = Reads("engines", "contract.json")
 # Which KV path each engine was started on (read to refuse measuring another; not a staleness
 # input: an engine restarted on the same path keeps the fabric)
 ENGINES_PLAN = Reads("engines", "plan.json")
-SPEC = GateSpec("fabric", Spread.PER_EDGE, reads=(INSTALL_PLAN, CONTRACT))
+READS = (INSTALL_PLAN, CONTRACT)  # its spec: gates/registry.py
 Progress = Callable[[str, str], None]
 SERVER_READY_S = 5.0
 

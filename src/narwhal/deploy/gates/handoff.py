@@ -110,3 +110,13 @@ def read_digests(ledger: Ledger, reads: tuple[Reads, ...]) -> dict[str, str]:
         if sha:
             out[read.key] = sha
     return out
+
+
+def attempt_plan(ledger: Ledger, gate: str, attempt: str) -> dict[str, Any] | None:
+    """The plan an attempt recorded before it ran (its plan.json), or None when there is no
+    readable JSON object there: what a gate planned, read back to judge what it may redo."""
+    try:
+        plan = json.loads((ledger.attempt_folder(gate, attempt) / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) else None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from narwhal.core.documents import canonical_json, stamp
+from narwhal.core.documents import stamp
 from narwhal.core.errors import GateBlocked, HostError, InputError, Problem
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install_rules import (
@@ -33,7 +33,7 @@ from narwhal.deploy.gates.install_rules import (
     pip_needed,
 )
 from narwhal.deploy.gates.parallel import each
-from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
@@ -47,7 +47,7 @@ from narwhal.deploy.package.rolefiles import role_files
 
 DISCOVERY = Reads("discover", "discovery.json")
 FLEET_DRAFT = Reads("discover", "fleet-draft.json")
-SPEC = GateSpec("install", Spread.PER_HOST, reads=(DISCOVERY, FLEET_DRAFT))
+READS = (DISCOVERY, FLEET_DRAFT)  # its spec: gates/registry.py
 RESULT_SCHEMA = "narwhal.install-result"
 PIP_TIMEOUT_S = 900.0
 Progress = Callable[[str, str], None]
@@ -346,10 +346,7 @@ def execute(sessions: Sessions, attempt: Attempt, p: prep.Prepared,
             continue
         assert outcome.value is not None
         results[alias] = outcome.value
-        attempt.add_artifact(f"install-{alias}.json",
-                             canonical_json(outcome.value).encode() + b"\n")
+        attempt.add_json(f"install-{alias}.json", outcome.value)
     if problems:
-        attempt.add_artifact("problems.json", canonical_json(
-            [{"field": x.field, "problem": x.problem, "fix": x.fix} for x in problems]).encode())
-        raise GateBlocked("install", "; ".join(x.line() for x in problems[:2]), problems)
+        attempt.block(problems=problems)
     return {"prepared_run": p.run_id, "revision": p.revision, "hosts": results}

@@ -30,7 +30,7 @@ from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes
 from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.serve import controller_of, fetch_json
-from narwhal.deploy.gates.spec import Reads
+from narwhal.deploy.gates.spec import Finding, Reads
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
 from narwhal.deploy.hosts.trust import pinned_fingerprints
@@ -239,4 +239,21 @@ def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,
         moved = tuple(k for k in MEASURED if doc.get(k) != then.get(k))
         if moved:
             out.append(LinkChange(edge, moved))
+    return out
+
+
+def findings(live: Live) -> list[Finding]:
+    """What the live check found, as the findings the gates' specs declare
+    (deploy/gates/registry.py): an engine that must be captured again, or started again, and
+    that its sidecar no longer vouches for; a moved link; a router or Prometheus not serving."""
+    out: list[Finding] = []
+    for c in live.engines:
+        if c.restart:
+            out.append(Finding("engine-down", c.engine, c.reason))
+        elif c.recapture:
+            out.append(Finding("engine-restarted", c.engine, c.reason))
+    out += [Finding("engine-unattested", c.engine, c.reason) for c in live.engines]
+    out += [Finding("link-moved", c.edge, ", ".join(c.moved)) for c in live.links]
+    out += [Finding("router-down", "router", live.router)] if live.router else []
+    out += [Finding("prometheus-down", "prometheus", live.prometheus)] if live.prometheus else []
     return out

@@ -33,7 +33,7 @@ from narwhal.deploy.gates import tokenizer as tok
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import install_dir, installed_tool
-from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.inputs.model import Inputs
@@ -47,7 +47,7 @@ CONTRACT = Reads("engines", "contract.json")
 # (not its edge verdicts: a sample judged again against a moved workload's budget moves no
 # link, and the runbook keeps the full preflight for a workload inside the profiled range).
 LINKS = Reads("fabric", "links.json")
-SPEC = GateSpec("preflight", Spread.SERIAL, reads=(INSTALL_PLAN, CONTRACT, FLEET, LINKS))
+READS = (INSTALL_PLAN, CONTRACT, FLEET, LINKS)  # its spec: gates/registry.py
 PROFILE, CHECK = "narwhal-profile", "narwhal-check"
 TOOL_TIMEOUT_S = 900.0
 STORE, SAMPLES = "profiles.json", "profiles.json.samples.jsonl"

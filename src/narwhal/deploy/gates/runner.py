@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from narwhal.core.documents import canonical_json
 from narwhal.deploy.gates.handoff import read_digests
 from narwhal.deploy.gates.spec import GateSpec
 from narwhal.deploy.ledger import Ledger
@@ -31,7 +30,7 @@ def run_gate(spec: GateSpec, ledger: Ledger, env_fingerprints: Mapping[str, Mapp
     """Open the gate's attempt, record `plan` (JSON-able) first, then `execute` in it."""
     with ledger.attempt(spec.name, fingerprint=fingerprint(spec, ledger, env_fingerprints),
                         hosts=hosts, deployment_revision=revision) as attempt:
-        attempt.add_artifact("plan.json", canonical_json(plan).encode() + b"\n")
+        attempt.add_json("plan.json", plan)
         return execute(attempt)
 
 

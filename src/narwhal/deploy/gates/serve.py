@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from narwhal.core import result_line
-from narwhal.core.documents import canonical_json
 from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
 from narwhal.deploy.gates import monitoring
 from narwhal.deploy.gates.engines import INSTALL_PLAN
@@ -37,7 +36,7 @@ from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes, retire
 from narwhal.deploy.gates.serve_rules import Answer, adoption, strays, url_of
-from narwhal.deploy.gates.spec import GateSpec, Reads, Spread
+from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.forward_http import forwarded, http
@@ -47,7 +46,7 @@ from narwhal.deploy.ledger import Ledger
 from narwhal.deploy.ledger.attempt import Attempt
 
 FLEET = Reads("preflight", "fleet-calibrated.json")
-SPEC = GateSpec("serve", Spread.SERIAL, reads=(INSTALL_PLAN, FLEET))
+READS = (INSTALL_PLAN, FLEET)  # its spec: gates/registry.py
 SERVE, FETCH = "narwhal-serve", "narwhal-attest"
 PROMETHEUS, PROMTOOL = "prometheus", "promtool"
 PROMETHEUS_AT = ("127.0.0.1", 9090)
@@ -335,7 +334,7 @@ def bound_engines(rh: RouterHost, attempt: Attempt, p: ServePlan,
                    for e in want)
     progress("router", "every engine's saved profile bound to its live generation")
     done = _wait("bound", all_bound, BOUND_S)
-    attempt.add_artifact("router-state.json", canonical_json(doc).encode() + b"\n")
+    attempt.add_json("router-state.json", doc)
     if not done:
         held = [e for e in want if not seen.get(e, {}).get("admitted")]
         raise GateBlocked("serve", f"the router holds out {', '.join(held)}", [Problem(
@@ -480,7 +479,7 @@ def execute(inputs: Inputs, ledger: Ledger, host: Host, attempt: Attempt, p: Ser
     # the completion's series came with the first scrape; poll until every panel has data,
     # for at most two scrape intervals
     _wait("panels", panels_have_data, 2 * monitoring.SCRAPE_INTERVAL_S + 1)
-    attempt.add_artifact("panel-series.json", canonical_json(series).encode() + b"\n")
+    attempt.add_json("panel-series.json", series)
     empty = [t for t, n in series.items() if n == 0]
     if empty:
         raise GateBlocked("serve", f"dashboard panels without data: {', '.join(empty[:3])}", [

@@ -263,7 +263,7 @@ def run_trial(inputs: Inputs, host: Host, attempt: Attempt, p: ServePlan, rates:
         "slo": slo, "seed": work.seed, "requests_per_rate": work.size.requests,
         "duration_s": work.size.duration_s, "tag": tag, "rates": out,
         **({"trace": described} if described else {})}).document()
-    attempt.add_artifact("summary.json", canonical_json(doc).encode() + b"\n")
+    attempt.add_json("summary.json", doc)
     progress("report", "writing the report")
     files = report.build(f"Capacity trial {attempt.id} of {inputs.deployment}", slo, data,
                          fabric_heatmap(attempt), record_spans(attempt), TARGET_ATTAINMENT,
@@ -306,7 +306,7 @@ def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned]
     state = _get_json(f"{route.base}/narwhal/state") or {}
     out_now = {str(e.get("id")) for e in state.get("engines", [])
                if not e.get("admitted") or e.get("held_reason")}
-    attempt.add_artifact(f"{name}-router-state.json", canonical_json(state).encode() + b"\n")
+    attempt.add_json(f"{name}-router-state.json", state)
     summary = summarise(rate, sent.records, sent.seconds, float(slo["ttft_s"]),
                         float(slo["tpot_s"]))
     summary.update(drained_before_s=round(waited, 3), client_cpu_share=round(sent.cpu_share, 3),
@@ -325,7 +325,7 @@ def run_rate(route: Route, attempt: Attempt, rate: float, planned: list[Planned]
     attempt.add_artifact(f"{name}-records.jsonl", client.records_jsonl(sent.records))
     attempt.add_artifact(f"{name}-journal.jsonl", b"".join(
         canonical_json(r).encode() + b"\n" for r in rows))
-    attempt.add_artifact(f"{name}-summary.json", canonical_json(summary).encode() + b"\n")
+    attempt.add_json(f"{name}-summary.json", summary)
     progress(f"rate {rate:g}/s", f"{summary['verdict']}: attainment "
              f"{summary['attainment']:.0%}, goodput {summary['goodput_per_s']}/s, "
              f"reconciled {rec.ok}, client-limited {summary['client_limited']}")

@@ -3,11 +3,11 @@ would be a guessable copy of it)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from narwhal.core.documents import digest
-from narwhal.core.gates import GATE_INPUTS
 from narwhal.core.secret import MASK, Secret
 from narwhal.deploy.inputs.model import Inputs
 
@@ -76,8 +76,10 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
     }
 
 
-def gate_fingerprints(inputs: Inputs) -> dict[str, dict[str, str]]:
-    """For every gate, the digest of each input it declares."""
+def gate_fingerprints(inputs: Inputs, declared: Mapping[str, Sequence[str]]
+                      ) -> dict[str, dict[str, str]]:
+    """For every gate, the digest of each input it declares (`declared`: gate -> input names,
+    from the gates' specs)."""
     values = input_values(inputs)
     return {gate: {name: digest(values[name]) for name in names}
-            for gate, names in GATE_INPUTS.items()}
+            for gate, names in declared.items()}

@@ -7,10 +7,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from narwhal.core.documents import sha256_bytes, stamp
-from narwhal.core.errors import GateBlocked, LedgerError
+from narwhal.core.documents import canonical_json, sha256_bytes, stamp
+from narwhal.core.errors import GateBlocked, LedgerError, Problem
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host, ProcessRef, Recorder, RunResult
 from narwhal.deploy.ledger.evidence import EvidenceWriter, private_dir
@@ -23,6 +23,14 @@ ATTEMPT_SCHEMA = "narwhal.attempt"
 
 def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
+
+def blocked_cause(problems: Sequence[Problem]) -> str:
+    """A blocked attempt's cause, one format for every gate: its first two problems, and how
+    many more problems.json holds."""
+    said = "; ".join(x.line() for x in problems[:2])
+    return said + (f"; and {len(problems) - 2} more (problems.json)" if len(problems) > 2
+                   else "")
 
 
 class Attempt:
@@ -166,9 +174,19 @@ class Attempt:
         self.artifacts[name] = sha256_bytes(self.writer.create(path, data))
         return path
 
-    def block(self, cause: str) -> None:
-        """Stop the attempt as blocked; the ledger records it before anything else happens."""
-        raise GateBlocked(self.gate, cause)
+    def add_json(self, name: str, doc: Any) -> Path:
+        """A JSON artifact, in the one form every evidence document takes (canonical JSON and a
+        final newline): byte-stable, so its digest moves only when its content does."""
+        return self.add_artifact(name, canonical_json(doc).encode() + b"\n")
+
+    def block(self, cause: str = "", problems: Sequence[Problem] = ()) -> NoReturn:
+        """Stop the attempt as blocked; the ledger records it before anything else happens.
+        Its problems (each naming the field, what is wrong and the fix) are kept as
+        problems.json; the cause, unless given, is the first of them (blocked_cause)."""
+        if problems:
+            self.add_json("problems.json", [{"field": x.field, "problem": x.problem,
+                                             "fix": x.fix} for x in problems])
+        raise GateBlocked(self.gate, cause or blocked_cause(problems), list(problems))
 
     # Verdict ----------------------------------------------------------------------
 

@@ -1,16 +1,20 @@
-"""Gate states, computed: passed gates whose inputs moved are stale, and so is what follows.
+"""Gate states, computed from the gates' declarations alone (deploy/gates/registry.py).
 
-This is the runbook's "Repeat work when its measured input changes" table, derived from the
-recorded fingerprints instead of remembered.
+This is the runbook's "Repeat work when its measured input changes" table: a passed gate is
+stale when an input it declares moved since its pass (a `.env` input or an artifact it reads,
+by fingerprint), when a measured input no longer holds for its record, or when the live check
+found something of a kind it declares; what follows a stale gate is stale too, unless each
+moved input only re-judges the gate's own measurements (`verdict_only`). Pure: the record, the
+fingerprints now, and what was measured and found are the arguments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from narwhal.core.gates import GATE_NAMES, GATES, VERDICT_ONLY
+from narwhal.deploy.gates.spec import Finding, GateSpec
 
 
 @dataclass(frozen=True)
@@ -29,90 +33,92 @@ class GateStatus:
                 "repeat": list(self.repeat)}
 
 
-def moved_inputs(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
+@dataclass(frozen=True)
+class Judged:
+    """What was read besides fingerprints: per gate, why a measured input no longer holds
+    (`measured`), and the note on a moved verdict-only input (`notes`, gate -> input -> note);
+    and the live findings."""
+
+    measured: Mapping[str, str] = field(default_factory=dict)
+    notes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    findings: Sequence[Finding] = ()
+
+
+def moved_inputs(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
     """Names of inputs whose digest differs (or appeared/disappeared) since the gate passed."""
     return sorted(k for k in set(recorded) | set(current)
                   if k in recorded and recorded.get(k) != current.get(k))
 
 
-def compute(doc: dict[str, Any], current: dict[str, dict[str, str]] | None,
-            measured: Mapping[str, str] | None = None) -> list[GateStatus]:
-    """Status rows for every gate. `current` maps gate -> its fingerprint now (None: unknown).
-    `measured` maps gate -> why a measured input no longer holds for its passed record (a
-    workload beyond Gate F's profiled range, say): that gate is stale as for a moved input."""
+def _passed(doc: Mapping[str, Any], name: str) -> bool:
+    return bool(doc.get("gates", {}).get(name, {}).get("state") == "passed")
+
+
+def _recorded(specs: Sequence[GateSpec], doc: Mapping[str, Any],
+              current: Mapping[str, Mapping[str, str]] | None,
+              judged: Judged) -> list[GateStatus]:
+    """Every gate's row from the record: moved inputs, upstream staleness, measured inputs."""
+    names = [s.name for s in specs]
     rows: list[GateStatus] = []
     upstream_stale = ""
-    for gate in GATES:
-        entry = doc.get("gates", {}).get(gate.name, {})
-        state = entry.get("state", "pending")
-        reason = entry.get("cause", "")
+    for spec in specs:
+        entry = doc.get("gates", {}).get(spec.name, {})
+        state, reason = entry.get("state", "pending"), entry.get("cause", "")
         repeat: tuple[str, ...] = ()
         propagates = True
         if state == "passed" and current is not None:
-            moved = moved_inputs(entry.get("fingerprint", {}), current.get(gate.name, {}))
+            moved = moved_inputs(entry.get("fingerprint", {}), current.get(spec.name, {}))
             if moved:
                 state, reason = "stale", "input moved: " + ", ".join(moved)
-                # only re-judging its own measurements: what later gates read stands
-                propagates = not set(moved) <= set(VERDICT_ONLY.get(gate.name, ()))
+                propagates = not set(moved) <= set(spec.verdict_only)
+                notes = judged.notes.get(spec.name, {})
+                reason += "".join(f" ({notes[k]})" for k in moved if k in notes)
             elif upstream_stale:
                 state, reason = "stale", f"upstream gate {upstream_stale} is stale"
-            elif measured and gate.name in measured:
-                state, reason = "stale", measured[gate.name]
+            elif judged.measured.get(spec.name):
+                state, reason = "stale", judged.measured[spec.name]
         if state == "stale":
-            later = GATE_NAMES[GATE_NAMES.index(gate.name):]
+            later = names[names.index(spec.name):] if propagates else [spec.name]
             if propagates:
-                upstream_stale = upstream_stale or gate.name
-            else:
-                later = (gate.name,)
-            repeat = tuple(g for g in later
-                           if doc.get("gates", {}).get(g, {}).get("state") == "passed")
+                upstream_stale = upstream_stale or spec.name
+            repeat = tuple(g for g in later if _passed(doc, g))
         attempts = entry.get("attempts", [])
-        rows.append(GateStatus(gate.name, gate.letter, state, len(attempts),
+        rows.append(GateStatus(spec.name, spec.letter, state, len(attempts),
                                attempts[-1] if attempts else "", reason, repeat))
     return rows
 
 
-def with_live_changes(rows: list[GateStatus], doc: dict[str, Any],
-                      changes: Sequence[Any], router: str = "",
-                      links: Sequence[Any] = (), prometheus: str = "") -> list[GateStatus]:
-    """The rows with what the live check found: an engine that must be captured again makes
-    Gate C stale, any engine its sidecar no longer vouches for makes Gate E stale, each naming
-    the engines; a directed link that moved makes Gate D stale, naming the edges, and the full
-    preflight (Gate F) is repeated after it; a router that does not answer, or a Prometheus
-    that is gone or does not answer (the fleet unwatched), makes Gate G stale, naming which.
-    The later passed gates are to repeat, as for a moved input."""
-    if not changes and not router and not links and not prometheus:
-        return rows
-    causes: dict[str, str] = {}
-    if changes:
-        causes["attest"] = "not attested now: " + "; ".join(f"{c.engine}: {c.reason}"
-                                                            for c in changes)
-    recapture = [c.engine for c in changes if c.recapture and not c.restart]
-    down = [c.engine for c in changes if c.restart]
-    said = [f"restarted since captured: {', '.join(recapture)}"] if recapture else []
-    said += [f"not running, to start again: {', '.join(down)}"] if down else []
-    if said:
-        causes["engines"] = "; ".join(said)
-    if links:
-        causes["fabric"] = "link moved since measured: " + "; ".join(
-            f"{c.edge} ({', '.join(c.moved)})" for c in links)
-        causes["preflight"] = "the live KV paths over the moved links are to be exercised"
-    serve = [f"router not serving: {router}"] if router else []
-    serve += [f"prometheus not serving: {prometheus}; `narwhal serve` (or `narwhal deploy`) "
-              "starts it again"] if prometheus else []
-    if serve:
-        causes["serve"] = "; ".join(serve)
+def with_findings(specs: Mapping[str, GateSpec], rows: Sequence[GateStatus],
+                  doc: Mapping[str, Any], findings: Sequence[Finding]) -> list[GateStatus]:
+    """The rows with the live findings: a passed (or stale) gate that declares a kind found is
+    stale naming what was found, and every later passed gate is to repeat with it."""
+    names = list(specs)
     out, stale_from = [], ""
     for row in rows:
-        if row.gate in causes and row.state in ("passed", "stale"):
+        cause = specs[row.gate].live_cause(findings)
+        if cause and row.state in ("passed", "stale"):
             stale_from = stale_from or row.gate
-            reason = causes[row.gate] if row.state == "passed" else \
-                f"{row.reason}; {causes[row.gate]}"
+            reason = cause if row.state == "passed" else f"{row.reason}; {cause}"
             row = replace(row, state="stale", reason=reason)
         if row.state == "stale" and stale_from:
-            later = GATE_NAMES[GATE_NAMES.index(row.gate):]
-            row = replace(row, repeat=tuple(g for g in later if doc.get("gates", {})
-                                            .get(g, {}).get("state") == "passed"
-                                            or g == row.gate))
+            later = names[names.index(row.gate):]
+            row = replace(row, repeat=tuple(g for g in later if _passed(doc, g) or g == row.gate))
         out.append(row)
     return out
+
+
+def compute(specs: Mapping[str, GateSpec], doc: Mapping[str, Any],
+            current: Mapping[str, Mapping[str, str]] | None,
+            judged: Judged | None = None) -> list[GateStatus]:
+    """Status rows for every gate, in order. `current` maps gate -> its fingerprint now (None:
+    unknown, so only the recorded states)."""
+    judged = judged or Judged()
+    rows = _recorded(list(specs.values()), doc, current, judged)
+    return with_findings(specs, rows, doc, judged.findings) if judged.findings else rows
+
+
+def clear(specs: Mapping[str, GateSpec], gate: str,
+          findings: Sequence[Finding]) -> list[Finding]:
+    """The findings that still stand once `gate` passed: those of the kinds it settles go."""
+    settled = set(specs[gate].clears)
+    return [f for f in findings if f.kind not in settled]

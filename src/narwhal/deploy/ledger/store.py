@@ -42,9 +42,11 @@ class Ledger:
     """One deployment's record."""
 
     def __init__(self, runs: Path, deployment: str, secrets: Iterable[Secret] = (),
-                 masked_env: str = "") -> None:
+                 masked_env: str = "", gates: Iterable[str] = GATE_NAMES) -> None:
         """`masked_env` is the `.env` the run read, secrets already masked: every attempt keeps
-        a copy, so its evidence says what it ran from even after the `.env` is edited."""
+        a copy, so its evidence says what it ran from even after the `.env` is edited.
+        `gates`: the names recorded as gates (the runbook's seven; a test's own sequence)."""
+        self.gates = tuple(gates)
         self.runs = runs
         self.deployment = deployment
         self.root = runs / deployment
@@ -92,8 +94,8 @@ class Ledger:
         return expect(doc, LEDGER_SCHEMA, 1)
 
     def _entry(self, doc: dict[str, Any], step: str) -> dict[str, Any]:
-        table = "gates" if step in GATE_NAMES else "activities"
-        if step not in GATE_NAMES and step not in ACTIVITIES and step != "recover":
+        table = "gates" if step in self.gates else "activities"
+        if step not in self.gates and step not in ACTIVITIES and step != "recover":
             raise LedgerError(f"unknown gate or activity {step!r}")
         entry: dict[str, Any] = doc[table].setdefault(
             step, {"state": "pending", "attempts": [], "fingerprint": {}, "cause": ""})
