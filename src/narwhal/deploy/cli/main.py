@@ -69,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_handler(args: argparse.Namespace) -> int:
-    """Run a parsed command; every error becomes one line and an exit code (`narwhal deploy`
-    runs each gate's command through here too)."""
+    """Run a parsed command; every error becomes one line and an exit code."""
     handler: Handler = args.handler
     try:
         return handler(args)
