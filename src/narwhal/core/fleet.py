@@ -558,6 +558,18 @@ def parse_fleet(raw: Any, source: str) -> FleetDocument:
     return doc
 
 
+def checked_fleet(doc: dict[str, Any], source: str) -> dict[str, Any]:
+    """A fleet document deploy is about to write, held to FleetDocument (every field and the
+    relations between them) so a fleet the router would refuse is refused where it is made,
+    naming each field, before a byte of it is written (InputError, as for any document).
+
+    The dict comes back as built, not as the model would dump it: its keys and numbers are
+    the bytes deploy has always written (a dump would add every default and turn 10 into 10.0).
+    """
+    parse_fleet(doc, source)
+    return doc
+
+
 def beside(fleet_path: Path, text: str) -> Path:
     """A path the fleet document names (journal, lease, profiles, calibration): relative ones
     are taken from the document's folder, so every tool resolves them as the router does."""

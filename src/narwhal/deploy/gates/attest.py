@@ -22,6 +22,7 @@ from narwhal.core import result_line
 from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
 from narwhal.core.documents import canonical_json, digest
 from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
+from narwhal.core.fleet import checked_fleet
 from narwhal.core.private_file import write_private
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
@@ -313,4 +314,4 @@ def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]], deployment: 
         fleet["controller"] = {**p.draft.get("controller", {}), "quorum": {
             "deployment": deployment, "key_file": key_file,
             "lease_urls": [s.lease_url for s in p.sidecars]}}
-    return fleet
+    return checked_fleet(fleet, "fleet.json (Gate E)")

@@ -11,6 +11,7 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from narwhal.core import fleet as fl
 from narwhal.core import launch_record as lr
 from narwhal.core.documents import stamp
 from narwhal.core.secret import Secret
@@ -21,7 +22,6 @@ KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 # vLLM's flag (0.29 and 0.32) that adds usage.prompt_tokens_details.cached_tokens to answers
 PROMPT_TOKENS_DETAILS = "--enable-prompt-tokens-details"
 EVENTS_TOPIC = ""  # every batch; one engine per endpoint, so a topic would tell nothing apart
-FLEET_SCHEMA = "narwhal.fleet"
 
 
 def engine_url(plan: EnginePlan) -> str:
@@ -162,13 +162,15 @@ def fleet_engine(plan: EnginePlan) -> dict[str, Any]:
 
 def fleet_draft(inputs: Inputs, plans: list[EnginePlan]) -> dict[str, Any]:
     """A `narwhal.fleet` v1 draft: every engine `both` (kv_both) with its KV events endpoint
-    when it publishes, the SLO and the credential sections from the inputs. Gate E completes it (attestation URLs); the router host reads
-    it after Gate B."""
-    return {
-        "schema": FLEET_SCHEMA, "schema_version": 1, "model": inputs.engines[0].model_name,
+    when it publishes, the SLO and the credential sections from the inputs. Gate E completes
+    it (attestation URLs); the router host reads it after Gate B. Held to core's FleetDocument
+    before it is returned, so a draft the router would refuse is never written."""
+    return fl.checked_fleet({
+        "schema": fl.SCHEMA, "schema_version": fl.VERSION,
+        "model": inputs.engines[0].model_name,
         "engines": [fleet_engine(p) for p in plans],
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
         "journal": {"path": "journal.jsonl"},
         **credentials(inputs),
-    }
+    }, "fleet-draft.json (Gate A, from the .env)")
 

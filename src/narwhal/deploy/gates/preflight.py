@@ -28,7 +28,7 @@ from typing import Any
 from narwhal.core import result_line
 from narwhal.core.documents import canonical_json
 from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
-from narwhal.core.fleet import HANDOFF_BUDGET_MAX_S, KV_CANARY_INTERVAL_S
+from narwhal.core.fleet import HANDOFF_BUDGET_MAX_S, KV_CANARY_INTERVAL_S, checked_fleet
 from narwhal.deploy.gates import tokenizer as tok
 from narwhal.deploy.gates.engines import INSTALL_PLAN
 from narwhal.deploy.gates.handoff import passed_artifact
@@ -95,6 +95,7 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> PreflightPlan:
     if tokenizer:
         fleet["prefix_cache"] = {**fleet.get("prefix_cache", {}),
                                  "tokenizer_dir": tok.ROUTER_DIR}
+    checked_fleet(fleet, "fleet-candidate.json (Gate F, Gate E's fleet with the .env's SLO)")
     return PreflightPlan(router_host, install, fleet, files, inputs.workload.prompt_tokens,
                          tokenizer, inputs.kv_canary_interval_s)
 
@@ -289,7 +290,8 @@ def calibrate(folder: RouterFolder, p: PreflightPlan, progress: Progress) -> flo
     if folder.host.stat_file(canary) is not None:  # a fleet with at least one pair
         folder.attempt.add_artifact(CANARY, _read(folder.host, canary))
         named["kv_canary"] = {**p.fleet.get("kv_canary", {}), **kv_canary(p.canary_interval_s)}
-    final = canonical_json({**p.fleet, **named}).encode() + b"\n"
+    final = canonical_json(checked_fleet({**p.fleet, **named}, "fleet.json (Gate F, calibrated)")
+                           ).encode() + b"\n"
     folder.host.put(final, folder.fleet, exclusive=False)
     folder.attempt.add_artifact("fleet-calibrated.json", final)
     folder.host.run(["mv", "-f", "--", folder.fleet, folder.serving], check=True)
