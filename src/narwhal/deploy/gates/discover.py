@@ -167,6 +167,7 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
         problems += found
     if problems:
         attempt.block(problems=problems)
+    draft = fleet_draft(inputs, plans)  # validated first: a bad draft leaves nothing written
     discovery = stamp(DISCOVERY_SCHEMA, 1, {
         "deployment": inputs.deployment, "engines": [p.as_json() for p in plans],
         "workstation": {k: facts["workstation"].get(k) for k in ("hostname", "python", "tools")}
@@ -174,7 +175,7 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
     attempt.add_json("discovery.json", discovery)
     for p in plans:
         attempt.add_json(f"launch-{p.engine.role}.json", launch_record(inputs, p))
-    attempt.add_json("fleet-draft.json", fleet_draft(inputs, plans))
+    attempt.add_json("fleet-draft.json", draft)
     for name, data in kept.items():
         attempt.add_artifact(name, data)
     return discovery
