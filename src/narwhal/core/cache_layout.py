@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from narwhal.core.document_io import StrictModel, read_json_document, validate_document
+from narwhal.core.kv.capture.logs import StartupFacts
 from narwhal.core.kv.metadata import AgentMetadata
 
 SCHEMA = "narwhal.cache-layout"
@@ -28,19 +29,6 @@ class Started(StrictModel):
     runtime: Literal["docker", "podman", "native"]
     id: str = Field(min_length=1, max_length=256)
     created: str = Field(min_length=1, max_length=128)
-
-
-class Startup(StrictModel):
-    """What the startup log said (core/kv/capture/logs.py's StartupFacts)."""
-
-    kv_cache_layout: str = Field(max_length=64)
-    attention_backends: tuple[str, ...]
-    available_kv_gib: float | None
-    kv_cache_tokens: int | None
-    max_model_len: int | None
-    max_concurrency: float | None
-    device: str | None
-    compatibility_hash_passed: str | None
 
 
 class RankCapture(StrictModel):
@@ -72,7 +60,7 @@ class CacheLayout(StrictModel):
     models: tuple[str, ...]
     process_start_time_seconds: float = Field(gt=0)
     cache_config_info: tuple[dict[str, str], ...]
-    startup: Startup
+    startup: StartupFacts  # what the startup log said
     ranks: tuple[RankCapture, ...] = Field(min_length=1, max_length=4096)
     completion: Completion
     checkpoint_config: dict[str, Any]  # the model's config.json, to predict the geometry

@@ -7,16 +7,25 @@ removed, duplicated or changed, so every refusal is tested on text vLLM really w
 
 from __future__ import annotations
 
+import json
+
 import msgpack
 import pytest
 
+from narwhal.core.cache_layout import CacheLayout
+from narwhal.core.documents import canonical_json
 from narwhal.core.errors import ContractError
 from narwhal.core.kv.capture.endpoints import (
     parse_cache_config_info,
     parse_process_start_time,
     parse_version_reply,
 )
-from narwhal.core.kv.capture.logs import parse_capacity, parse_layout, parse_startup_log
+from narwhal.core.kv.capture.logs import (
+    StartupFacts,
+    parse_capacity,
+    parse_layout,
+    parse_startup_log,
+)
 from narwhal.core.kv.capture.sidechannel import metadata_mismatches, parse_reply, request_frame
 from narwhal.core.kv.geometry import plan_geometry
 from narwhal.core.kv.plan import LaunchPlan
@@ -52,6 +61,18 @@ def test_real_cpu_startup_log_yields_layout_backend_and_capacity() -> None:
     assert facts.available_kv_gib is None
     assert facts.compatibility_hash_passed is None  # P never initiates a handshake
 
+
+
+def test_the_startup_facts_written_are_the_ones_cache_layout_reads_back() -> None:
+    """One type: what the capture writes as `startup` is what every reader of the file gets."""
+    assert CacheLayout.model_fields["startup"].annotation is StartupFacts
+    facts = parse_startup_log(text("v0.29-gpu-startup.log"))
+    written = canonical_json(facts.model_dump(mode="json"))
+    assert written == (
+        '{"attention_backends":["FLASH_ATTN"],"available_kv_gib":60.0,'
+        '"compatibility_hash_passed":null,"device":"GPU","kv_cache_layout":"LBHNC",'
+        '"kv_cache_tokens":491520,"max_concurrency":3.75,"max_model_len":131072}')
+    assert StartupFacts.model_validate_json(json.dumps(json.loads(written))) == facts
 
 def test_real_consumer_log_names_the_hash_it_accepted() -> None:
     [hash_line, *_] = [line for line in real("decode-handoff.log").splitlines()

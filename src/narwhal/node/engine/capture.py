@@ -9,7 +9,6 @@ workstation can predict the geometry with core/kv and compare.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import urllib.error
@@ -112,7 +111,7 @@ def capture(plan: dict[str, Any], started: Started, log_path: Path,
     metrics = _get(f"{url}/metrics", keep=keep, what="metrics")[1].decode("utf-8", "replace")
     cache_config = [c.labels for c in parse_cache_config_info(metrics)]
     start_time = parse_process_start_time(metrics)
-    startup = dataclasses.asdict(parse_startup_log(logs(started, log_path)))
+    startup = parse_startup_log(logs(started, log_path)).model_dump(mode="json")
     parallel = launch_plan_from_args([plan["model_dir"], *plan["vllm_args"]],
                                      name=plan["engine"], vllm_version=version,
                                      where=f"{plan['engine']}: vllm_args")

@@ -8,8 +8,10 @@ a line so process prefixes like `(EngineCore_DP0 pid=1) INFO 11-30 10:00:00 [fil
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from pydantic import Field
+
+from narwhal.core.document_io import StrictModel
 from narwhal.core.errors import ContractError
 
 _LAYOUT_LINES = (
@@ -25,11 +27,10 @@ _CAPACITY = re.compile(
 _HASH_PASSED = re.compile(r"NIXL compatibility check passed \(hash: (?P<hash>[0-9a-f]+)")
 
 
-@dataclass(frozen=True)
-class StartupFacts:
-    """What one engine's startup log says about its KV cache."""
+class StartupFacts(StrictModel):
+    """What one engine's startup log says about its KV cache; cache-layout.json's `startup`."""
 
-    kv_cache_layout: str
+    kv_cache_layout: str = Field(max_length=64)
     attention_backends: tuple[str, ...]
     available_kv_gib: float | None
     kv_cache_tokens: int | None
