@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from narwhal.core.document_io import StrictModel
 from narwhal.deploy.trial.client import WORDS
 from narwhal.deploy.trial.schedule import Planned
 
@@ -50,10 +51,8 @@ class TraceError(ValueError):
     """The trace file cannot be replayed; the message names the file, line and field."""
 
 
-class TraceRow(BaseModel):
+class TraceRow(StrictModel):
     """One request of the trace."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     timestamp: Annotated[float, Field(ge=0, le=MAX_TIMESTAMP_MS)]
     input_length: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
