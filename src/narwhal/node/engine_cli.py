@@ -32,6 +32,7 @@ from narwhal.core.documents import canonical_json, sha256_bytes
 from narwhal.core.errors import NarwhalError
 from narwhal.core.flag_types import number
 from narwhal.core.launch_record import ENGINE_API_KEY_ENV
+from narwhal.core.run_plan import read_plan
 from narwhal.core.transfer_path import TransferPath
 from narwhal.node.engine.errors import RuntimeError_
 from narwhal.node.engine.runtimes import NAMES
@@ -79,7 +80,7 @@ def _plan(run_dir: Path) -> tuple[dict[str, Any], str]:
     data = (run_dir / "launch.json").read_bytes() if (run_dir / "launch.json").exists() else b""
     if not data:
         raise Refused(f"no launch.json in {run_dir}: run `narwhal-engine prepare` first")
-    return json.loads(data), sha256_bytes(data)
+    return read_plan(data, str(run_dir / "launch.json")), sha256_bytes(data)
 
 
 def _started(run_dir: Path) -> Started:

@@ -15,12 +15,11 @@ from typing import Any
 
 from narwhal.core import launch_record as lr
 from narwhal.core.documents import canonical_json, sha256_bytes, stamp
+from narwhal.core.run_plan import SCHEMA, VERSION, checked_plan
 from narwhal.core.transfer_path import TransferPath, conflicts
 from narwhal.node.engine import runtimes
 from narwhal.node.engine.runtimes.container import CONTAINER_PREFIX, container_name
 
-SCHEMA = "narwhal.engine-run-plan"
-VERSION = 1
 __all__ = ["CONTAINER_PREFIX", "container_name"]
 
 
@@ -71,7 +70,7 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str,
     # a container's argv is built by the launch record's own runtime (its binary and flags)
     builder = runtimes.container_for(record.runtime) if chosen.contained else chosen
     argv = builder.launch_argv(record, env, path, serve_args(record))
-    return stamp(SCHEMA, VERSION, {
+    return checked_plan(stamp(SCHEMA, VERSION, {
         "engine": record.engine, "launch_record_sha256": record_sha256, "runtime": runtime,
         "container_name": chosen.container_name(record),
         "argv": argv, "environment": chosen.plan_environment(env),
@@ -86,7 +85,7 @@ def build(record: lr.LaunchRecord, record_sha256: str, runtime: str,
         "side_channel": {"host": env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", record.fabric_address),
                          "port": record.ports.nixl_side_channel},
         "transfer": path.model_dump(mode="json") if path is not None else None,
-        "url": f"http://{_reached_at(record)}:{record.ports.engine}"})
+        "url": f"http://{_reached_at(record)}:{record.ports.engine}"}), record.engine)
 
 
 def _reached_at(record: lr.LaunchRecord) -> str:
