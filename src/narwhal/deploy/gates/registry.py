@@ -19,6 +19,7 @@ The runbook's five repeat-work rows, as they appear below:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from narwhal.deploy.gates import attest, engines, fabric, install, preflight, serve
 from narwhal.deploy.gates.spec import GateSpec, LiveRule, Measured, Partial, sequence
@@ -97,3 +98,44 @@ def env_fingerprints(inputs: Inputs, specs: Mapping[str, GateSpec] | None = None
     """Gate -> the digest of each `.env` input it declares, now."""
     return gate_fingerprints(inputs, {name: spec.inputs
                                       for name, spec in (specs or SPECS).items()})
+
+
+@dataclass(frozen=True)
+class RepeatRow:
+    """One row of the runbook's "Repeat work when its measured input changes" table: the
+    declarations above that carry it (gate -> the inputs, measured inputs or live kinds), and
+    the drill that proves it on the lab."""
+
+    change: str
+    declared: tuple[tuple[str, str], ...]
+    drill: str  # tests/<file>::<test>
+
+
+REPEAT_WORK: tuple[RepeatRow, ...] = (
+    RepeatRow("Offered rate or request count within the profiled workload range",
+              (("fabric", "workload"), ("preflight", "profile-range")),
+              "tests/lab/test_preflight_lab.py::"
+              "test_a_moved_workload_inside_the_profiled_range_re_judges_the_fabric_alone"),
+    RepeatRow("SLO or first-token deadline", (("preflight", "slo"), ("serve", "slo")),
+              "tests/lab/test_preflight_lab.py::"
+              "test_an_edited_slo_makes_deploy_rerun_preflight_and_serve_only"),
+    RepeatRow("Router restart with the same fleet document", (("serve", "router-down"),),
+              "tests/lab/test_preflight_lab.py::"
+              "test_a_killed_router_is_started_again_alone_bound_to_the_live_generations"),
+    RepeatRow("Engine restart with the same launch plan",
+              (("engines", "engine-restarted"), ("engines", "engine-down"),
+               ("attest", "engine-unattested")),
+              "tests/lab/test_preflight_lab.py::"
+              "test_a_restarted_engine_makes_deploy_redo_exactly_that_engines_work"),
+    RepeatRow("Fabric route, host assignment, or transport",
+              (("fabric", "link-moved"), ("preflight", "link-moved"), ("engines", "transport"),
+               ("fabric", "transport")),
+              "tests/lab/test_fabric_lab.py::"
+              "test_an_mtu_changed_on_one_end_resamples_exactly_that_hosts_edges"),
+)
+
+
+def declares(spec: GateSpec, name: str) -> bool:
+    """Whether `spec` declares `name` as an input, a measured input or a live kind."""
+    return name in spec.inputs or name in {m.name for m in spec.measured} \
+        or name in {rule.kind for rule in spec.live}
