@@ -22,6 +22,20 @@ METADATA = {"num_regions": 1, "block_lens": [1], "block_strides": [1], "block_si
             "pcp_size": 1}
 
 
+CAPTURE: dict[str, Any] = {
+    "schema": "narwhal.cache-layout", "schema_version": 2, "engine": "engine-2",
+    "launch_record_sha256": LAUNCH_SHA,
+    "started": {"runtime": "docker", "id": "c" * 64, "created": "2026-12-01T00:00:00Z"},
+    "healthy_after_s": 0.5, "version": "0.32.0", "models": ["m"],
+    "process_start_time_seconds": 1764547200.25, "cache_config_info": [],
+    "startup": {"kv_cache_layout": "HND", "attention_backends": [], "available_kv_gib": None,
+                "kv_cache_tokens": None, "max_model_len": None, "max_concurrency": None,
+                "device": None, "compatibility_hash_passed": None},
+    "ranks": [{"pp_rank": 0, "tp_rank": 0, "compatibility_hash": HASH, "engine_id": "x",
+               "metadata": METADATA}],
+    "completion": {"prompt": "p", "text": "t", "usage": None}, "checkpoint_config": {}}
+
+
 def _sidecar() -> Sidecar:
     record = LaunchRecord.model_validate_json(json.dumps({
         "schema": "narwhal.launch-record", "schema_version": 1, "engine": "engine-2",
@@ -32,19 +46,7 @@ def _sidecar() -> Sidecar:
         "ports": {"engine": 8000, "attest": 8100, "nixl_side_channel": 5600,
                   "ucx_tcp": [30000, 30100]},
         "kv_transfer_config": {}, "environment": {}, "vllm_args": []}))
-    capture = parse_cache_layout({
-        "schema": "narwhal.cache-layout", "schema_version": 2, "engine": "engine-2",
-        "launch_record_sha256": LAUNCH_SHA,
-        "started": {"runtime": "docker", "id": "c" * 64, "created": "2026-12-01T00:00:00Z"},
-        "healthy_after_s": 0.5, "version": "0.32.0", "models": ["m"],
-        "process_start_time_seconds": 1764547200.25, "cache_config_info": [],
-        "startup": {"kv_cache_layout": "HND", "attention_backends": [], "available_kv_gib": None,
-                    "kv_cache_tokens": None, "max_model_len": None, "max_concurrency": None,
-                    "device": None, "compatibility_hash_passed": None},
-        "ranks": [{"pp_rank": 0, "tp_rank": 0, "compatibility_hash": HASH, "engine_id": "x",
-                   "metadata": METADATA}],
-        "completion": {"prompt": "p", "text": "t", "usage": None}, "checkpoint_config": {}},
-        "capture")
+    capture = parse_cache_layout(CAPTURE, "capture")
     return Sidecar(EngineTarget("engine-2", "node-2", record, LAUNCH_SHA), capture,
                    "10.0.0.2", 8100)
 
@@ -54,7 +56,14 @@ def _doc(**changes: Any) -> dict[str, Any]:
         "schema": "narwhal.engine-attestation", "schema_version": 1, "deployment": "lab",
         "engine": "engine-2", "launch_record_sha256": LAUNCH_SHA, "compatibility_hash": HASH,
         "vllm_version": "0.32.0", "process": {"runtime": "docker", "id": "c" * 64,
-                                              "process_start_time_seconds": 1764547200.25}}
+                                              "created": "2026-12-01T00:00:00Z",
+                                              "process_start_time_seconds": 1764547200.25},
+        "checked_plan_sha256": "e" * 64, "image_id": "sha256:" + "a" * 64,
+        "model_tree_sha256": "b" * 64, "kv_transfer_config": {"kv_connector": "NixlConnector"},
+        "model": {"num_hidden_layers": 2},
+        "cache_layout": {"kv_cache_layout": "HND", "attention_backends": [],
+                         "cache_config_info": [], "ranks": []},
+        "transfer": {"mode": "pull", "role": "kv_both", "handshake": "x", "path": None}}
     doc.update(changes)
     doc["digest"] = digest(doc)
     return doc
@@ -84,4 +93,26 @@ def test_a_tampered_document_fails_its_own_digest() -> None:
     assert findings(_sidecar(), doc, "lab") == []
     doc["process"] = {**doc["process"], "runtime": "native"}  # edited after signing
     assert findings(_sidecar(), doc, "lab") == [
+        "the document's digest does not match its content (tampered)"]
+
+
+def test_an_attestation_that_vouches_but_breaks_its_schema_is_refused_by_field() -> None:
+    """What Gate E passes its readers parse: a signed document missing a field, or with one
+    the schema does not know, is named field by field, not kept."""
+    doc = _doc()
+    del doc["image_id"]
+    doc["extra"] = 1
+    doc["digest"] = digest({k: v for k, v in doc.items() if k != "digest"})
+    said = findings(_sidecar(), doc, "lab")
+    assert any(f.startswith("image_id: field required") for f in said)
+    assert any(f.startswith("extra: unknown key") for f in said)
+
+
+def test_the_named_findings_come_first_and_alone() -> None:
+    """A document that does not vouch for the engine is told so in the words operators know;
+    the schema check adds nothing to them."""
+    doc = _doc(engine="engine-3")
+    doc["extra"] = 1
+    assert findings(_sidecar(), doc, "lab") == [
+        "engine is 'engine-3', expected 'engine-2'",
         "the document's digest does not match its content (tampered)"]

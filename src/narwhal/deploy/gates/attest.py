@@ -20,8 +20,23 @@ from typing import Any
 
 from narwhal.core import result_line
 from narwhal.core.cache_layout import CacheLayout, parse_cache_layout
-from narwhal.core.documents import canonical_json, digest
-from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError, Problem
+from narwhal.core.documents import digest
+from narwhal.core.engine_attestation import (
+    AttestedEngine,
+    EngineAttestation,
+    attestation_findings,
+    fleet_attestation,
+    parse_attestation,
+    parse_fleet_attestation,
+)
+from narwhal.core.errors import (
+    ContractError,
+    GateBlocked,
+    HostError,
+    InputError,
+    LedgerError,
+    Problem,
+)
 from narwhal.core.fleet import checked_fleet
 from narwhal.core.private_file import write_private
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
@@ -81,13 +96,13 @@ class AttestPlan:
     install: dict[str, Any]
     router: str  # the physical host the router runs on
     draft: dict[str, Any]
-    previous: dict[str, dict[str, Any]]  # the last passed attempt's attestation per engine
+    previous: dict[str, EngineAttestation]  # the last passed attempt's attestation per engine
 
     def document(self) -> dict[str, Any]:
         return {"router_host": self.router,
                 "sidecars": [{"engine": s.target.role, "host": s.target.alias,
                               "run_dir": s.run_dir, "url": s.url} for s in self.sidecars],
-                "kept_if_still_vouching": {role: d.get("digest")
+                "kept_if_still_vouching": {role: d.digest
                                            for role, d in sorted(self.previous.items())}}
 
 
@@ -110,18 +125,21 @@ def plan(inputs: Inputs, ledger: Ledger, router_host: str) -> AttestPlan:
     return AttestPlan(sidecars, install, router_host, draft, previous_attestations(ledger))
 
 
-def previous_attestations(ledger: Ledger) -> dict[str, dict[str, Any]]:
+def previous_attestations(ledger: Ledger) -> dict[str, EngineAttestation]:
     """The attestations of the last passed attempt (read before this attempt starts, since a
     running attempt makes the gate's state `running`), by engine."""
     if passed_attempt(ledger, "attest") is None:
         return {}
     try:
         summary = passed_artifact(ledger, "attest", Reads("attest", "engine-attestation.json"))
-        return {role: dict(passed_artifact(ledger, "attest",
-                                           Reads("attest", f"attestation-{role}.json")).json())
-                for role in summary.json().get("engines", {})}
-    except (GateBlocked, LedgerError):
-        return {}
+        roles = parse_fleet_attestation(summary.json(), str(summary.path)).engines
+        out = {}
+        for role in roles:
+            art = passed_artifact(ledger, "attest", Reads("attest", f"attestation-{role}.json"))
+            out[role] = parse_attestation(art.json(), str(art.path))
+        return out
+    except (GateBlocked, LedgerError, InputError):
+        return {}  # none to keep: every sidecar is started afresh
 
 
 def findings(s: Sidecar, doc: dict[str, Any], deployment: str) -> list[str]:
@@ -141,7 +159,9 @@ def findings(s: Sidecar, doc: dict[str, Any], deployment: str) -> list[str]:
     body = {k: v for k, v in doc.items() if k != "digest"}
     if doc.get("digest") != digest(body):
         out.append("the document's digest does not match its content (tampered)")
-    return out
+    # What it vouches for checked, the rest of it is held to the schema, so every attestation
+    # a passed attempt keeps is one its readers can parse (each problem named by its field).
+    return out or attestation_findings(doc)
 
 
 def _fetch(router: Host, tool: str, url: str) -> dict[str, Any]:
@@ -168,22 +188,25 @@ def previous_sidecars(ledger: Ledger, this_attempt: str) -> list[dict[str, Any]]
     return earlier_processes(ledger, "attest", this_attempt, COMMAND)
 
 
-def kept_attestation(previous: dict[str, Any] | None, router: Host, router_tool: str,
+def kept_attestation(previous: EngineAttestation | None, router: Host, router_tool: str,
                      s: Sidecar, deployment: str) -> dict[str, Any] | None:
     """The last passed attempt's attestation of this engine when it still holds: made for the
     capture Gate C holds now, and its sidecar answering that very document to the router host.
     Such a sidecar is kept running (and its document carried); only the others are replaced."""
-    if previous is None or findings(s, previous, deployment):
-        return None  # none, or not of the capture Gate C holds now (captured again since)
+    if previous is None:
+        return None
+    doc = previous.model_dump(by_alias=True)
+    if findings(s, doc, deployment):
+        return None  # not of the capture Gate C holds now (captured again since)
     done = router.run([router_tool, "fetch", "--url", s.url, "--timeout", "5"], timeout=30)
     try:
         got = result_line.parse(done.text, f"{COMMAND} fetch")
     except ContractError:
         return None
     if not got.ok or int(got.data.get("status", 0)) != 200 \
-            or got.data.get("document", {}).get("digest") != previous.get("digest"):
+            or got.data.get("document", {}).get("digest") != previous.digest:
         return None
-    return previous
+    return doc
 
 
 def controller_key(ledger: Ledger) -> bytes:
@@ -223,8 +246,8 @@ def _settled(outcomes: Any, attempt: Attempt, deployment: str
             continue
         doc = o.value or {}
         docs[s.target.role] = doc
-        attempt.add_artifact(f"attestation-{s.target.role}.json",
-                             canonical_json(doc).encode() + b"\n")
+        # kept as the sidecar answered it (its digest is over exactly that content)
+        attempt.add_json(f"attestation-{s.target.role}.json", doc)
         for f in findings(s, doc, deployment):
             problems.append(Problem(f"{s.target.alias}: {s.target.role}", f,
                                     "run `narwhal engines` again, then `narwhal attest`"))
@@ -234,13 +257,11 @@ def _settled(outcomes: Any, attempt: Attempt, deployment: str
 def _summary(p: AttestPlan, docs: dict[str, dict[str, Any]],
              kept_roles: set[str]) -> dict[str, Any]:
     """engine-attestation.json: what each engine's sidecar attests, and whether it was kept."""
-    return {"schema": "narwhal.fleet-attestation", "schema_version": 1,
-            "engines": {role: {"url": next(s.url for s in p.sidecars if s.target.role == role),
-                               "digest": d.get("digest"),
-                               "compatibility_hash": d.get("compatibility_hash"),
-                               "process": d.get("process"),
-                               "sidecar": "kept" if role in kept_roles else "started"}
-                        for role, d in docs.items()}}
+    url = {s.target.role: s.url for s in p.sidecars}
+    return fleet_attestation({role: AttestedEngine(
+        url=url[role], digest=d.get("digest"), compatibility_hash=d.get("compatibility_hash"),
+        process=d.get("process"), sidecar="kept" if role in kept_roles else "started")
+        for role, d in docs.items()}).document()
 
 
 def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
@@ -285,14 +306,12 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
 
     docs, problems = _settled(each(p.sidecars, attest), attempt, inputs.deployment)
     summary = _summary(p, docs, kept_roles)
-    attempt.add_artifact("engine-attestation.json", canonical_json(summary).encode() + b"\n")
+    attempt.add_json("engine-attestation.json", summary)
     if problems:
-        attempt.add_artifact("problems.json", canonical_json(
-            [{"field": x.field, "problem": x.problem, "fix": x.fix} for x in problems]).encode())
-        raise GateBlocked("attest", "; ".join(x.line() for x in problems[:2]), problems)
+        attempt.block(problems=problems)
     fleet = finalised_fleet(p, docs, inputs.deployment, router_key)
-    attempt.add_artifact("fleet-before.json", canonical_json(p.draft).encode() + b"\n")
-    attempt.add_artifact("fleet.json", canonical_json(fleet).encode() + b"\n")
+    attempt.add_json("fleet-before.json", p.draft)
+    attempt.add_json("fleet.json", fleet)
     return {"engines": summary["engines"], "router_host": p.router}
 
 

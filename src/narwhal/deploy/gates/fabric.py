@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.core.cache_layout import parse_cache_layout
-from narwhal.core.documents import canonical_json, sha256_bytes
+from narwhal.core.document_io import parse_json_bytes
+from narwhal.core.documents import sha256_bytes
 from narwhal.core.errors import (
     ContractError,
     GateBlocked,
@@ -29,6 +30,14 @@ from narwhal.core.errors import (
     InputError,
     LedgerError,
     Problem,
+)
+from narwhal.core.fabric_edges import (
+    checked_budget,
+    checked_diagnosis,
+    checked_edges,
+    checked_links,
+    checked_sample,
+    parse_edges,
 )
 from narwhal.core.kv.capture.contract import predicted
 from narwhal.core.transfer_path import TransferPath
@@ -38,6 +47,7 @@ from narwhal.deploy.fabric.budget import EdgeBudget, budget_document
 from narwhal.deploy.fabric.links import Interface, LinkRecord, Route, parse_interface, parse_route
 from narwhal.deploy.fabric.tools import Rdma, Tool
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, Remote, targets_for
+from narwhal.deploy.gates.fabric_rules import Reuse, edge_verdict, resample_refusal, sample_reuse
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import Reads
@@ -209,7 +219,8 @@ def link_records(p: FabricPlan, facts: dict[str, HostLinks], keys: dict[str, str
 
 def previous_rows(ledger: Ledger) -> dict[str, matrix.EdgeRow]:
     """Each edge's latest recorded row over the gate's earlier attempts (newest first), from
-    edges.json files whose digest their attempt.json still vouches for."""
+    edges.json files whose digest their attempt.json still vouches for (read through core's
+    FabricEdges: InputError naming the file and field when one is not an edge matrix)."""
     entry = ledger.load().get("gates", {}).get("fabric", {}) if ledger.exists() else {}
     out: dict[str, matrix.EdgeRow] = {}
     for attempt in reversed(list(entry.get("attempts") or [])):
@@ -221,8 +232,9 @@ def previous_rows(ledger: Ledger) -> dict[str, matrix.EdgeRow]:
             continue  # an attempt that ended before its matrix: nothing to reuse from it
         if recorded.get("edges.json") != sha256_bytes(data):
             continue
-        for row in json.loads(data)["edges"]:
-            out.setdefault(str(row["edge"]), matrix.row_from(row))
+        source = str(folder / "edges.json")
+        for row in parse_edges(parse_json_bytes(data, source), source).edges:
+            out.setdefault(row.edge, matrix.row_from(row.model_dump()))
     return out
 
 
@@ -351,23 +363,18 @@ class Fabric:
             outcome = dx.Outcome(outcome.sample, outcome.error, outcome.listening,
                                  outcome.port_owner, self.traffic(before, after))
         measured = outcome.sample.gbps if outcome.sample is not None else None
-        if outcome.traffic:
-            verdict = "void"
-        elif measured is not None and measured >= e.required_gbps and not link.route_problems():
-            verdict = "pass"
-        else:
-            verdict = "fail"
+        verdict = edge_verdict(measured, e.required_gbps, route_ok=not link.route_problems(),
+                               traffic=bool(outcome.traffic))
         causes = [] if verdict == "pass" else dx.diagnose(link, outcome, e.required_gbps, o.port)
-        sample_doc = {"edge": e.edge, "link_fingerprint": link.fingerprint,
-                      "required_gbps": e.required_gbps, "measured_gbps": measured,
-                      "verdict": verdict, "idle_proof": proofs,
-                      "client_report": _json_or_text(raw)}
-        self.attempt.add_artifact(f"{name}.json", canonical_json(sample_doc).encode() + b"\n")
+        self.attempt.add_json(f"{name}.json", checked_sample(
+            {"edge": e.edge, "link_fingerprint": link.fingerprint,
+             "required_gbps": e.required_gbps, "measured_gbps": measured, "verdict": verdict,
+             "idle_proof": proofs, "client_report": _json_or_text(raw)}, f"{name}.json"))
         diagnosis = None
         if causes:  # recorded with the sample, before any resample can be asked for
             diagnosis = f"{name}.diagnosis.json"
-            self.attempt.add_artifact(diagnosis, canonical_json(
-                dx.document(e.edge, causes, f"{name}.json")).encode() + b"\n")
+            self.attempt.add_json(diagnosis, checked_diagnosis(
+                dx.document(e.edge, causes, f"{name}.json"), diagnosis))
         self.progress(e.edge, verdict + (f" {measured:.3f} Gbit/s" if measured is not None
                                          else "") + f" (needs {e.required_gbps:.4f})")
         return matrix.EdgeRow(e.edge, e.source, e.destination, e.required_gbps, measured,
@@ -397,16 +404,6 @@ def transports(inputs: Inputs, p: FabricPlan) -> dict[str, dict[str, Any]]:
     return out
 
 
-def reusable(last: matrix.EdgeRow, e: EdgeBudget, link: LinkRecord,
-             resample: tuple[str, ...]) -> bool:
-    """The same link, measured and passed, not asked to be measured again: its throughput is
-    held to the budget of now (a moved workload re-judges the sample; one it no longer meets
-    is measured)."""
-    return (last.verdict == "pass" and last.fingerprint == link.fingerprint
-            and last.measured_gbps is not None and last.measured_gbps >= e.required_gbps
-            and e.edge not in resample)
-
-
 def _all_host_links(sessions: Sessions, attempt: Attempt, p: FabricPlan
                     ) -> dict[str, HostLinks]:
     """Every engine host's link facts at once; blocked naming each host that cannot say."""
@@ -427,36 +424,55 @@ def _all_host_links(sessions: Sessions, attempt: Attempt, p: FabricPlan
             assert o.value is not None
             facts[o.item] = o.value
     if problems:
-        raise _blocked(attempt, problems)
+        attempt.block(problems=problems)
     return facts
 
 
-def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
-            p: FabricPlan, progress: Progress) -> dict[str, Any]:
-    attempt.add_artifact("budget.json", canonical_json(p.budget).encode() + b"\n")
-    prior = previous_rows(ledger)
-    for asked in p.options.resample:
-        last = prior.get(asked)
-        if last is not None and last.verdict != "pass" and last.diagnosis is None:
-            raise GateBlocked("fabric", f"{asked} failed without a recorded diagnosis; run "
-                              "`narwhal fabric` (it diagnoses before it resamples)")
-
+def _links(inputs: Inputs, sessions: Sessions, attempt: Attempt, p: FabricPlan
+           ) -> dict[str, LinkRecord]:
+    """Every edge's link record from both ends' facts now, kept as links.json."""
     facts = _all_host_links(sessions, attempt, p)
-    problems: list[Problem] = []
     keys = {h: ",".join(sorted(pinned_fingerprints(sessions.known_hosts,
                                                    sessions.hosts[h].destination)))
             for h in p.hosts}
     links = link_records(p, facts, keys, transports(inputs, p))
-    attempt.add_artifact("links.json", canonical_json(
+    attempt.add_json("links.json", checked_links(
         {edge: {**rec.document(), "fingerprint": rec.fingerprint}
-         for edge, rec in links.items()}).encode() + b"\n")
+         for edge, rec in links.items()}))
+    return links
 
+
+def _edge_problem(row: matrix.EdgeRow, causes: list[dx.Cause]) -> Problem:
+    """A failed or void edge as the gate's problem: the rate against the budget, and the
+    first cause its diagnosis found."""
+    first = causes[0] if causes else None
+    return Problem(
+        row.edge, f"{row.verdict}: " + (f"{row.measured_gbps:.4f} Gbit/s of "
+                                        f"{row.required_gbps:.4f} required; "
+                                        if row.measured_gbps is not None else "")
+        + (f"{first.cause}: {first.found}" if first else "no sample"),
+        first.fix if first else "see the edge's sample in the attempt")
+
+
+def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt,
+            p: FabricPlan, progress: Progress) -> dict[str, Any]:
+    attempt.add_json("budget.json", checked_budget(p.budget))
+    prior = previous_rows(ledger)
+    for asked in p.options.resample:
+        last = prior.get(asked)
+        refused = resample_refusal(asked, last, last is not None and last.diagnosis is not None)
+        if refused:
+            raise GateBlocked("fabric", refused)
+
+    links = _links(inputs, sessions, attempt, p)
+    problems: list[Problem] = []
     fabric = Fabric(sessions, attempt, p, progress)
     rows: list[matrix.EdgeRow] = []
     for e in p.edges:
         link = links[e.edge]
         last = prior.get(e.edge)
-        if last is not None and reusable(last, e, link, p.options.resample):
+        if last is not None and sample_reuse(last, link.fingerprint, e.required_gbps,
+                                             e.edge in p.options.resample) is Reuse.REUSED:
             fabric.last_proof = None  # time passes; the next sample proves idleness afresh
             progress(e.edge, f"reused from attempt {last.measured_in} (same link; "
                      f"{last.measured_gbps:.3f} Gbit/s meets the {e.required_gbps:.3f} required)")
@@ -474,22 +490,9 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
             problems.append(Problem(e.edge, str(exc).splitlines()[0], "check the hosts"))
         rows.append(row)
         if row.verdict != "pass":
-            first = causes[0] if causes else None
-            problems.append(Problem(
-                e.edge, f"{row.verdict}: " + (f"{row.measured_gbps:.4f} Gbit/s of "
-                                               f"{row.required_gbps:.4f} required; "
-                                               if row.measured_gbps is not None else "")
-                + (f"{first.cause}: {first.found}" if first else "no sample"),
-                first.fix if first else "see the edge's sample in the attempt"))
-    attempt.add_artifact("edges.json", canonical_json(
-        matrix.edges_document(rows, p.hosts)).encode() + b"\n")
+            problems.append(_edge_problem(row, causes))
+    attempt.add_json("edges.json", checked_edges(matrix.edges_document(rows, p.hosts)))
     attempt.add_artifact("edge-matrix.png", matrix.heatmap_png(rows, p.hosts))
     if problems:
-        raise _blocked(attempt, problems)
+        attempt.block(problems=problems)
     return {"edges": [r.document() for r in rows], "hosts": p.hosts}
-
-
-def _blocked(attempt: Attempt, problems: list[Problem]) -> GateBlocked:
-    attempt.add_artifact("problems.json", canonical_json(
-        [{"field": x.field, "problem": x.problem, "fix": x.fix} for x in problems]).encode())
-    return GateBlocked("fabric", "; ".join(x.line() for x in problems[:2]), problems)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.core.errors import GateBlocked, LedgerError
+from narwhal.core.fabric_edges import parse_links
 from narwhal.deploy.gates import fabric
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes
@@ -213,11 +214,14 @@ def prometheus_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
 def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,
                 attempt: Attempt) -> list[LinkChange]:
     """The directed edges whose measured link facts differ from the record Gate D's last
-    passed attempt sampled them under, read from both ends now (commands in `attempt`)."""
+    passed attempt sampled them under, read from both ends now (commands in `attempt`).
+    The record is read through core's FabricLink (InputError naming the edge and field of a
+    record that is not one)."""
     if passed_attempt(ledger, "fabric") is None:
         return []
     try:
-        recorded = dict(passed_artifact(ledger, "status", LINKS).json())
+        art = passed_artifact(ledger, "status", LINKS)
+        recorded = parse_links(art.json(), str(art.path))
         p = fabric.plan(inputs, ledger, fabric.FabricOptions())
     except (GateBlocked, LedgerError):
         return []  # an upstream gate is not passed: the record's own states say so
@@ -232,10 +236,9 @@ def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,
     now = fabric.link_records(p, facts, keys, fabric.transports(inputs, p))
     out = []
     for edge, rec in now.items():
-        then = recorded.get(edge)
-        if not isinstance(then, dict):
+        if edge not in recorded:
             continue  # an edge Gate D did not measure: its own fingerprint makes it stale
-        doc = rec.document()
+        doc, then = rec.document(), recorded[edge].record()
         moved = tuple(k for k in MEASURED if doc.get(k) != then.get(k))
         if moved:
             out.append(LinkChange(edge, moved))

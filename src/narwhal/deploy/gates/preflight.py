@@ -303,7 +303,7 @@ def execute(host: Host, attempt: Attempt, p: PreflightPlan,
     folder = RouterFolder(host, p.install, attempt)
     progress(p.router, f"placing the fleet document and captures in {folder.path}")
     folder.place(p)
-    attempt.add_artifact("fleet.json", canonical_json(p.fleet).encode() + b"\n")
+    attempt.add_json("fleet.json", p.fleet)
     engines = [e["id"] for e in p.fleet["engines"]]
     profiled, again = profile(folder, engines, progress, p.cover)
     for name in (STORE, SAMPLES):

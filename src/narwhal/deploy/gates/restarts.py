@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from narwhal.core import result_line
-from narwhal.core.errors import ContractError, GateBlocked, HostError, LedgerError
+from narwhal.core.engine_attestation import parse_attestation
+from narwhal.core.errors import ContractError, GateBlocked, HostError, InputError, LedgerError
 from narwhal.core.sidecar_answer import read_answer
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
 from narwhal.deploy.gates.spec import Reads
@@ -64,9 +65,10 @@ def _captured_since(ledger: Ledger, engine: str) -> bool:
     try:
         cap = passed_artifact(ledger, "status", Reads("engines", f"cache-layout-{engine}.json"))
         att = passed_artifact(ledger, "status", Reads("attest", f"attestation-{engine}.json"))
-    except (GateBlocked, LedgerError):
+        attested = parse_attestation(att.json(), str(att.path)).process \
+            .process_start_time_seconds
+    except (GateBlocked, LedgerError, InputError):
         return False
-    attested = att.json().get("process", {}).get("process_start_time_seconds")
     return bool(cap.json().get("process_start_time_seconds") != attested)
 
 
