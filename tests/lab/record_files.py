@@ -24,13 +24,23 @@ def first_attempt_files(deployment: Path, steps: tuple[str, ...] = STEPS) -> dic
     return out
 
 
-def last_attempt_files(deployment: Path, steps: tuple[str, ...] = STEPS) -> dict[str, list[str]]:
-    """Step -> the sorted file names of its last attempt (as the ledger names it)."""
+def first_passed_files(deployment: Path, steps: tuple[str, ...] = STEPS
+                       ) -> dict[str, list[str]]:
+    """Step -> the sorted file names of its first passed attempt, in the ledger's order.
+
+    The first pass of each gate is a whole run, as a fresh deploy's is; later passes on a lab
+    that drills faults may be partial (an install resumed with nothing new to own, a preflight
+    that binds saved profiles instead of fitting them), and leave other files by design."""
     doc = json.loads((deployment / "ledger.json").read_text())
     entries = {**doc.get("activities", {}), **doc.get("gates", {})}
-    return {step: sorted(p.name for p in (deployment / step / entries[step]["last"]).iterdir()
-                         if p.is_file())
-            for step in steps if entries.get(step, {}).get("last")}
+    out: dict[str, list[str]] = {}
+    for step in steps:
+        for attempt in entries.get(step, {}).get("attempts", []):
+            folder = deployment / step / attempt
+            if json.loads((folder / "attempt.json").read_text()).get("verdict") == "passed":
+                out[step] = sorted(p.name for p in folder.iterdir() if p.is_file())
+                break
+    return out
 
 
 if __name__ == "__main__":  # python -m tests.lab.record_files RUNS/DEPLOYMENT > manifest

@@ -26,7 +26,7 @@ from tests.lab import canary_drill as cd
 from tests.lab.fleet_up import GATE_ARGS, through
 from tests.lab.installing import Installer, rows
 from tests.lab.operator import NARWHAL
-from tests.lab.record_files import MANIFEST, last_attempt_files
+from tests.lab.record_files import MANIFEST, first_passed_files
 
 from narwhal.deploy.gates import monitoring
 from narwhal.lab import lifecycle
@@ -468,12 +468,12 @@ def test_deploy_keeps_every_gate_that_is_passed_and_fresh(attested: Installer) -
 
 def test_every_gate_s_record_holds_the_files_a_deploy_left_before_gates_were_functions(
         attested: Installer) -> None:
-    """The record's shape is the operator's: each gate's last attempt (hand runs and deploy
-    now call the same functions) holds exactly the files `make demo`'s deploy left in each
+    """The record's shape is the operator's: each gate's first pass on this lab (hand runs and
+    deploy call the same functions) holds exactly the files `make demo`'s deploy left in each
     attempt before the refactor (tests/lab/deploy_record_files.json; command outputs under
     out/ aside, whose count depends on polls)."""
     expected = json.loads(MANIFEST.read_text())
-    assert last_attempt_files(attested.op.runs / "lab") == expected
+    assert first_passed_files(attested.op.runs / "lab") == expected
 
 
 def test_a_moved_workload_inside_the_profiled_range_re_judges_the_fabric_alone(
