@@ -814,12 +814,25 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def hub_blobs(real_root: str) -> str | None:
+    """The blobs folder of a Hugging Face cache repo when the model dir is one of its
+    snapshots (`<repo>/snapshots/<commit>`, whose files are symlinks into `<repo>/blobs`),
+    else None. Its files are the snapshot's content, hashed under the snapshot's names, so a
+    cache and a plain copy of one commit have one digest."""
+    snapshots = os.path.dirname(real_root)
+    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+    if os.path.basename(snapshots) == "snapshots" and os.path.isdir(blobs):
+        return os.path.realpath(blobs)
+    return None
+
+
 def _entry_problem(rel: str, path: str, real_root: str) -> str | None:
     if "\t" in rel or "\n" in rel:
         return f"{rel!r}: a tab or newline in the name would make the rows ambiguous"
     if os.path.islink(path):
         target = os.path.realpath(path)
-        if not _inside(target, real_root):
+        blobs = hub_blobs(real_root)
+        if not (_inside(target, real_root) or (blobs is not None and _inside(target, blobs))):
             return f"{rel}: symlink escapes the model dir (-> {os.readlink(path)})"
         if not os.path.exists(target):
             return f"{rel}: broken symlink (-> {os.readlink(path)})"

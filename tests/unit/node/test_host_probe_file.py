@@ -4,6 +4,7 @@ its request on stdin, answering with exactly one result line the workstation can
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import shutil
@@ -230,3 +231,45 @@ def test_a_probe_that_breaks_still_answers_one_line(monkeypatch: pytest.MonkeyPa
     assert host_probe.main(io.StringIO(json.dumps(_request())), out) == 1
     result = result_line.parse(out.getvalue(), "narwhal-host-probe")
     assert not result.ok and result.error == "the probe failed: RuntimeError: boom"
+
+
+def _hub_cache(tmp_path: Path, plain: Path) -> Path:
+    """`plain` laid out as huggingface_hub's cache lays one commit out: every file a blob named
+    by its digest, the snapshot a tree of relative symlinks into ../../blobs."""
+    repo = tmp_path / "hub" / "models--narwhal-lab--tiny-llama"
+    snapshot = repo / "snapshots" / ("c0ffee" * 6 + "abcd")
+    (repo / "blobs").mkdir(parents=True)
+    for path in sorted(p for p in plain.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = snapshot / path.relative_to(plain)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snapshot
+
+
+def test_a_hugging_face_cache_snapshot_hashes_as_the_plain_copy_of_its_commit(
+        tmp_path: Path, model: Path) -> None:
+    snapshot = _hub_cache(tmp_path, model)
+    plain = _facts(_request(model_dir=str(model), hash_model=True)).model
+    cached = _facts(_request(model_dir=str(snapshot), hash_model=True)).model
+    assert plain is not None and cached is not None and cached.error is None
+    assert cached.model_tree_sha256 == plain.model_tree_sha256 is not None
+    assert cached.files == plain.files and cached.bytes == plain.bytes
+
+
+def test_a_snapshot_link_outside_its_repo_s_blobs_still_escapes(tmp_path: Path,
+                                                                 model: Path) -> None:
+    snapshot = _hub_cache(tmp_path, model)
+    (tmp_path / "elsewhere.bin").write_bytes(b"weights from somewhere else")
+    (snapshot / "extra.bin").symlink_to(tmp_path / "elsewhere.bin")
+    facts = _facts(_request(model_dir=str(snapshot), hash_model=True)).model
+    assert facts is not None and facts.model_tree_sha256 is None
+    assert facts.error == f"extra.bin: symlink escapes the model dir (-> {tmp_path / 'elsewhere.bin'})"
+    # a folder named like a snapshot but outside a cache repo (no blobs/) is a plain folder
+    lone = tmp_path / "lone" / "snapshots" / "abc"
+    lone.mkdir(parents=True)
+    (lone / "w.bin").symlink_to(tmp_path / "elsewhere.bin")
+    facts = _facts(_request(model_dir=str(lone), hash_model=True)).model
+    assert facts is not None and facts.error is not None and "escapes" in facts.error
