@@ -9,6 +9,7 @@ removed.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from narwhal.core import launch_record as lr
 from narwhal.core.transfer_path import TransferPath
 from narwhal.node.engine.errors import RuntimeError_
 from narwhal.node.engine.runtimes.base import Ran, Started, chunks, keep_tail
+from narwhal.node.host_probe import hub_blobs
 
 START_TIMEOUT_S = 120
 CONTAINER_PREFIX = "narwhal-"
@@ -25,6 +27,13 @@ CONTAINER_PREFIX = "narwhal-"
 
 def container_name(record: lr.LaunchRecord) -> str:
     return f"{CONTAINER_PREFIX}{record.engine}"
+
+
+def hub_blobs_args(record: lr.LaunchRecord) -> list[str]:
+    """A Hugging Face cache snapshot's files are links into its repo's blobs/: the container
+    gets that folder too, read-only at its own path, or every link would dangle inside it."""
+    blobs = hub_blobs(os.path.realpath(record.model_dir))
+    return ["-v", f"{blobs}:{blobs}:ro"] if blobs is not None else []
 
 
 def transfer_args(path: TransferPath | None) -> list[str]:
@@ -80,7 +89,7 @@ class ContainerRuntime:
         and the transfer path's devices. The binary is the launch record's runtime."""
         argv = [record.runtime, "run", "-d", "--name", container_name(record),
                 "--network", "host", "--ipc", "host", "--label", f"narwhal.engine={record.engine}",
-                "-v", f"{record.model_dir}:{record.model_dir}:ro",
+                "-v", f"{record.model_dir}:{record.model_dir}:ro", *hub_blobs_args(record),
                 "-v", f"{record.run_dir}:{record.run_dir}", *self.device_args(record),
                 *transfer_args(path)]
         for name in sorted(env):
