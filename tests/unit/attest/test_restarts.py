@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from narwhal.core.result_line import ResultLine
-from narwhal.deploy.gates.live_check import Live, findings
-from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.restarts import EngineChange, _repeat, judge
-from narwhal.deploy.ledger.status import GateStatus, with_findings
-
-
-def with_live_changes(rows: list[GateStatus], doc: dict[str, Any], changes: list[Any],
-                      router: str = "", links: list[Any] | None = None,
-                      prometheus: str = "") -> list[GateStatus]:
-    """The rows with what a live check found, through the gates' declared live rules."""
-    live = Live(engines=list(changes), router=router, prometheus=prometheus,
-                links=list(links or []))
-    return with_findings(SPECS, rows, doc, findings(live))
-
+from narwhal.deploy.ledger.status import GateStatus
+from tests.unit.gates.live_findings import with_live_changes
 
 DIGEST = "sha256:" + "a" * 64
 ENGINE = {"id": "engine-2", "contract": {"attestation_digest": DIGEST}}

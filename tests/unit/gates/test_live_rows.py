@@ -3,28 +3,16 @@ gates they make stale and the work the runbook's rows name."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from narwhal.core.gates import GATES
 from narwhal.deploy.gates.live_check import (
     PROMETHEUS_REPEAT,
     ROUTER_REPEAT,
     LinkChange,
     Live,
-    findings,
     prometheus_reason,
 )
-from narwhal.deploy.gates.registry import SPECS
-from narwhal.deploy.ledger.status import GateStatus, with_findings
-
-
-def with_live_changes(rows: list[GateStatus], doc: dict[str, Any], changes: list[Any],
-                      router: str = "", links: list[Any] | None = None,
-                      prometheus: str = "") -> list[GateStatus]:
-    """The rows with what a live check found, through the gates' declared live rules."""
-    live = Live(engines=list(changes), router=router, prometheus=prometheus,
-                links=list(links or []))
-    return with_findings(SPECS, rows, doc, findings(live))
+from narwhal.deploy.ledger.status import GateStatus
+from tests.unit.gates.live_findings import with_live_changes
 
 
 def _rows() -> list[GateStatus]:

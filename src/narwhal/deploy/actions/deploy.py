@@ -36,10 +36,9 @@ from narwhal.deploy.actions.output import (
     passed_document,
     report_passed,
 )
-from narwhal.deploy.actions.status import read_live, rows_now
+from narwhal.deploy.actions.status import Now, read_live, read_now
 from narwhal.deploy.gates.handoff import attempt_plan
 from narwhal.deploy.gates.live_check import findings
-from narwhal.deploy.gates.runner import current_fingerprints
 from narwhal.deploy.gates.spec import Finding, GateSpec
 from narwhal.deploy.ledger.status import GateStatus, clear, moved_inputs
 
@@ -77,12 +76,12 @@ class Step:
                 "exit": self.exit, "seconds": round(self.seconds, 3), "output": self.output}
 
 
-def partial_ok(ctx: Context, specs: Mapping[str, GateSpec], row: GateStatus) -> bool:
+def partial_ok(ctx: Context, now: Now, row: GateStatus) -> bool:
     """Whether the gate may redo only part of its work: it is passed (only the live check
     found something), or its last attempt was itself partial and did not pass (or was
     recovered) while nothing the gate reads moved since its last pass (a restart stopped by a
     full disk, say: the other engines' captures still stand)."""
-    partial = specs[row.gate].partial
+    partial = now.specs[row.gate].partial
     if partial is None:
         return False
     if row.state == "passed":
@@ -92,17 +91,17 @@ def partial_ok(ctx: Context, specs: Mapping[str, GateSpec], row: GateStatus) -> 
     plan = attempt_plan(ctx.ledger, row.gate, row.last)
     if plan is None or partial.plan_key not in plan:
         return False
-    passed_with = ctx.ledger.load()["gates"][row.gate].get("fingerprint", {})
-    now = current_fingerprints(specs, ctx.ledger, ctx.fingerprints(specs))[row.gate]
-    return bool(passed_with) and not moved_inputs(passed_with, now)
+    passed_with = now.doc["gates"][row.gate].get("fingerprint", {})
+    return bool(passed_with) and not moved_inputs(passed_with, now.current[row.gate])
 
 
-def subjects(ctx: Context, plan: Plan, gate: str,
+def subjects(ctx: Context, now: Now, gate: str,
              found: Sequence[Finding]) -> Mapping[str, Sequence[str]]:
-    """The subjects the gate redoes alone ({} for all of its work)."""
-    partial = plan.specs[gate].partial
+    """The subjects the gate redoes alone ({} for all of its work): a partial re-run is judged
+    on the record's own row, without the live findings that call for it."""
+    partial = now.specs[gate].partial
     named = partial.subjects(found) if partial else {}
-    return named if named and partial_ok(ctx, plan.specs, _row(ctx, plan, gate, ())) else {}
+    return named if named and partial_ok(ctx, now, now.rows()[gate]) else {}
 
 
 def _refusal(lines: Sequence[str]) -> str:
@@ -110,7 +109,7 @@ def _refusal(lines: Sequence[str]) -> str:
     return " ".join(ln.strip() for ln in lines[:12])[:2000]
 
 
-def run_gate(ctx: Context, plan: Plan, command: GateCommand[Any], options: Any
+def run_step(ctx: Context, plan: Plan, command: GateCommand[Any], options: Any
              ) -> tuple[int, Any]:
     """Run one gate's function as its command would, reporting as it would; (exit, what
     deploy records of its output: the `--json` document, or the refusal in its words)."""
@@ -195,27 +194,22 @@ def run(ctx: Context, plan: Plan,
     found, steps, t0 = observed.findings, [], time.monotonic()
     for number, name in enumerate(gates, 1):
         spec = plan.specs[name]
-        row = _row(ctx, plan, name, found)
+        now = read_now(ctx, plan.specs)
+        row = now.rows(found)[name]
         head = f"[{number}/{len(gates)}] gate {spec.letter} {name}"
         if row.state == "passed":
             say(f"{head}: passed and fresh, kept")
             steps.append(Step(spec, row, "kept", []))
             continue
-        named = subjects(ctx, plan, name, found)
+        named = subjects(ctx, now, name, found)
         options, argv = plan.commands[name].deploy_options(ctx, plan.flags, named)
         why = f" ({row.reason})" if row.reason else ""
         say(f"{head}: {row.state}{why}; running narwhal {' '.join(argv)}")
         started = time.monotonic()
-        code, output = run_gate(ctx, plan, plan.commands[name], options)
+        code, output = run_step(ctx, plan, plan.commands[name], options)
         steps.append(Step(spec, row, "ran", argv, code, time.monotonic() - started, output))
         if code != EXIT_OK:
             return report.stopped(ctx, plan, steps, say)
         found = clear(plan.specs, name, found)
     return report.finished(ctx, plan, steps, time.monotonic() - t0, say,
                            "checked" if observed.access else "skipped (--offline)")
-
-
-def _row(ctx: Context, plan: Plan, gate: str, found: Sequence[Finding]) -> GateStatus:
-    """The gate's status now, with `found` (none: the record's own)."""
-    return next(r for r in rows_now(ctx, plan.specs, found) if r.gate == gate)
-

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from narwhal.core.errors import GateBlocked, HostError, LedgerError
 from narwhal.deploy.actions.context import Context
@@ -58,16 +60,15 @@ def read_live(ctx: Context) -> Live:
         ctx.close()
 
 
-def judged(ctx: Context, specs: Mapping[str, GateSpec],
-           current: Mapping[str, Mapping[str, str]],
-           findings: Sequence[Finding] = ()) -> Judged:
+def judged(ctx: Context, specs: Mapping[str, GateSpec], doc: Mapping[str, Any],
+           current: Mapping[str, Mapping[str, str]]) -> Judged:
     """Run the judges the specs declare: every passed gate's measured inputs, and the note on
     each moved verdict-only input that explains itself."""
-    doc = ctx.ledger.load().get("gates", {})
+    gates = doc.get("gates", {})
     measured: dict[str, str] = {}
     notes: dict[str, dict[str, str]] = {}
     for name, spec in specs.items():
-        entry = doc.get(name, {})
+        entry = gates.get(name, {})
         if entry.get("state") != "passed":
             continue
         for m in spec.measured:
@@ -76,11 +77,34 @@ def judged(ctx: Context, specs: Mapping[str, GateSpec],
         for key, judge in (spec.explain or {}).items():
             if key in moved:
                 notes.setdefault(name, {})[key] = judge(ctx.inputs, ctx.ledger)
-    return Judged({k: v for k, v in measured.items() if v}, notes, findings)
+    return Judged({k: v for k, v in measured.items() if v}, notes)
+
+
+@dataclass(frozen=True)
+class Now:
+    """What the gates are judged from at one moment, read once: the record, every gate's
+    fingerprint now, and what the declared judges found. Rows with or without live findings
+    are then computed from it without reading anything again."""
+
+    specs: Mapping[str, GateSpec]
+    doc: Mapping[str, Any]
+    current: Mapping[str, Mapping[str, str]]
+    judged: Judged
+
+    def rows(self, findings: Sequence[Finding] = ()) -> dict[str, GateStatus]:
+        """Gate -> its status, with `findings` (none: the record's own)."""
+        rows = compute(self.specs, self.doc, self.current, replace(self.judged,
+                                                                   findings=findings))
+        return {r.gate: r for r in rows}
+
+
+def read_now(ctx: Context, specs: Mapping[str, GateSpec]) -> Now:
+    doc = ctx.ledger.load()
+    current = current_fingerprints(specs, ctx.ledger, ctx.fingerprints(specs))
+    return Now(specs, doc, current, judged(ctx, specs, doc, current))
 
 
 def rows_now(ctx: Context, specs: Mapping[str, GateSpec],
              findings: Sequence[Finding] = ()) -> list[GateStatus]:
     """Every gate's status: its record, the inputs now, its measured inputs, and `findings`."""
-    current = current_fingerprints(specs, ctx.ledger, ctx.fingerprints(specs))
-    return compute(specs, ctx.ledger.load(), current, judged(ctx, specs, current, findings))
+    return list(read_now(ctx, specs).rows(findings).values())

@@ -20,14 +20,13 @@ The record cannot see either move. The runbook's repeat rows name the work:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from narwhal.core.errors import GateBlocked, LedgerError
 from narwhal.core.fabric_edges import parse_links
 from narwhal.deploy.gates import fabric
-from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
+from narwhal.deploy.gates.handoff import attempt_plan, passed_artifact, passed_attempt
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes
 from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.serve import controller_of, fetch_json
@@ -111,12 +110,11 @@ def _router_urls(ledger: Ledger) -> list[str]:
     attempt_id = passed_attempt(ledger, "serve")
     if attempt_id is None:
         return []
-    try:
-        plan = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
-        return [str(plan["router_url"]), *([str(plan["standby_url"])]
-                                           if plan.get("standby_url") else [])]
-    except (OSError, ValueError, KeyError, TypeError):
+    plan = attempt_plan(ledger, "serve", attempt_id) or {}
+    if not plan.get("router_url"):
         return []
+    return [str(plan["router_url"]), *([str(plan["standby_url"])]
+                                       if plan.get("standby_url") else [])]
 
 
 RouterStates = dict[str, tuple[int, dict[str, Any]] | None]
@@ -198,9 +196,8 @@ def prometheus_down(ledger: Ledger, router: Host, fetch_tool: str) -> str:
     if attempt_id is None:
         return ""
     folder = ledger.attempt_folder("serve", attempt_id)
-    try:
-        url = str(json.loads((folder / "plan.json").read_text())["prometheus_url"])
-    except (OSError, ValueError, KeyError, TypeError):
+    url = str((attempt_plan(ledger, "serve", attempt_id) or {}).get("prometheus_url") or "")
+    if not url:
         return ""  # a record from before Gate G planned Prometheus's address: nothing to ask
     rows = [r for r in read_rows(folder / "owned.jsonl")
             if r.get("kind") == "process" and r.get("serves") == "prometheus"]

@@ -32,7 +32,7 @@ from narwhal.core import result_line
 from narwhal.core.errors import ContractError, GateBlocked, HostError, Problem
 from narwhal.deploy.gates import monitoring
 from narwhal.deploy.gates.engines import INSTALL_PLAN
-from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.handoff import attempt_plan, passed_artifact
 from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes, retire
 from narwhal.deploy.gates.serve_rules import Answer, adoption, strays, url_of
@@ -164,11 +164,7 @@ def _wait(what: str, check: Callable[[], bool], seconds: float) -> bool:
 def served_fleet(ledger: Ledger, attempt_id: str) -> str:
     """The fleet document's sha256 an earlier serve attempt started its router on ("" when its
     plan cannot be read)."""
-    try:
-        doc = json.loads((ledger.attempt_folder("serve", attempt_id) / "plan.json").read_text())
-        return str(doc.get("fleet_sha256", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
+    return str((attempt_plan(ledger, "serve", attempt_id) or {}).get("fleet_sha256", ""))
 
 
 def _role(state: tuple[int, dict[str, Any]] | None, p: ServePlan) -> str:

@@ -19,7 +19,6 @@ from narwhal.core import launch_record as lr
 from narwhal.core.transfer_path import TransferPath
 from narwhal.node.engine.errors import RuntimeError_
 from narwhal.node.engine.runtimes.base import Ran, Started, chunks, keep_tail
-from narwhal.node.host_probe import hub_blobs
 
 START_TIMEOUT_S = 120
 CONTAINER_PREFIX = "narwhal-"
@@ -31,7 +30,10 @@ def container_name(record: lr.LaunchRecord) -> str:
 
 def hub_blobs_args(record: lr.LaunchRecord) -> list[str]:
     """A Hugging Face cache snapshot's files are links into its repo's blobs/: the container
-    gets that folder too, read-only at its own path, or every link would dangle inside it."""
+    gets that folder too, read-only at its own path, or every link would dangle inside it.
+    (The probe module is loaded here, at prepare, not by every `narwhal-engine` command.)"""
+    from narwhal.node.host_probe import hub_blobs
+
     blobs = hub_blobs(os.path.realpath(record.model_dir))
     return ["-v", f"{blobs}:{blobs}:ro"] if blobs is not None else []
 
