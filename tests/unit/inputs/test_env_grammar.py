@@ -100,12 +100,34 @@ def test_what_an_operator_names_a_checkpoint_with_reads_as_written(repo: str,
     assert refs.git_revision(REVISION_GOOD[4]) == REVISION_GOOD[4]
 
 
-@pytest.mark.parametrize("key", ["MODEL_REPO_ID", "MODEL_REVISION"])
-def test_checkpoint_staging_variables_are_refused_until_something_stages_checkpoints(
-        key: str) -> None:
-    lines = _problems(**{key: "main" if key == "MODEL_REVISION" else "Qwen/Qwen2.5-0.5B"})
-    assert len(lines) == 1 and lines[0].startswith(f"{key}: ") and "stage" in lines[0], lines
-    assert "NARWHAL_MODEL_DIR" in lines[0]
+def test_a_checkpoint_named_by_repo_and_revision_is_what_gate_a_stages() -> None:
+    inputs = parse_inputs(valid_env(MODEL_REPO_ID="Qwen/Qwen2.5-0.5B", MODEL_REVISION="v1.0",
+                                    HF_ENDPOINT="http://10.0.0.5:8600/"), Path(".env"))
+    assert inputs.checkpoint is not None
+    assert (inputs.checkpoint.repo_id, inputs.checkpoint.revision,
+            inputs.checkpoint.endpoint) == ("Qwen/Qwen2.5-0.5B", "v1.0", "http://10.0.0.5:8600")
+
+
+def test_a_repo_without_a_revision_stages_main_and_no_repo_stages_nothing() -> None:
+    staged = parse_inputs(valid_env(MODEL_REPO_ID="Qwen/Qwen2.5-0.5B"), Path(".env"))
+    assert staged.checkpoint is not None and staged.checkpoint.revision == "main"
+    assert parse_inputs(valid_env(), Path(".env")).checkpoint is None
+
+
+@pytest.mark.parametrize("key", ["MODEL_REVISION", "HF_ENDPOINT"])
+def test_a_revision_or_hub_without_a_repo_is_refused_naming_the_missing_field(key: str) -> None:
+    lines = _problems(**{key: "main" if key == "MODEL_REVISION" else "https://huggingface.co"})
+    assert len(lines) == 1 and lines[0].startswith(f"{key}: ") and "MODEL_REPO_ID" in lines[0]
+
+
+@pytest.mark.parametrize("value", ["ftp://hub:21", "https://user:tok@huggingface.co",
+                                   "https://huggingface.co/api", "https://huggingface.co?x=1",
+                                   "http://hub:0", "http://hub:99999", "https://:443", "hub:8600",
+                                   "http://$(reboot):80", "http://a b:80"])
+def test_a_hub_endpoint_that_is_not_just_a_hubs_address_is_refused(value: str) -> None:
+    lines = _problems(MODEL_REPO_ID="Qwen/Qwen2.5-0.5B", HF_ENDPOINT=_quoted(value))
+    assert len(lines) == 1 and lines[0].startswith("HF_ENDPOINT: "), lines
+    assert value not in lines[0], "a hub URL may carry a token: it is never quoted back"
 
 
 SHELL = [";", "|", "&", "$", "`", "$(", ">", "<", "\n", "\r", "\x00", "\u2028"]

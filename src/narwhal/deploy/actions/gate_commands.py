@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from narwhal.deploy.actions import gate_runs, gate_tables
 from narwhal.deploy.actions.context import Context
-from narwhal.deploy.actions.gate_runs import EngineOptions, InstallOptions
+from narwhal.deploy.actions.gate_runs import DiscoverOptions, EngineOptions, InstallOptions
 from narwhal.deploy.actions.output import Progress
 from narwhal.deploy.gates.fabric import FabricOptions
 from narwhal.deploy.gates.handoff import attempt_plan, last_passed_attempt
@@ -31,6 +31,7 @@ class DeployFlags:
     wheelhouse: Path | None = None
     checkout: Path | None = None
     fabric_seconds: int | None = None
+    repair_checkpoint: bool = False
 
 
 # subjects of a partial re-run, by option name ({} for the whole gate)
@@ -63,6 +64,16 @@ def install_options(ctx: Context, flags: DeployFlags, subjects: Subjects
                         ("--checkout", checkout)):
         argv += [flag, str(value)] if value is not None else []
     return InstallOptions(flags.wheelhouse, checkout, flags.prepared), argv
+
+
+def discover_options(ctx: Context, flags: DeployFlags, subjects: Subjects
+                     ) -> tuple[DiscoverOptions, list[str]]:
+    """Gate A takes deploy's repair consent, and the wheelhouse and checkout its stage kit
+    shares with Gate B."""
+    argv = ["discover"] + (["--repair-checkpoint"] if flags.repair_checkpoint else [])
+    for flag, value in (("--wheelhouse", flags.wheelhouse), ("--checkout", flags.checkout)):
+        argv += [flag, str(value)] if value is not None else []
+    return DiscoverOptions(flags.repair_checkpoint, flags.wheelhouse, flags.checkout), argv
 
 
 def engine_options(ctx: Context, flags: DeployFlags, subjects: Subjects
@@ -112,7 +123,9 @@ def fabric_options(ctx: Context, flags: DeployFlags, subjects: Subjects
 
 COMMANDS: dict[str, GateCommand[Any]] = {c.name: c for c in (
     GateCommand("discover", gate_runs.run_discover, gate_tables.discover_table,
-                plain("discover"), shown=lambda r: {"engines": r["engines"]},
+                discover_options, shown=lambda r: {
+                    "engines": r["engines"],
+                    **({"checkpoint": r["checkpoint"]} if "checkpoint" in r else {})},
                 blocked_after="; nothing was generated"),
     GateCommand("install", gate_runs.run_install, gate_tables.install_table, install_options),
     GateCommand("engines", gate_runs.run_engines, gate_tables.engines_table, engine_options),

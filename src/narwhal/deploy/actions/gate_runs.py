@@ -17,6 +17,9 @@ import narwhal
 from narwhal.core.errors import InputError, Problem
 from narwhal.deploy.actions.context import Context
 from narwhal.deploy.actions.output import Progress
+from narwhal.deploy.checkpoint import gate_a
+from narwhal.deploy.checkpoint import kit as stage_kit
+from narwhal.deploy.checkpoint.kit import Kit
 from narwhal.deploy.gates import attest, discover, engines, fabric, install, preflight, serve
 from narwhal.deploy.gates.registry import SPECS
 from narwhal.deploy.gates.runner import run_gate
@@ -57,14 +60,36 @@ def on_spine(ctx: Context, gate: str, prepare: Prepare) -> dict[str, Any]:
         ctx.close()
 
 
-def run_discover(ctx: Context, options: None, progress: Progress) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DiscoverOptions:
+    repair_checkpoint: bool = False  # fetch again the staged files that differ from the pin
+    wheelhouse: Path | None = None  # the stage kit's wheels; None: built under RUNS/wheelhouse
+    checkout: Path | None = None  # the revision's runtime.lock; None: DEFAULT_CHECKOUT
+
+
+def run_discover(ctx: Context, options: DiscoverOptions | None, progress: Progress
+                 ) -> dict[str, Any]:
+    opts = options or DiscoverOptions()
+
+    def kit() -> Kit:
+        progress("workstation", "building the stage kit (the locked hub client)")
+        return stage_kit.for_revision(ctx.runs, opts.checkout or DEFAULT_CHECKOUT,
+                                      ctx.inputs.revision, opts.wheelhouse)
+
     def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         targets = discover.plan(ctx.inputs)
+        staging = gate_a.plan(ctx.inputs, ctx.ledger, ctx.runs / "hub-cache", kit,
+                              opts.repair_checkpoint)
         progress.say(f"narwhal discover: inspecting {len(targets)} host(s) at once")
-        doc = {"targets": [{"alias": t.alias, "role": t.role, "request": t.request}
-                           for t in targets]}
+        doc: dict[str, Any] = {"targets": [{"alias": t.alias, "role": t.role,
+                                            "request": t.request} for t in targets]}
+        if staging is not None:
+            doc["checkpoint"] = staging.document()
+            progress.say(f"narwhal discover: checkpoint {staging.manifest.repo_id}@"
+                         f"{staging.manifest.revision} pinned to commit "
+                         f"{staging.manifest.commit}")
         return doc, lambda attempt: discover.execute(ctx.inputs, sessions, attempt, targets,
-                                                     progress)
+                                                     progress, staging)
     return on_spine(ctx, "discover", prepare)
 
 

@@ -19,6 +19,16 @@ def discover_table(result: dict[str, Any]) -> None:
                       f"{e['fabric']['mtu']}", str(e["image"].get("id", ""))[:19],
                       str(e["model"].get("model_tree_sha256", ""))[:12])
     Console().print(table)
+    staged = result.get("checkpoint")
+    if staged:
+        card = staged.get("card")
+        said = ("no model card" if card is None else
+                f"license {card.get('license') or '-'}, gated {card.get('gated')}, base model "
+                f"{', '.join(card.get('base_model') or []) or '-'}, pipeline "
+                f"{card.get('pipeline_tag') or '-'}")
+        Console().print(f"checkpoint {staged['repo_id']}@{staged['revision']} = commit "
+                        f"{staged['commit']} ({staged['files']} files, {staged['bytes']} bytes); "
+                        f"{said}")
 
 
 def install_table(result: dict[str, Any]) -> None:

@@ -38,10 +38,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="gate B: the git checkout holding the revision")
     p.add_argument("--fabric-seconds", type=int, default=None, metavar="SECONDS",
                    help="gate D: seconds per edge sample (default: gate D's own)")
+    p.add_argument("--repair-checkpoint", action="store_true",
+                   help="gate A: fetch again, from the pinned revision, each staged file "
+                        "that differs on a host (without it a difference blocks, unchanged)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    flags = DeployFlags(args.prepared, args.wheelhouse, args.checkout, args.fabric_seconds)
+    flags = DeployFlags(args.prepared, args.wheelhouse, args.checkout, args.fabric_seconds,
+                        args.repair_checkpoint)
     plan = deploy.Plan(SPECS, COMMANDS, args.until.name, flags, args.json, args.offline)
     return deploy.run(Context.load(args), plan)

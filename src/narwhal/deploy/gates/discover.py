@@ -26,6 +26,7 @@ from narwhal.core.errors import (
     Problem,
 )
 from narwhal.core.host_facts import parse_host_facts
+from narwhal.deploy.checkpoint import gate_a
 from narwhal.deploy.gates import discover_checks as checks
 from narwhal.deploy.gates import tokenizer
 from narwhal.deploy.gates.generated import fleet_draft, launch_record
@@ -133,7 +134,8 @@ def _host_error(alias: str, exc: Exception) -> Problem:
 
 
 def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
-            targets: list[ProbeTarget], progress: Progress) -> dict[str, Any]:
+            targets: list[ProbeTarget], progress: Progress,
+            staging: gate_a.StagePlan | None = None) -> dict[str, Any]:
     code = PROBE_FILE.read_bytes()
     problems = _colocated_dirs(inputs)
 
@@ -145,18 +147,26 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
         progress(target.alias, "inspected")
         return facts
 
-    facts: dict[str, dict[str, Any]] = {}
-    for outcome in each(targets, one):
-        alias = outcome.item.alias
-        if outcome.error is not None:
-            if not isinstance(outcome.error, (HostError, ContractError)):
-                raise outcome.error
-            progress(alias, "failed")
-            problems.append(_host_error(alias, outcome.error))
-            continue
-        assert outcome.value is not None
-        facts[alias] = outcome.value
-        attempt.add_json(f"host-facts-{alias}.json", outcome.value)
+    def probe_all(chosen: list[ProbeTarget]) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for outcome in each(chosen, one):
+            alias = outcome.item.alias
+            if outcome.error is not None:
+                if not isinstance(outcome.error, (HostError, ContractError)):
+                    raise outcome.error
+                progress(alias, "failed")
+                problems.append(_host_error(alias, outcome.error))
+                continue
+            assert outcome.value is not None
+            found[alias] = outcome.value
+        return found
+
+    facts = probe_all(targets)
+    if staging is not None:
+        problems += gate_a.run(inputs, sessions, attempt, staging, facts, lambda aliases: probe_all(
+            [t for t in targets if t.alias in aliases]), progress)
+    for alias, doc in facts.items():
+        attempt.add_json(f"host-facts-{alias}.json", doc)
     host_of = {role: h.alias for h in physical_hosts(inputs) for role in h.roles}
     engine_facts = {a: f for a, f in facts.items() if a != "workstation"}
     found, plans = checks.all_problems(inputs, engine_facts, host_of, facts.get("workstation"))
@@ -171,7 +181,10 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
     discovery = stamp(DISCOVERY_SCHEMA, 1, {
         "deployment": inputs.deployment, "engines": [p.as_json() for p in plans],
         "workstation": {k: facts["workstation"].get(k) for k in ("hostname", "python", "tools")}
-        if "workstation" in facts else None})
+        if "workstation" in facts else None,
+        # the staged revision and its model card; absent when nothing is staged, so records
+        # of fleets that copy their checkpoint stay as they were
+        **({"checkpoint": gate_a.discovered(staging)} if staging is not None else {})})
     attempt.add_json("discovery.json", discovery)
     for p in plans:
         attempt.add_json(f"launch-{p.engine.role}.json", launch_record(inputs, p))

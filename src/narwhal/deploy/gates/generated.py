@@ -75,6 +75,9 @@ def launch_record(inputs: Inputs, plan: EnginePlan) -> dict[str, Any]:
             secret_names.append(name)
         else:
             env[name] = value
+    if inputs.checkpoint is not None and "HF_HUB_OFFLINE" not in env:
+        # Gate A staged the pinned commit: vLLM's hub client never reaches out at start
+        env["HF_HUB_OFFLINE"] = "1"
     if inputs.engine_key is not None:  # vLLM's API key, from its 0600 file at start
         secret_names.append(lr.ENGINE_API_KEY_ENV)
     # NARWHAL_HF_TOKEN: what huggingface_hub inside vLLM reads for a gated repo's files,

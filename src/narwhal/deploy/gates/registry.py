@@ -61,8 +61,8 @@ PROMETHEUS_DOWN = LiveRule("prometheus-down", "prometheus not serving: ", "{deta
 
 SPECS: dict[str, GateSpec] = sequence(
     GateSpec("discover",
-             inputs=("hosts", "engine-image", "model", "launch-policy", "fabric", "ports",
-                     "ssh-keys", "credentials")),
+             inputs=("hosts", "engine-image", "model", "checkpoint", "launch-policy", "fabric",
+                     "ports", "ssh-keys", "credentials")),
     GateSpec("install", inputs=("revision", "hosts", "launch-policy"), reads=install.READS),
     # transport: the KV transfer path an engine is started on (UCX_TLS, UCX_NET_DEVICES, its
     # container's RDMA devices) is the one Gate D measures (deploy/gates/transfer.py)

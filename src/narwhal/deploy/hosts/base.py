@@ -6,6 +6,7 @@ and SSH sessions behave the same and both record every call through the same `Re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -76,8 +77,10 @@ class Host(ABC):
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
             timeout: float | None = 120.0, env: Mapping[str, Secret | str] | None = None,
-            check: bool = False) -> RunResult:
-        """Run argv and record it; `env` values (secrets included) never enter argv or records."""
+            check: bool = False, keep_stdout: bool = True) -> RunResult:
+        """Run argv and record it; `env` values (secrets included) never enter argv or records.
+        With keep_stdout False the record says how many bytes came back instead of keeping
+        them (file data relayed between hosts is not evidence)."""
         args = cl.check_argv(argv)
         plain_env = None if env is None else {
             k: v.reveal() if isinstance(v, Secret) else v for k, v in env.items()}
@@ -85,7 +88,9 @@ class Host(ABC):
         status, out, err = self._exec(args, stdin, timeout, plain_env)
         result = RunResult(self.alias, args, status, out, err, started, time.time())
         if self.recorder is not None:
-            self.recorder.record_command(result, self.transport)
+            kept = result if keep_stdout else dataclasses.replace(
+                result, stdout=f"({len(out)} bytes of file data, not kept)\n".encode())
+            self.recorder.record_command(kept, self.transport)
         return result.check() if check else result
 
     # Files -----------------------------------------------------------------

@@ -13,6 +13,12 @@ from collections.abc import Sequence
 
 # Write stdin to $1 without following an existing file (noclobber), private mode.
 WRITE_EXCLUSIVE = 'umask 077 && set -C && cat > "$1"'
+# Print bytes [$2, $2+$3) of file $1 (a relayed checkpoint file, a piece at a time).
+READ_RANGE = 'exec dd if="$1" bs=1M iflag=skip_bytes,count_bytes skip="$2" count="$3" status=none'
+# Append stdin to $1, readable by every login (an engine's container reads the checkpoint).
+APPEND_SHARED = 'umask 022 && cat >> "$1"'
+# Move $1 over $2, making $2's folder first.
+MOVE_INTO_PLACE = 'mkdir -p -- "$(dirname -- "$2")" && mv -f -- "$1" "$2"'
 # Start "$@" in its own session, output to $1, print its pid.
 START_DETACHED = 'log="$1"; shift; setsid "$@" >"$log" 2>&1 </dev/null & echo $!'
 # Print "<inode> <sha256>" of a regular file, or nothing when absent.
@@ -50,6 +56,18 @@ def sh(script: str, *args: str) -> list[str]:
 
 def write_exclusive(path: str) -> list[str]:
     return sh(WRITE_EXCLUSIVE, path)
+
+
+def read_range(path: str, offset: int, length: int) -> list[str]:
+    return sh(READ_RANGE, path, str(int(offset)), str(int(length)))
+
+
+def append_shared(path: str) -> list[str]:
+    return sh(APPEND_SHARED, path)
+
+
+def move_into_place(part: str, path: str) -> list[str]:
+    return sh(MOVE_INTO_PLACE, part, path)
 
 
 def start_detached(log_path: str, argv: Sequence[str]) -> list[str]:

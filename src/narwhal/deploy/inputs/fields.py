@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from narwhal.core.fleet import KV_CANARY_INTERVAL_RANGE_S, KV_CANARY_INTERVAL_S
 from narwhal.core.gpu_sharing import canonical_spelling
-from narwhal.deploy.inputs import hostnames, jsonfields, refs
+from narwhal.deploy.inputs import hostnames, jsonfields, refs, urls
 
 # Characters a shell would treat specially. Values that end up in remote argv are quoted in one
 # place anyway; refusing these catches pasted fragments of shell that were never meant as values.
@@ -37,6 +37,7 @@ CANARY_MIN_S, CANARY_MAX_S = KV_CANARY_INTERVAL_RANGE_S
 
 # How to fix each field, shown beside the problem.
 FIXES: dict[str, str] = {
+    "hub_endpoint": "give the hub's address, e.g. https://huggingface.co or http://10.0.0.5:8600",
     "engine_image": "pin the image by ID (sha256:<64 hex>) or digest (<name>@sha256:<64 hex>)",
     "model_name": "use the model name the engines serve, e.g. Qwen/Qwen2.5-0.5B-Instruct",
     "model_dir": "give an absolute path on the engine host without shell characters",
@@ -254,3 +255,4 @@ ListenAddress = Annotated[str, BeforeValidator(_listen)]
 Boolean = Annotated[bool, BeforeValidator(_boolean)]
 HfRepoId = Annotated[str, BeforeValidator(refs.hf_repo_id)]
 GitRevision = Annotated[str, BeforeValidator(refs.git_revision)]
+HubEndpoint = Annotated[str, BeforeValidator(lambda v: urls.check_hub_endpoint(str(v)))]

@@ -54,6 +54,8 @@ def input_values(inputs: Inputs) -> dict[str, Any]:
                      "keys": sorted({k for k in [inputs.ssh_key, inputs.router.ssh_key,
                                                  *[e.ssh_key for e in engines]] if k})},
         "slo": {"ttft_s": inputs.ttft_s, "tpot_s": inputs.tpot_s},
+        # what Gate A stages and pins: a new repo, revision or hub is a new checkpoint
+        "checkpoint": inputs.checkpoint.model_dump() if inputs.checkpoint else {},
         # Gate F writes it as the fleet's kv_canary.interval_s; the router reads it at start
         "kv-canary": {"interval_s": inputs.kv_canary_interval_s},
         # Gate F writes it as the fleet's serving.handoff_budget_s, the handoff's deadline

@@ -20,6 +20,7 @@ from narwhal.core.errors import InputError, Problem
 from narwhal.core.key_file import MIN_KEY_CHARS
 from narwhal.core.secret import Secret
 from narwhal.deploy.inputs import fields as f
+from narwhal.deploy.inputs import refs
 from narwhal.deploy.inputs.destination import FORMS, Destination, parse_destination
 from narwhal.deploy.inputs.envfile import EnvEntry, parse_env_text
 from narwhal.deploy.inputs.envsource import read_env_file
@@ -28,6 +29,7 @@ from narwhal.deploy.inputs.kv_events import conflicts as events_conflicts
 from narwhal.deploy.inputs.masked import masked_env
 from narwhal.deploy.inputs.model import (
     DEFAULT_ROUTER_URL,
+    CheckpointSource,
     EngineInputs,
     Inputs,
     RouterInputs,
@@ -52,9 +54,9 @@ NODE_RE = re.compile(r"NARWHAL_NODE_([0-9]+)_([A-Z0-9_]+)")
 MAX_NODE = 999
 PREFIX = "NARWHAL_"
 ATTR_TO_FIELD = {attr: name for name, attr in {**ENGINE_FIELDS, **NODE_ONLY}.items()}
-# JSON fields whose raw text may hold a credential (an ENGINE_ENV token, an --api-key value):
-# their problems name the element instead of quoting the text.
-UNQUOTED_FIELDS = ("ENGINE_ENV", "ENGINE_ARGS")
+# Fields whose raw text may hold a credential (an ENGINE_ENV token, an --api-key value, a
+# token written into a hub URL): their problems name the element instead of quoting the text.
+UNQUOTED_FIELDS = ("ENGINE_ENV", "ENGINE_ARGS", "HF_ENDPOINT")
 
 
 def _known_names() -> list[str]:
@@ -289,6 +291,23 @@ class _Reader:
                 return None
         return key
 
+    def checkpoint(self) -> CheckpointSource | None:
+        """MODEL_REPO_ID, MODEL_REVISION and HF_ENDPOINT as one source, or None when no repo
+        is named (a revision or endpoint alone is refused: it would stage nothing)."""
+        repo = self.typed("MODEL_REPO_ID", f.HfRepoId, refs.REPO_ID_FIX)
+        revision = self.typed("MODEL_REVISION", f.GitRevision, refs.REVISION_FIX, "main")
+        endpoint = self.typed("HF_ENDPOINT", f.HubEndpoint, f.FIXES["hub_endpoint"])
+        if "MODEL_REPO_ID" not in self.values:
+            for key in ("MODEL_REVISION", "HF_ENDPOINT"):
+                if self.values.get(key):
+                    self.add(key, "is set but MODEL_REPO_ID is not (nothing would be staged)",
+                             "set MODEL_REPO_ID to the checkpoint's owner/name, or delete "
+                             "this line")
+            return None
+        if repo is None:
+            return None
+        return CheckpointSource(repo_id=repo, revision=revision, endpoint=endpoint)
+
     def typed_global(self, field: str, adapter: Any, fix: str, default: Any = None) -> Any:
         return self.typed(PREFIX + field, adapter, fix, default)
 
@@ -348,6 +367,7 @@ def parse_inputs(text: str, source: Path) -> Inputs:
                                     bool(optional["shared_gpu_allowance"])):
         reader.add(problem.field, problem.problem, problem.fix)
     engine_key = reader._bearer_key("ENGINE_KEY")
+    checkpoint = reader.checkpoint()
     if reader.problems or router is None:
         raise InputError(str(source), reader.problems)
     return Inputs(
@@ -355,7 +375,7 @@ def parse_inputs(text: str, source: Path) -> Inputs:
         engines=tuple(engines.values()), router=router,
         ssh_key=reader.globals.get("SSH_KEY"), known_hosts=known_hosts,
         connect_timeout_s=timeout, ttft_s=ttft, tpot_s=tpot,
-        engine_key=engine_key, hf_token=reader._secret("HF_TOKEN"),
+        engine_key=engine_key, hf_token=reader._secret("HF_TOKEN"), checkpoint=checkpoint,
         workload=workload, masked_env=masked_env(text),
         **{attr: v for attr, v in optional.items() if v is not None},  # unset: Inputs' default
     )

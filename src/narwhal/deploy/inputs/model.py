@@ -89,6 +89,17 @@ class Workload(StrictModel):
     headroom: float = Field(default=1.25, ge=1)  # margin on the required bandwidth
 
 
+class CheckpointSource(_Frozen):
+    """Where Gate A stages the checkpoint from: a Hugging Face repo at a revision, on a hub.
+
+    `revision` is what the operator wrote (a branch, a tag or a commit); Gate A resolves it to
+    a commit once and every host downloads that commit (deploy/checkpoint/pin.py)."""
+
+    repo_id: str
+    revision: str = "main"
+    endpoint: str | None = None  # HF_ENDPOINT; None: huggingface_hub's own default
+
+
 class Inputs(_Frozen):
     """Everything a deployment starts from. Secrets are `Secret`; nothing else is secret."""
 
@@ -104,6 +115,9 @@ class Inputs(_Frozen):
     tpot_s: float = 0.125
     engine_key: Secret | None = None
     hf_token: Secret | None = None
+    # MODEL_REPO_ID (with MODEL_REVISION and HF_ENDPOINT): Gate A stages the checkpoint on
+    # every engine host from the hub; None: the checkpoint is whatever Gate A finds there
+    checkpoint: CheckpointSource | None = None
     grafana_bind_address: str | None = None
     prometheus_listen_address: str | None = None
     shared_gpu_allowance: bool | None = None

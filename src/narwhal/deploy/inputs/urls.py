@@ -43,3 +43,28 @@ def url_bind(value: str) -> tuple[str, int]:
     """(host, port) of a checked http://HOST:PORT, as a server binds it."""
     parts = urlsplit(value)
     return (parts.hostname or "").lower(), int(parts.port or 0)
+
+
+def check_hub_endpoint(value: str) -> str:
+    """HF_ENDPOINT: an http(s) URL of a hub (huggingface.co or a mirror), host and optional
+    port only, so nothing but a hub's address reaches huggingface_hub; the URL, no slash after."""
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:
+        raise ValueError(f"is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("is not an http:// or https:// URL")
+    if parts.username or parts.password or "@" in parts.netloc:
+        raise ValueError("contains user information (a token belongs in NARWHAL_HF_TOKEN)")
+    if not parts.hostname:
+        raise ValueError("has no host")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError("has an invalid port") from exc
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError("has a port outside 1-65535")
+    canonical_host(parts.netloc.rpartition(":")[0] if port is not None else parts.netloc)
+    if parts.query or parts.fragment or parts.path.rstrip("/"):
+        raise ValueError("has a path, query or fragment (give the hub's address only)")
+    return value.rstrip("/")

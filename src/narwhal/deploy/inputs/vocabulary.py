@@ -58,15 +58,12 @@ GLOBAL_ONLY: set[str] = {
     "TTFT_S", "TPOT_S", "ENGINE_KEY", "HF_TOKEN", "GRAFANA_BIND_ADDRESS",
     "PROMETHEUS_LISTEN_ADDRESS", "SHARED_GPU_ALLOWANCE", "KV_CANARY_INTERVAL_S",
 }
-# Variables outside the NARWHAL_ namespace that the .env may hold.
-OTHER_KNOWN: set[str] = set()
+# Variables outside the NARWHAL_ namespace that the .env may hold: the runbook's names for the
+# checkpoint to stage, and the hub endpoint setting huggingface_hub users already write.
+OTHER_KNOWN: set[str] = {"MODEL_REPO_ID", "MODEL_REVISION", "HF_ENDPOINT"}
 # Variables the runbook names that nothing acts on yet: refused with why, rather than
-# accepted and ignored (a field that does nothing is a promise nobody keeps).
-NOT_YET: dict[str, tuple[str, str]] = {
-    name: ("is not used: Narwhal does not stage checkpoints from a hub yet, so the checkpoint "
-           "is whatever Gate A finds in NARWHAL_MODEL_DIR",
-           "copy the checkpoint to NARWHAL_MODEL_DIR on every engine host and remove this line")
-    for name in ("MODEL_REPO_ID", "MODEL_REVISION")}
+# accepted and ignored (a field that does nothing is a promise nobody keeps). None today.
+NOT_YET: dict[str, tuple[str, str]] = {}
 # Optional single-valued variables: full name -> (Inputs attribute, field type). Each is checked
 # with its type's grammar and reported under its own name.
 OPTIONAL_TYPED: dict[str, tuple[str, Any]] = {

@@ -1,0 +1,198 @@
+"""Staging on the engine hosts: each host downloads its files from the hub at the pinned commit;
+a host that cannot reach the hub gets them from a host that has them, through the workstation.
+
+How bytes flow: the hub sends each missing file once to every host that can reach it (each
+host needs its own copy, and a host's own download is the shortest path); the workstation
+sends the stage kit (once per host and kit, kept there for later runs) and, for a host with no
+route to the hub, forwards each file it lacks from a host that staged it, a bounded piece at a
+time, checked against the hub's sha256 before it is moved into place. Nothing is sent for a
+file a host already holds at the right sha256.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from narwhal.core import result_line
+from narwhal.core.documents import sha256_bytes
+from narwhal.core.errors import HostError
+from narwhal.core.secret import Secret
+from narwhal.deploy.checkpoint import manifest as mf
+from narwhal.deploy.checkpoint.kit import Kit
+from narwhal.deploy.gates.parallel import each
+from narwhal.deploy.hosts import commandline as cl
+from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.sessions import Sessions
+from narwhal.deploy.ledger.attempt import Attempt
+
+STAGE_FILE = Path(__file__).resolve().parents[2] / "node" / "stage_checkpoint.py"
+STAGE_COMMAND = "narwhal-stage-checkpoint"
+KIT_ROOT = "Narwhal-deploy/hub-kit"  # under the login's home, beside Gate B's installs
+KIT_COMPLETE = "site/.narwhal-kit-complete"
+STAGE_TIMEOUT_S = 6 * 3600.0  # hours of transfer on a real fleet; the hub client resumes
+RELAY_PIECE = 16 << 20  # bytes per relayed read: bounded memory on the workstation
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class Staged:
+    """What staging did on one host, and the bytes it moved."""
+
+    host: str
+    outcome: str  # kept | staged | relayed | unreachable | failed
+    files: dict[str, str] = field(default_factory=dict)  # path -> fetched | repaired | relayed
+    hub_bytes: int = 0  # downloaded by the host from the hub
+    kit_bytes: int = 0  # the stage kit, sent from the workstation
+    relayed_bytes: int = 0  # forwarded by the workstation from another host
+    donor: str | None = None
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"host": self.host, "outcome": self.outcome, "files": dict(sorted(
+            self.files.items())), "hub_bytes": self.hub_bytes, "kit_bytes": self.kit_bytes,
+            "relayed_bytes": self.relayed_bytes, "donor": self.donor, "error": self.error}
+
+
+def _home(host: Host) -> str:
+    home = host.run(cl.home(), check=True).text.strip()
+    if not home.startswith("/"):
+        raise HostError(host.alias, f"the login's $HOME is {home!r}, not an absolute path")
+    return home
+
+
+def ensure_kit(host: Host, attempt: Attempt, kit: Kit) -> tuple[str, int]:
+    """The kit's folder on host, its wheels sent unless already unpacked there; bytes sent."""
+    kit_dir = f"{_home(host)}/{KIT_ROOT}/{kit.digest[:16]}"
+    if host.stat_file(f"{kit_dir}/{KIT_COMPLETE}") is not None:
+        return kit_dir, 0
+    parts = kit_dir.split("/")
+    for depth in range(3, len(parts) + 1):
+        folder = "/".join(parts[:depth])
+        if host.stat_dir(folder) is None:
+            attempt.make_dir(host, folder)
+    sent = 0
+    for name, path, sha in kit.wheels:
+        remote = f"{kit_dir}/{name}"
+        have = host.stat_file(remote)
+        if have is not None and have[1] == sha:
+            continue
+        attempt.create_file(host, remote, path.read_bytes())
+        sent += path.stat().st_size
+    return kit_dir, sent
+
+
+def request(manifest: mf.Manifest, fetch: mf.Fetch, model_dir: str, kit_dir: str,
+            kit: Kit, token: Secret | None) -> bytes:
+    """The host script's stdin: the token rides here into its environment, never argv."""
+    doc = {"schema": "narwhal.stage-request", "schema_version": 1,
+           "repo_id": manifest.repo_id, "commit": manifest.commit, "model_dir": model_dir,
+           "endpoint": manifest.endpoint, "files": list(fetch.files),
+           "repair": list(fetch.repair), "kit": kit_dir,
+           "wheels": [{"file": n, "sha256": s} for n, _, s in kit.wheels],
+           "token": token.reveal() if token is not None else None}
+    return json.dumps(doc).encode()
+
+
+def download(host: Host, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetch,
+             model_dir: str, kit: Kit, token: Secret | None) -> Staged:
+    """Run the host script for one host's files; what it did."""
+    kit_dir, kit_bytes = ensure_kit(host, attempt, kit)
+    code = STAGE_FILE.read_bytes()
+    path = f"/tmp/narwhal-stage-{attempt.id}-{sha256_bytes(code)[:12]}.py"  # noqa: S108
+    attempt.create_file(host, path, code)
+    try:
+        run = host.run(["python3", path], timeout=STAGE_TIMEOUT_S,
+                       stdin=request(manifest, fetch, model_dir, kit_dir, kit, token))
+    finally:
+        host.run(["rm", "-f", "--", path])
+    result = result_line.parse(run.text, STAGE_COMMAND)
+    if not result.ok:
+        return Staged(host.alias, "failed", kit_bytes=kit_bytes, error=result.error[:300])
+    data = result.data
+    files = {str(k): str(v) for k, v in (data.get("files") or {}).items()}
+    sizes = manifest.by_path()
+    got = sum(sizes[p].size for p in files if p in sizes)
+    outcome = {"staged": "staged", "unreachable": "unreachable"}.get(str(data.get("outcome")),
+                                                                     "failed")
+    error = data.get("error")
+    if outcome == "failed" and data.get("file"):
+        error = f"{data.get('file')}: {data.get('kind')}: {error}"
+    return Staged(host.alias, outcome, files, got, kit_bytes,
+                  error=str(error)[:300] if error else None)
+
+
+def relay_file(donor: Host, receiver: Host, source: str, target: str,
+               want: mf.HubFile) -> int:
+    """Forward one file a piece at a time; checked against the hub's sha256, then moved in."""
+    part = f"{target}.narwhal-relay"
+    receiver.run(["rm", "-f", "--", part], check=True)
+    sent = 0
+    while sent < want.size:
+        piece = donor.run(cl.read_range(source, sent, min(RELAY_PIECE, want.size - sent)),
+                          timeout=600, check=True, keep_stdout=False).stdout
+        if not piece:
+            raise HostError(donor.alias, f"{source} ended at {sent} of {want.size} bytes")
+        receiver.run(cl.append_shared(part), stdin=piece, timeout=600, check=True)
+        sent += len(piece)
+    got = receiver.run(cl.sha256_file(part), check=True).text.split()[0]
+    if got != want.sha256:
+        receiver.run(["rm", "-f", "--", part])
+        raise HostError(receiver.alias, f"{want.path} arrived with sha256 {got}, the revision "
+                        f"has {want.sha256}")
+    receiver.run(cl.move_into_place(part, target), check=True)
+    return sent
+
+
+def relay(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetch,
+          dirs: dict[str, str], donor: str, staged: Staged) -> Staged:
+    """Bring a host that cannot reach the hub the files it lacks from `donor`."""
+    files = manifest.by_path()
+    src, dst = sessions.get(donor), sessions.get(fetch.host)
+    with attempt.bind(src, dst):
+        for name in fetch.files:
+            staged.relayed_bytes += relay_file(src, dst, f"{dirs[donor]}/{name}",
+                                               f"{dirs[fetch.host]}/{name}", files[name])
+            staged.files[name] = "relayed"
+    staged.outcome, staged.donor = "relayed", donor
+    return staged
+
+
+def stage(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest,
+          fetches: Sequence[mf.Fetch], dirs: dict[str, str], kit: Callable[[], Kit],
+          token: Secret | None, progress: Progress) -> list[Staged]:
+    """Every host's fetch at once; then the unreachable ones from a host that has it all."""
+    the_kit = kit()
+
+    def one(fetch: mf.Fetch) -> Staged:
+        progress(fetch.host, f"staging {len(fetch.files)} file(s) of "
+                 f"{manifest.repo_id}@{manifest.commit[:12]}")
+        host = sessions.get(fetch.host)
+        with attempt.bind(host):
+            done = download(host, attempt, manifest, fetch, dirs[fetch.host], the_kit, token)
+        progress(fetch.host, done.outcome)
+        return done
+
+    results: list[Staged] = []
+    for outcome in each(list(fetches), one):
+        if outcome.error is not None:
+            if not isinstance(outcome.error, HostError):
+                raise outcome.error
+            results.append(Staged(outcome.item.host, "failed", error=str(outcome.error)[:300]))
+        else:
+            assert outcome.value is not None
+            results.append(outcome.value)
+    by_host = {f.host: f for f in fetches}
+    donors = [h for h in dirs if h not in by_host] + [
+        r.host for r in results if r.outcome == "staged"]
+    for r in results:
+        if r.outcome == "unreachable" and donors:
+            progress(r.host, f"no route to the hub: relaying from {donors[0]}")
+            try:
+                relay(sessions, attempt, manifest, by_host[r.host], dirs, donors[0], r)
+            except HostError as exc:
+                r.outcome, r.error = "failed", str(exc)[:300]
+    return results

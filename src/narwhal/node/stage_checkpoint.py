@@ -1,0 +1,159 @@
+"""narwhal-stage-checkpoint: bring named files of one hub commit into a model dir on this host.
+
+Gate A ships this one file to an engine host (like the host probe) and runs it with the host's
+python3 and a `narwhal.stage-request` v1 document on stdin; it prints one `NARWHAL_RESULT` line.
+Narwhal is not installed on the host yet, so the hub client comes from the stage kit: the
+locked wheels of `huggingface_hub` and what it needs, sent by Gate A, each checked against its
+sha256 here and unpacked into `<kit>/site` (a wheel is a zip laid out as site-packages), once
+per kit. The token, when there is one, rides in the request on stdin (never argv, a file or a
+log) and is moved into this process's environment as HF_TOKEN; the hub's address is HF_ENDPOINT.
+
+Which files to fetch is decided on the workstation (deploy/checkpoint/manifest.py): this
+script downloads exactly those, at the pinned commit, with `hf_hub_download(local_dir=...)`
+(resumable: a cut download continues from its `.incomplete` part), and says per file what it
+did. A host that cannot reach the hub says so (`unreachable`), and the workstation brings it
+the files from a host that has them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import zipfile
+from typing import Any
+
+COMMAND = "narwhal-stage-checkpoint"
+MARKER = "NARWHAL_RESULT "
+SCHEMA = "narwhal.stage-request"
+COMPLETE = ".narwhal-kit-complete"
+BLOCK = 1 << 20
+
+
+def render(ok: bool, data: dict[str, Any], error: str = "") -> str:
+    return MARKER + json.dumps({"command": COMMAND, "ok": ok, "data": data, "error": error},
+                               sort_keys=True, separators=(",", ":"))
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(BLOCK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def unpack_kit(kit: str, wheels: list[dict[str, str]]) -> bool:
+    """Unpack the kit's wheels into kit/site once; True when this run unpacked them.
+
+    Every wheel is checked against its locked sha256 first, so a damaged or swapped wheel is
+    refused before any of it lands; the marker is written last, so a cut unpack is redone."""
+    site = os.path.join(kit, "site")
+    marker = os.path.join(site, COMPLETE)
+    if os.path.exists(marker):
+        return False
+    for wheel in wheels:
+        path = os.path.join(kit, wheel["file"])
+        got = sha256_of(path)
+        if got != wheel["sha256"]:
+            raise ValueError(f"{wheel['file']}: sha256 {got}, the lock says {wheel['sha256']}")
+    os.makedirs(site, exist_ok=True)
+    for wheel in wheels:
+        with zipfile.ZipFile(os.path.join(kit, wheel["file"])) as z:
+            z.extractall(site)  # member names with '..' or a leading '/' are made safe
+    with open(marker, "w") as f:
+        f.write("\n".join(w["sha256"] for w in wheels) + "\n")
+    return True
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A connection that never reached a hub (no route, refused, timed out, name unknown)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        name = type(seen).__name__
+        if name in ("ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled",
+                    "LocalEntryNotFoundError") or isinstance(seen, OSError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def download(request: dict[str, Any]) -> dict[str, Any]:
+    """Fetch each named file of the commit into model_dir; per file: fetched or why not."""
+    from huggingface_hub import hf_hub_download  # the kit's, on PYTHONPATH
+
+    done: dict[str, str] = {}
+    for name in request["files"]:
+        force = name in request["repair"]
+        try:
+            hf_hub_download(request["repo_id"], name, revision=request["commit"],
+                            local_dir=request["model_dir"], force_download=force)
+        except Exception as exc:
+            kind = type(exc).__name__
+            if _unreachable(exc):
+                return {"outcome": "unreachable", "files": done,
+                        "error": f"{kind}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+            return {"outcome": "failed", "files": done, "file": name, "kind": kind,
+                    "error": (str(exc).splitlines()[0] if str(exc) else kind)[:300]}
+        done[name] = "repaired" if force else "fetched"
+    return {"outcome": "staged", "files": done, "error": None}
+
+
+def hub_environment(request: dict[str, Any]) -> None:
+    """The hub client's settings, in this process's environment before it is imported: the
+    token (taken out of the request), the endpoint, and its state kept inside the kit."""
+    token = request.pop("token", None)
+    if isinstance(token, str) and token:
+        os.environ["HF_TOKEN"] = token
+    else:
+        os.environ.pop("HF_TOKEN", None)
+    if isinstance(request.get("endpoint"), str):
+        os.environ["HF_ENDPOINT"] = request["endpoint"]
+    os.environ["HF_HOME"] = os.path.join(request["kit"], "hf-home")
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ.pop("HF_HUB_OFFLINE", None)
+
+
+def request_problem(request: Any) -> str | None:
+    if not isinstance(request, dict) or request.get("schema") != SCHEMA \
+            or request.get("schema_version") != 1:
+        return f"stdin is not a {SCHEMA} v1 document"
+    for key in ("repo_id", "commit", "model_dir", "kit"):
+        if not isinstance(request.get(key), str) or not request[key]:
+            return f"{key} is missing"
+    for key in ("files", "repair", "wheels"):
+        if not isinstance(request.get(key), list):
+            return f"{key} is not a list"
+    if not os.path.isabs(request["model_dir"]) or not os.path.isabs(request["kit"]):
+        return "model_dir and kit must be absolute paths"
+    return None
+
+
+def main() -> int:
+    try:
+        request = json.loads(sys.stdin.read(1 << 22))
+    except ValueError as exc:
+        print(render(False, {}, f"stdin is not JSON: {exc}"))
+        return 2
+    problem = request_problem(request)
+    if problem is not None:
+        print(render(False, {}, problem))
+        return 2
+    hub_environment(request)
+    try:
+        unpacked = unpack_kit(request["kit"], request["wheels"])
+        sys.path.insert(0, os.path.join(request["kit"], "site"))
+        os.makedirs(request["model_dir"], exist_ok=True)
+        result = download(request)
+    except Exception as exc:
+        print(render(False, {}, f"{type(exc).__name__}: {exc}"[:500]))
+        return 1
+    result["kit_unpacked"] = unpacked
+    print(render(True, result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
