@@ -17,10 +17,13 @@ the files from a host that has them.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import socket
 import sys
+import urllib.parse
 import zipfile
 from typing import Any
 
@@ -29,11 +32,17 @@ MARKER = "NARWHAL_RESULT "
 SCHEMA = "narwhal.stage-request"
 COMPLETE = ".narwhal-kit-complete"
 BLOCK = 1 << 20
+DEFAULT_ENDPOINT = "https://huggingface.co"
+CONNECT_TIMEOUT_S = 10.0
+UNREACHABLE_ERRNOS = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNREFUSED,
+                      errno.ETIMEDOUT, errno.EACCES, errno.EPERM}
 
 
 def render(ok: bool, data: dict[str, Any], error: str = "") -> str:
-    return MARKER + json.dumps({"command": COMMAND, "ok": ok, "data": data, "error": error},
-                               sort_keys=True, separators=(",", ":"))
+    """The one result line, in narwhal.core.result_line's canonical form."""
+    body = {"schema": "narwhal.result", "schema_version": 1, "command": COMMAND, "ok": ok,
+            "data": data, "error": error}
+    return MARKER + json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def sha256_of(path: str) -> str:
@@ -68,19 +77,38 @@ def unpack_kit(kit: str, wheels: list[dict[str, str]]) -> bool:
 
 
 def _unreachable(exc: BaseException) -> bool:
-    """A connection that never reached a hub (no route, refused, timed out, name unknown)."""
+    """A connection that never reached a hub (no route, refused, timed out, name unknown);
+    a hub that answered (401, 403, 404, 5xx) is not that, whatever the client wraps it in."""
     seen: BaseException | None = exc
-    while seen is not None:
-        name = type(seen).__name__
-        if name in ("ConnectError", "ConnectTimeout", "ConnectionError", "OfflineModeIsEnabled",
-                    "LocalEntryNotFoundError") or isinstance(seen, OSError):
-            return True
+    chain = []
+    while seen is not None and len(chain) < 16:
+        chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    return False
+    if any(getattr(e, "response", None) is not None for e in chain):
+        return False
+    return any(type(e).__name__ in ("ConnectError", "ConnectTimeout", "ConnectionError",
+                                    "LocalEntryNotFoundError", "OfflineModeIsEnabled")
+               or isinstance(e, (ConnectionError, socket.gaierror, TimeoutError))
+               or (isinstance(e, OSError) and e.errno in UNREACHABLE_ERRNOS) for e in chain)
+
+
+def hub_route(endpoint: str) -> str | None:
+    """Why the hub's address cannot be reached from here (None: a connection opens). Asked
+    once first, because the client retries a dead route with backoff for many seconds."""
+    parts = urllib.parse.urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return None
 
 
 def download(request: dict[str, Any]) -> dict[str, Any]:
     """Fetch each named file of the commit into model_dir; per file: fetched or why not."""
+    route = hub_route(os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
+    if route is not None:
+        return {"outcome": "unreachable", "files": {}, "error": route}
     from huggingface_hub import hf_hub_download  # the kit's, on PYTHONPATH
 
     done: dict[str, str] = {}
