@@ -80,7 +80,7 @@ def _unreachable(exc: BaseException) -> bool:
     """A connection that never reached a hub (no route, refused, timed out, name unknown);
     a hub that answered (401, 403, 404, 5xx) is not that, whatever the client wraps it in."""
     seen: BaseException | None = exc
-    chain = []
+    chain: list[BaseException] = []
     while seen is not None and len(chain) < 16:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__

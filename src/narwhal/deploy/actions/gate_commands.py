@@ -68,12 +68,11 @@ def install_options(ctx: Context, flags: DeployFlags, subjects: Subjects
 
 def discover_options(ctx: Context, flags: DeployFlags, subjects: Subjects
                      ) -> tuple[DiscoverOptions, list[str]]:
-    """Gate A takes deploy's repair consent, and the wheelhouse and checkout its stage kit
-    shares with Gate B."""
+    """Gate A takes deploy's repair consent, and the wheelhouse its stage kit shares with
+    Gate B."""
     argv = ["discover"] + (["--repair-checkpoint"] if flags.repair_checkpoint else [])
-    for flag, value in (("--wheelhouse", flags.wheelhouse), ("--checkout", flags.checkout)):
-        argv += [flag, str(value)] if value is not None else []
-    return DiscoverOptions(flags.repair_checkpoint, flags.wheelhouse, flags.checkout), argv
+    argv += ["--wheelhouse", str(flags.wheelhouse)] if flags.wheelhouse is not None else []
+    return DiscoverOptions(flags.repair_checkpoint, flags.wheelhouse), argv
 
 
 def engine_options(ctx: Context, flags: DeployFlags, subjects: Subjects

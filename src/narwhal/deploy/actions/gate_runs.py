@@ -64,7 +64,6 @@ def on_spine(ctx: Context, gate: str, prepare: Prepare) -> dict[str, Any]:
 class DiscoverOptions:
     repair_checkpoint: bool = False  # fetch again the staged files that differ from the pin
     wheelhouse: Path | None = None  # the stage kit's wheels; None: built under RUNS/wheelhouse
-    checkout: Path | None = None  # the revision's runtime.lock; None: DEFAULT_CHECKOUT
 
 
 def run_discover(ctx: Context, options: DiscoverOptions | None, progress: Progress
@@ -73,8 +72,8 @@ def run_discover(ctx: Context, options: DiscoverOptions | None, progress: Progre
 
     def kit() -> Kit:
         progress("workstation", "building the stage kit (the locked hub client)")
-        return stage_kit.for_revision(ctx.runs, opts.checkout or DEFAULT_CHECKOUT,
-                                      ctx.inputs.revision, opts.wheelhouse)
+        return stage_kit.for_checkout(ctx.runs, DEFAULT_CHECKOUT / "runtime.lock",
+                                      opts.wheelhouse)
 
     def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         targets = discover.plan(ctx.inputs)

@@ -19,8 +19,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from narwhal.core.documents import sha256_bytes
-from narwhal.deploy.package import prepared, source, wheelhouse
-from narwhal.deploy.package.lock import Lock, Pin, normalized
+from narwhal.deploy.package import wheelhouse
+from narwhal.deploy.package.lock import Lock, Pin, normalized, parse_lock
 
 ROOT = "huggingface-hub"
 
@@ -83,16 +83,14 @@ def build(lock: Lock, wheels: Mapping[Pin, Path]) -> Kit:
     return Kit(tuple((by_name[n][1].name, by_name[n][1], by_name[n][0].sha256) for n in names))
 
 
-def for_revision(runs: Path, checkout: Path, revision: str, given: Path | None) -> Kit:
-    """The kit from the approved revision's lock and the wheelhouse Gate B will use (the
-    same cache, so building it here is work Gate B then finds done)."""
-    root = source.checkout_root(checkout)
-    lock_bytes, lock = prepared.revision_lock(root, source.resolve(root, revision))
+def for_checkout(runs: Path, lock_path: Path, given: Path | None) -> Kit:
+    """The kit from this Narwhal's own runtime.lock (the stage script is shipped from the
+    same checkout, as the host probe is: the client and its caller always match), with the
+    wheels from `given`, else from Gate B's wheelhouse cache under RUNS (built once, where a
+    package index answers)."""
+    lock_bytes = lock_path.read_bytes()
+    lock = parse_lock(lock_bytes.decode("utf-8", "replace"), str(lock_path))
     if given is not None:
         return build(lock, wheelhouse.verify(given, lock))
-    digest = sha256_bytes(lock_bytes)
-    lock_path = runs / "builds" / f"lock-{digest[:16]}" / "runtime.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not lock_path.exists():
-        lock_path.write_bytes(lock_bytes)
-    return build(lock, wheelhouse.build(runs / "wheelhouse" / digest[:16], lock_path, lock))
+    return build(lock, wheelhouse.build(runs / "wheelhouse" / sha256_bytes(lock_bytes)[:16],
+                                        lock_path, lock))

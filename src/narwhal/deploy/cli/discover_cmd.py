@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from narwhal.deploy.actions.command_line import add_gate_parser, run_gate_command
-from narwhal.deploy.actions.gate_runs import DEFAULT_CHECKOUT, DiscoverOptions
+from narwhal.deploy.actions.gate_runs import DiscoverOptions
 
 HELP = "gate A: freeze inputs and discover the real deployment"
 
@@ -19,10 +19,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--wheelhouse", type=Path, default=None,
                    help="a folder holding runtime.lock's wheels, for the stage kit (default: "
                         "build it once under RUNS/wheelhouse/)")
-    p.add_argument("--checkout", type=Path, default=DEFAULT_CHECKOUT,
-                   help="the git checkout holding the revision (default: this narwhal's own)")
 
 
 def run(args: argparse.Namespace) -> int:
     return run_gate_command(args, "discover", DiscoverOptions(
-        args.repair_checkpoint, args.wheelhouse, args.checkout))
+        args.repair_checkpoint, args.wheelhouse))
