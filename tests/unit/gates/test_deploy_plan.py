@@ -14,7 +14,7 @@ from narwhal.deploy.actions.gate_commands import (
     fabric_choice,
     install_options,
 )
-from narwhal.deploy.actions.gate_runs import EngineOptions, InstallOptions
+from narwhal.deploy.actions.gate_runs import DiscoverOptions, EngineOptions, InstallOptions
 from narwhal.deploy.cli.main import build_parser
 from narwhal.deploy.gates.fabric import FabricOptions
 from narwhal.deploy.gates.live_check import Live, findings
@@ -31,8 +31,14 @@ def test_each_gate_gets_its_own_flags_only() -> None:
     assert options == InstallOptions(prepared="20261202T000000Z")  # checkout
     assert fabric_choice(None, FLAGS.fabric_seconds) == (FabricOptions(seconds=2),
                                                           ["fabric", "--seconds", "2"])
-    for name in ("discover", "attest", "preflight", "serve"):
+    for name in ("attest", "preflight", "serve"):
         assert COMMANDS[name].deploy_options(NO_CONTEXT, FLAGS, {}) == (None, [name])
+    assert COMMANDS["discover"].deploy_options(NO_CONTEXT, FLAGS, {}) == (
+        DiscoverOptions(), ["discover"])
+    consent = DeployFlags(repair_checkpoint=True, wheelhouse=Path("/w"), fabric_seconds=2)
+    assert COMMANDS["discover"].deploy_options(NO_CONTEXT, consent, {}) == (
+        DiscoverOptions(True, Path("/w")), ["discover", "--repair-checkpoint", "--wheelhouse",
+                                            "/w"])
     plain = DeployFlags(wheelhouse=Path("/w"), checkout=Path("/src"))
     assert install_options(NO_CONTEXT, plain, {}) == (
         InstallOptions(Path("/w"), Path("/src")),
