@@ -69,7 +69,9 @@ def test_twenty_up_down_cycles_leave_nothing_behind(needs_lab: LabPlan) -> None:
     downs = []
     for _ in range(20):
         plan = lifecycle.up(lab_spec)
-        assert len(_footprint(plan.prefix, lab_dir)["netns"]) == len(plan.hosts) + 2
+        # the switch, the workstation, each host, and the hub when the spec has one
+        assert len(_footprint(plan.prefix, lab_dir)["netns"]) == \
+            len(plan.hosts) + 2 + (plan.spec.hub is not None)
         started = time.monotonic()
         lifecycle.down(CYCLE_NAME)
         downs.append(time.monotonic() - started)

@@ -1,4 +1,4 @@
-"""`narwhal lab up|down|status|exec|fault`: the rehearsal fleet from the command line.
+"""`narwhal lab up|down|status|exec|fault|hub`: the rehearsal fleet from the command line.
 
 Dispatched by module name from the product CLI, so product code never imports the lab.
 """
@@ -63,6 +63,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     for name, h in hosts.items():
         print(f"  {name:8} {h['role']:7} mgmt {h['mgmt_ip']:15} fabric {h['fabric_ip']:15} "
               f"{'running' if h['running'] else 'DOWN'}")
+    hub = report.get("hub")
+    if isinstance(hub, dict):
+        print(f"  {'hub':8} {'hub':7} mgmt {hub['mgmt_ip']:15} {hub['endpoint']:22} "
+              f"{'running' if hub['running'] else 'DOWN'}")
     for fault in report["faults"]:  # type: ignore[attr-defined]
         print(f"  fault: {json.dumps(fault, sort_keys=True)}")
     return 0
@@ -117,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     p.set_defaults(handler=cmd_exec)
     from narwhal.lab.fault_cli import register
+    from narwhal.lab.hub_cli import register as register_hub
 
     register(sub, common)
+    register_hub(sub, common)
     return parser
 
 

@@ -29,6 +29,8 @@ def _run(args: argparse.Namespace) -> int:
             result = f.block(args.host, args.port, args.mode, args.proto)
         elif kind == "mtu":
             result = f.mtu(args.host, args.mtu)
+        elif kind == "hub-cut":
+            result = f.hub_cut(args.host)
         elif kind == "rdma":
             result = f.rdma(args.host, args.device)
         elif kind in ("crash", "rekey", "fill", "image", "isolate"):
@@ -77,7 +79,8 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
                            ("rekey", "give a host a new sshd host key"),
                            ("fill", "fill a host's disk directory"),
                            ("image", "replace a host's engine image by a rebuild under its tag"),
-                           ("isolate", "cut a host from every network; its processes run on")):
+                           ("isolate", "cut a host from every network; its processes run on"),
+                           ("hub-cut", "take away a host's route to the lab hub")):
         kinds.add_parser(name, help=helptext).add_argument("host")
     k = kinds.add_parser("kill", help="kill a process on a host by its PID there")
     k.add_argument("host")

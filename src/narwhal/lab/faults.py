@@ -15,7 +15,7 @@ from typing import Any
 
 from narwhal.lab import boot, hostfs, identity
 from narwhal.lab.lifecycle import boot_host, locked, plan_from_state
-from narwhal.lab.network import FABRIC_IF
+from narwhal.lab.network import FABRIC_IF, set_hub_route
 from narwhal.lab.plan import SESSION_PATH, LabPlan
 from narwhal.lab.run import LabError, in_netns, run
 from narwhal.lab.state import LabState, alive
@@ -116,6 +116,18 @@ class Faults:
                                 ).stdout)[0]["mtu"]
         run(in_netns(netns, ["ip", "link", "set", "dev", FABRIC_IF, "mtu", str(mtu)]))
         return self._record({"kind": "mtu", "host": host, "mtu": mtu, "before": before})
+
+    def hub_cut(self, host: str) -> dict[str, Any]:
+        """Take away a host's route to the lab hub (an unreachable route in its namespace):
+        staging from the hub fails there with "No route to host"; every host still answers."""
+        h = self.plan.host(host)
+        if self.plan.spec.hub is None:
+            raise LabError(f"lab {self.plan.spec.name} has no hub to cut a host from")
+        if not h.host.hub_route or any(f["kind"] == "hub-cut" and f["host"] == host
+                                       for f in self.state.faults):
+            raise LabError(f"host {host} already has no route to the hub")
+        set_hub_route(self.plan, h.netns, reachable=False)
+        return self._record({"kind": "hub-cut", "host": host})
 
     # hosts -----------------------------------------------------------------
     def _init(self, host: str) -> Any:
@@ -310,6 +322,8 @@ class Faults:
             hs = self.state.hosts[f["host"]]
             if hs.init is not None and alive(hs.init):
                 (Path(f"/proc/{hs.init.pid}/root") / f["node"].lstrip("/")).unlink(missing_ok=True)
+        elif kind == "hub-cut":
+            set_hub_route(self.plan, self.plan.host(f["host"]).netns, reachable=True, check=False)
         elif kind == "mtu":
             run(in_netns(self.plan.host(f["host"]).netns,
                          ["ip", "link", "set", "dev", FABRIC_IF, "mtu", str(f["before"])]),

@@ -20,6 +20,7 @@ from narwhal.lab import identity
 from narwhal.lab.engine import hf_tokenizer
 from narwhal.lab.plan import HostPlan, LabPlan
 from narwhal.lab.run import run
+from narwhal.lab.spec import LabSpec
 
 DOUBLES = {
     "nvidia-smi": "nvidia_smi",
@@ -301,15 +302,11 @@ def _inventory(plan: LabPlan, h: HostPlan) -> None:
         (h.dir / sub).mkdir(parents=True, exist_ok=True)
 
 
-def _model(plan: LabPlan, h: HostPlan) -> None:
-    spec = plan.spec
-    (h.dir / spec.run_dir.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    if h.host.role != "engine":
-        return
-    mdir = h.dir / spec.model.dir.lstrip("/")
+def write_model_files(spec: LabSpec, mdir: Path) -> None:
+    """The lab model's checkpoint files in mdir: a real checkpoint's every file (copied, not
+    linked, so a fault that edits a file on a host cannot reach the source folder), or the
+    emulator's config and tokenizer files. The same files are pushed to the lab hub."""
     if spec.model.source is not None:
-        # A real checkpoint: every file copied (not linked), so a fault that edits a file on
-        # the host cannot reach the source folder.
         shutil.rmtree(mdir, ignore_errors=True)
         mdir.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(spec.model.source, mdir)
@@ -321,6 +318,19 @@ def _model(plan: LabPlan, h: HostPlan) -> None:
         {"tokenizer_class": "LlamaTokenizer", "model_max_length": config.get(
             "max_position_embeddings", 4096)}) + "\n")
     hf_tokenizer.write(mdir)  # the tokenizer files a real checkpoint carries
+
+
+def _model(plan: LabPlan, h: HostPlan) -> None:
+    spec = plan.spec
+    (h.dir / spec.run_dir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    if h.host.role != "engine":
+        return
+    mdir = h.dir / spec.model.dir.lstrip("/")
+    if spec.model.hub:  # empty: the checkpoint is staged from the lab hub
+        shutil.rmtree(mdir, ignore_errors=True)
+        mdir.mkdir(parents=True)
+        return
+    write_model_files(spec, mdir)
 
 
 def prepare_host(plan: LabPlan, h: HostPlan) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from narwhal.lab import boot, hostfs, network
+from narwhal.lab import boot, hostfs, labhub, network
 from narwhal.lab.plan import DEFAULT_STATE_ROOT, LabPlan, make_plan
 from narwhal.lab.run import LabError
 from narwhal.lab.spec import LabSpec, validate
@@ -118,6 +118,10 @@ def _build(plan: LabPlan, state: LabState) -> None:
     hostfs.prepare_image(plan)
     for h in plan.hosts:
         hostfs.prepare_host(plan, h)
+    if plan.spec.hub is not None:  # started before the hosts so that both boots overlap
+        labhub.build_store(plan)
+        state.hub = labhub.start(plan)
+        state.save(plan.state_file)
     procs = []
     for h in plan.hosts:  # start every sshd first, then wait for all: boots overlap
         proc, _outer = boot.start(plan, h)
@@ -127,6 +131,8 @@ def _build(plan: LabPlan, state: LabState) -> None:
     deadline = time.monotonic() + boot.BOOT_TIMEOUT_S
     for name, proc in procs:
         boot.wait_listening(plan.host(name), proc, deadline)
+    if state.hub is not None:
+        labhub.wait_ready(plan, state.hub, time.monotonic() + labhub.READY_TIMEOUT_S)
     _write_client_files(plan)
 
 
@@ -138,6 +144,8 @@ def _teardown(prefix: str, state_file: Path) -> list[str]:
         for name, hs in state.hosts.items():
             if hs.init is not None and boot.stop(hs.init):
                 report.append(f"stopped {name} (pid {hs.init.pid})")
+        if state.hub is not None and labhub.stop(state.hub):
+            report.append(f"stopped the lab hub (pid {state.hub.pid})")
     names = sorted(set(network.list_netns(prefix)) | set(state.netns if state else []))
     names = [n for n in names if n in network.list_netns(prefix)]
     for ns in names:
@@ -194,6 +202,14 @@ def status(state_path: Path) -> dict[str, object]:
         running = bool(hs and hs.init and alive(hs.init))
         hosts[h.name] = {"role": h.host.role, "netns": h.netns, "mgmt_ip": h.mgmt_ip,
                          "fabric_ip": h.fabric_ip, "running": running}
-    return {"up": True, "name": state.name, "dir": state.dir, "up_seconds": state.up_seconds,
-            "workstation": {"netns": plan.ws_netns, "mgmt_ip": plan.ws_ip},
-            "hosts": hosts, "faults": state.faults}
+    report: dict[str, object] = {
+        "up": True, "name": state.name, "dir": state.dir, "up_seconds": state.up_seconds,
+        "workstation": {"netns": plan.ws_netns, "mgmt_ip": plan.ws_ip},
+        "hosts": hosts, "faults": state.faults}
+    access = labhub.hub_access(plan)
+    if access is not None:
+        report["hub"] = {"netns": plan.hub_netns, "mgmt_ip": plan.hub_ip,
+                         "endpoint": access.endpoint, "repo_id": access.repo_id,
+                         "token_file": str(access.token_path) if access.token_path else None,
+                         "running": bool(state.hub and alive(state.hub))}
+    return report

@@ -85,6 +85,7 @@ def del_guard_routes(nets: list[str]) -> None:
 
 def create_namespaces(plan: LabPlan) -> list[str]:
     names = [plan.sw_netns, plan.ws_netns, *(h.netns for h in plan.hosts)]
+    names += [plan.hub_netns] if plan.spec.hub is not None else []
     _batch([f"netns add {n}" for n in names])
     return names
 
@@ -118,7 +119,35 @@ def wire(plan: LabPlan) -> None:
             f"link set {MGMT_IF} mtu {mtu_m} up",
             f"addr add {h.fabric_ip}/{plan.fabric_prefix} dev {FABRIC_IF}",
             f"link set {FABRIC_IF} mtu {mtu_f} up",
+            *([] if h.host.hub_route or plan.spec.hub is None else [hub_route_line(plan, "add")]),
         ], h.netns)
+    if plan.spec.hub is not None:
+        _batch(hub_switch_lines(plan), plan.sw_netns)
+        _batch(hub_lines(plan), plan.hub_netns)
+
+
+def hub_switch_lines(plan: LabPlan) -> list[str]:
+    """The hub's port on the management bridge (it has no fabric link: checkpoints are
+    staged over the management network, as from the internet)."""
+    return [f"link add hub-m mtu {plan.spec.management.mtu} type veth peer name {MGMT_IF} "
+            f"netns {plan.hub_netns}", f"link set hub-m master {MGMT_BRIDGE} up"]
+
+
+def hub_lines(plan: LabPlan) -> list[str]:
+    return ["link set lo up", f"addr add {plan.hub_ip}/{plan.mgmt_prefix} dev {MGMT_IF}",
+            f"link set {MGMT_IF} up"]
+
+
+def hub_route_line(plan: LabPlan, verb: str) -> str:
+    """An `ip -batch` line adding or deleting a host's unreachable route to the hub: the
+    host's connections to it fail at once with "No route to host"."""
+    return f"route {verb} unreachable {plan.hub_ip}/32"
+
+
+def set_hub_route(plan: LabPlan, netns: str, *, reachable: bool, check: bool = True) -> None:
+    """Give a host its route to the hub back, or take it away (the hub-cut fault)."""
+    verb = "del" if reachable else "add"
+    run(["ip", "-n", netns, "route", verb, "unreachable", f"{plan.hub_ip}/32"], check=check)
 
 
 def list_netns(prefix: str) -> list[str]:

@@ -16,6 +16,7 @@ from narwhal.lab.spec import Host, LabSpec, subnet
 DEFAULT_STATE_ROOT = Path("/run/narwhal-lab")
 HOST_OFFSET = 10  # host i gets network address + 10 + i, as in the recipe
 WORKSTATION_OFFSET = 2
+HUB_OFFSET = 5  # the lab hub's management address (when the spec has a hub)
 # First on root's and users' PATH inside a host; empty on Debian, so binding over it hides nothing.
 DOUBLES_MOUNT = "/usr/local/sbin"
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -45,6 +46,8 @@ class LabPlan:
     ws_ip: str
     mgmt_prefix: int
     fabric_prefix: int
+    hub_netns: str
+    hub_ip: str
 
     @property
     def prefix(self) -> str:
@@ -69,6 +72,10 @@ class LabPlan:
     @property
     def state_file(self) -> Path:
         return self.dir / "state.json"
+
+    @property
+    def hub_dir(self) -> Path:
+        return self.dir / "hub"
 
     def host(self, name: str) -> HostPlan:
         for h in self.hosts:
@@ -110,4 +117,6 @@ def make_plan(spec: LabSpec, lab_dir: Path) -> LabPlan:
         ws_ip=_nth(mgmt, WORKSTATION_OFFSET),
         mgmt_prefix=mgmt.prefixlen,
         fabric_prefix=fab.prefixlen,
+        hub_netns=f"{spec.name}-hub",
+        hub_ip=_nth(mgmt, HUB_OFFSET),
     )

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from narwhal.core.errors import InputError, Problem
+from narwhal.lab.hub.names import repo_id_problem
 
 SCHEMA = "narwhal.lab-spec"
 VERSION = 1
@@ -76,6 +77,9 @@ class Host(_Strict):
     # on it is confined to them and its NUMA view (/sys/devices/system/node) lists only them.
     # None: the machine's cores, shared with every other host.
     cpus: list[Annotated[int, Field(ge=0, le=1023)]] | None = None
+    # false: the host has no route to the lab hub (an unreachable route in its namespace),
+    # as an engine host behind a firewall; it still reaches every other host
+    hub_route: bool = True
 
 
 class Network(_Strict):
@@ -106,6 +110,9 @@ class Model(_Strict):
     dir: AbsPath
     config: dict[str, Any] | None = None
     source: AbsPath | None = None
+    # true: engine hosts start with an empty `dir`; the checkpoint is the lab hub's repo
+    # `name` (two commits on main: the files, then a README.md model card)
+    hub: bool = False
 
     def checkpoint_config(self) -> dict[str, Any]:
         """The model's config.json as the engines read it."""
@@ -125,6 +132,15 @@ class Ports(_Strict):
     kv_events: Annotated[int, Field(ge=1024, le=65535)] | None = 5557
 
 
+class Hub(_Strict):
+    """The lab's Hugging Face hub double, in its own namespace on the management network:
+    the API on `port`, its CDN (where LFS downloads are redirected) on `port + 1`."""
+
+    port: Annotated[int, Field(ge=1024, le=65534)] = 8600
+    # true: the model repo is gated (manual approval) and only the lab's token is granted
+    gated: bool = False
+
+
 class LabSpec(_Strict):
     schema_: Literal["narwhal.lab-spec"] = Field(alias="schema")
     schema_version: Literal[1]
@@ -136,6 +152,7 @@ class LabSpec(_Strict):
     model: Model
     run_dir: AbsPath = "/srv/narwhal-run"
     ports: Ports = Ports()
+    hub: Hub | None = None
     # the `.env`'s NARWHAL_KV_CANARY_INTERVAL_S (the router's canary probes each pair once per
     # this many seconds while it serves); None: the product's default
     kv_canary_interval_s: Annotated[float, Field(ge=0.1, le=86_400)] | None = None
@@ -206,8 +223,8 @@ def _host_problems(spec: LabSpec) -> list[Problem]:
     uuids: set[str] = set()
     for i, host in enumerate(spec.hosts):
         where = f"hosts.{i}"
-        if host.name in seen or host.name in ("ws", "sw"):
-            problems.append(Problem(f"{where}.name", f"{host.name!r} is taken", "give each host a unique name (not ws or sw)"))
+        if host.name in seen or host.name in ("ws", "sw", "hub"):
+            problems.append(Problem(f"{where}.name", f"{host.name!r} is taken", "give each host a unique name (not ws, sw or hub)"))
         seen.add(host.name)
         users = [u.name for u in host.users]
         if len(set(users)) != len(users):
@@ -240,6 +257,22 @@ def _host_problems(spec: LabSpec) -> list[Problem]:
     return problems
 
 
+def _hub_problems(spec: LabSpec) -> list[Problem]:
+    """What needs the hub section has it, and the model's name can be a hub repo id."""
+    problems: list[Problem] = []
+    if spec.hub is None:
+        if spec.model.hub:
+            problems.append(Problem("model.hub", "true but the spec has no hub section",
+                                    'add "hub": {} or set model.hub to false'))
+        problems += [Problem(f"hosts.{i}.hub_route", "false but the spec has no hub section",
+                             "remove hub_route or add a hub section")
+                     for i, h in enumerate(spec.hosts) if not h.hub_route]
+    elif spec.model.hub and repo_id_problem(spec.model.name):
+        problems.append(Problem("model.name", repo_id_problem(spec.model.name) or "",
+                                "name the model owner/name, e.g. narwhal-lab/tiny-llama"))
+    return problems
+
+
 def _world_problems(spec: LabSpec) -> list[Problem]:
     """The model is one of the two kinds, and what a real engine needs is on this machine."""
     problems: list[Problem] = []
@@ -267,6 +300,7 @@ def validate(document: Any, source: str) -> LabSpec:
     problems, _ = _network_problems(spec)
     problems += _host_problems(spec)
     problems += _world_problems(spec)
+    problems += _hub_problems(spec)
     if problems:
         raise InputError(source, problems)
     return spec

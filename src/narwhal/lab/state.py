@@ -41,6 +41,7 @@ class LabState(BaseModel):
     netns: list[str] = []
     routes: list[str] = []
     hosts: dict[str, HostState] = {}
+    hub: Proc | None = None  # the lab hub's server, in its own namespace
     faults: list[dict[str, Any]] = []
     up_seconds: float | None = None
 
