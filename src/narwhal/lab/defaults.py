@@ -1,5 +1,6 @@
 """The embedded default spec: a router host and three engine hosts with two GPUs each, and
-the lab hub holding the model (every host has a route to it; `lab fault hub-cut` takes one away).
+the lab hub holding the model too (every host has a route to it; `lab fault hub-cut` takes one
+away).
 
 Built as data (not a file) so it ships with the package without package-data configuration.
 eng3 logs in with a password so the product's sshpass path is exercised.
@@ -75,10 +76,11 @@ def default_spec_document() -> dict[str, Any]:
                     "UCX_TLS=tcp",
                 ],
             },
-            # engine hosts start with an empty model dir: the checkpoint is staged from the
-            # lab hub (repo narwhal-lab/tiny-llama, API on management .5:8600)
+            # the model is on every engine host and in the lab hub (repo
+            # narwhal-lab/tiny-llama, API on management .5:8600); tests/lab/test_stage_lab.py
+            # stages it from there into an empty dir ("hub": true empties the model dirs)
             "model": {"name": "narwhal-lab/tiny-llama", "dir": "/srv/models/tiny-llama",
-                      "config": _MODEL_CONFIG, "hub": True},
+                      "config": _MODEL_CONFIG},
             "hub": {"port": 8600, "gated": False},
             # a corrupt pair is caught within two canary periods: 6 s here, not 2 minutes
             "kv_canary_interval_s": 3,

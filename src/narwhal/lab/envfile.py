@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 from narwhal.core.secret import MASK
-from narwhal.lab import identity
+from narwhal.lab import identity, labhub
 from narwhal.lab.hostfs import password_file
 from narwhal.lab.network import FABRIC_IF
 from narwhal.lab.plan import HostPlan, LabPlan
@@ -56,6 +56,12 @@ def env_pairs(plan: LabPlan, *, reveal: bool) -> list[tuple[str, str]]:
     ]
     if spec.ports.kv_events is not None:
         pairs.append(("NARWHAL_KV_EVENTS_PORT", str(spec.ports.kv_events)))
+    access = labhub.hub_access(plan)
+    if access is not None and spec.model.hub:  # empty model dirs: Gate A stages from the hub
+        pairs += [("MODEL_REPO_ID", access.repo_id), ("HF_ENDPOINT", access.endpoint)]
+        if access.token_path is not None:
+            pairs.append(("NARWHAL_HF_TOKEN", access.token_path.read_text().strip()
+                          if reveal else MASK))
     if spec.kv_canary_interval_s is not None:
         pairs.append(("NARWHAL_KV_CANARY_INTERVAL_S", f"{spec.kv_canary_interval_s:g}"))
     return pairs

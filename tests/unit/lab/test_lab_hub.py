@@ -21,7 +21,9 @@ from narwhal.lab.spec import LabSpec, validate
 
 
 def _spec(**changes: Any) -> dict[str, Any]:
+    """The default spec with its model held by the hub only (engine model dirs empty)."""
     doc = copy.deepcopy(default_spec_document())
+    doc["model"]["hub"] = True
     doc.update(changes)
     return doc
 
@@ -32,9 +34,9 @@ def _fields(doc: dict[str, Any]) -> set[str]:
     return {p.field for p in err.value.problems}
 
 
-def test_the_default_lab_stages_its_model_from_a_hub_every_host_can_reach() -> None:
+def test_the_default_lab_serves_its_model_from_a_hub_every_host_can_reach() -> None:
     spec = validate(default_spec_document(), "default")
-    assert spec.hub is not None and spec.model.hub
+    assert spec.hub is not None and not spec.model.hub  # and on every engine host too
     assert all(h.hub_route for h in spec.hosts)
 
 
@@ -102,7 +104,8 @@ def test_a_gated_lab_hub_grants_only_the_token_in_its_0600_file(spec: LabSpec, t
 
 
 def test_engine_hosts_start_with_an_empty_model_dir_when_the_hub_holds_the_model(
-        spec: LabSpec, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
+    spec = validate(_spec(), "hub model")
     plan = make_plan(spec, tmp_path)
     for h in plan.hosts:
         hostfs._model(plan, h)
