@@ -1,0 +1,140 @@
+"""Gate A stages the checkpoint from the lab's hub double onto every engine host, through the
+product's own path: `narwhal discover` pins the revision with huggingface_hub on the
+workstation, sends the hosts the stage kit, and each host downloads with the hub client.
+
+The default lab's hosts already hold the model in their own model dir; this module stages
+into another, empty one (NARWHAL_MODEL_DIR=/srv/models/staged) with its own record, so the
+shared fleet's deployment is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.lab.installing import Installer
+from tests.lab.operator import NARWHAL, Operator
+
+from narwhal.lab import envfile, labhub
+from narwhal.lab.faults import Faults
+from narwhal.lab.plan import LabPlan
+from narwhal.lab.testing import ssh
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+STAGED = "/srv/models/staged"
+ENGINES = ("eng1", "eng2", "eng3")
+
+
+@pytest.fixture(scope="module")
+def operator(lab: LabPlan, installer: Installer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    access = labhub.hub_access(lab)
+    assert access is not None, "the default lab serves its model from the hub"
+    work = tmp_path_factory.mktemp("stage")
+    env = work / ".env"
+    envfile.write(lab, env)
+    with env.open("a") as fh:
+        fh.write(f"NARWHAL_DEPLOYMENT=staged\nNARWHAL_DEPLOYMENT_REVISION={installer.revision}\n"
+                 f"NARWHAL_MODEL_DIR={STAGED}\nMODEL_REPO_ID={access.repo_id}\n"
+                 f"MODEL_REVISION=main\nHF_ENDPOINT={access.endpoint}\n")
+    op = Operator(lab, env, work / "runs")
+    assert op.narwhal("hosts", "trust", "--yes").returncode == 0
+    for host in ENGINES:
+        ssh(lab, host, f"rm -rf {STAGED}")
+    yield op
+    for host in ENGINES:
+        ssh(lab, host, f"rm -rf {STAGED}")
+
+
+def _discover(op: Operator, installer: Installer, *extra: str) -> tuple[int, dict[str, Any]]:
+    return op.json_command("discover", "--wheelhouse", str(installer.wheels), *extra)
+
+
+def _staging(op: Operator) -> dict[str, Any]:
+    doc = json.loads((op.last_attempt("discover") / "staging.json").read_text())
+    doc["by_host"] = {h["host"]: h for h in doc["hosts"]}
+    return dict(doc)
+
+
+def _sha(lab: LabPlan, host: str, path: str) -> str:
+    return ssh(lab, host, f"sha256sum {path}").stdout.split()[0]
+
+
+def test_an_empty_model_dir_is_staged_at_the_pinned_commit_and_a_rerun_moves_nothing(
+        operator: Operator, installer: Installer, lab: LabPlan) -> None:
+    code, doc = _discover(operator, installer)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    pin = doc["checkpoint"]
+    assert pin["revision"] == "main" and len(pin["commit"]) == 40
+    assert pin["card"]["license"] == "apache-2.0" and pin["card"]["pipeline_tag"]
+    staged = _staging(operator)
+    assert {h: staged["by_host"][h]["outcome"] for h in ENGINES} == {h: "staged" for h in ENGINES}
+    assert staged["bytes"]["from_hub"] == 3 * pin["bytes"]
+    digests = {e["model"]["model_tree_sha256"] for e in doc["engines"]}
+    assert digests == {pin["tree_sha256"]}
+    launch = json.loads((operator.last_attempt() / "launch-engine-1.json").read_text())
+    assert launch["environment"]["HF_HUB_OFFLINE"] == "1"
+
+    code, doc = _discover(operator, installer)  # everything there: nothing sent, nothing fetched
+    assert code == 0, doc
+    again = _staging(operator)
+    assert {h: again["by_host"][h]["outcome"] for h in ENGINES} == {h: "kept" for h in ENGINES}
+    assert again["bytes"] == {"from_hub": 0, "from_workstation": 0, "relayed": 0,
+                              "between_hosts": 0}
+
+
+def test_a_new_commit_on_main_changes_nothing_until_the_revision_changes(
+        operator: Operator, installer: Installer, lab: LabPlan, tmp_path: Path) -> None:
+    code, first = _discover(operator, installer)
+    assert code == 0, first
+    folder = tmp_path / "next"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "pushed": true}\n')
+    pushed = subprocess.run(
+        [NARWHAL, "lab", "hub", "push", "--from", str(folder)], capture_output=True, text=True,
+        timeout=60, check=False)
+    assert pushed.returncode == 0, pushed.stderr
+    code, doc = _discover(operator, installer)
+    assert code == 0 and doc["checkpoint"]["commit"] == first["checkpoint"]["commit"], doc
+    assert doc["checkpoint"]["pinned_earlier"] is True
+
+
+def test_one_changed_byte_is_named_and_left_alone_then_repaired_alone_with_consent(
+        operator: Operator, installer: Installer, lab: LabPlan) -> None:
+    assert _discover(operator, installer)[0] == 0
+    shard = f"{STAGED}/model.safetensors"
+    good = _sha(lab, "eng1", shard)
+    ssh(lab, "eng2", f"printf 'X' | dd of={shard} bs=1 seek=4096 conv=notrunc status=none")
+    bad = _sha(lab, "eng2", shard)
+    assert bad != good
+    code, doc = _discover(operator, installer)
+    assert code != 0 and doc["verdict"] == "blocked", doc
+    assert "eng2: model.safetensors" in json.dumps(doc), doc
+    assert _sha(lab, "eng2", shard) == bad, "without consent nothing is changed"
+    code, doc = _discover(operator, installer, "--repair-checkpoint")
+    assert code == 0 and doc["verdict"] == "passed", doc
+    repaired = _staging(operator)["by_host"]["eng2"]
+    assert repaired["files"] == {"model.safetensors": "repaired"}
+    assert _sha(lab, "eng2", shard) == good
+
+
+def test_a_host_with_no_route_to_the_hub_gets_the_files_relayed(
+        operator: Operator, installer: Installer, lab: LabPlan, faults: Faults) -> None:
+    assert _discover(operator, installer)[0] == 0
+    ssh(lab, "eng3", f"rm -f {STAGED}/model.safetensors {STAGED}/config.json")
+    faults.hub_cut("eng3")
+    assert ssh(lab, "eng3", f"curl -sS -m 3 {labhub.endpoint(lab)}/api/models").returncode != 0
+    code, doc = _discover(operator, installer)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    relayed = _staging(operator)
+    eng3 = relayed["by_host"]["eng3"]
+    assert eng3["outcome"] == "relayed" and eng3["donor"] in ("eng1", "eng2")
+    assert set(eng3["files"]) == {"model.safetensors", "config.json"}
+    assert relayed["bytes"]["relayed"] == eng3["relayed_bytes"] > 0
+    assert relayed["bytes"]["from_hub"] == 0
+    assert _sha(lab, "eng3", f"{STAGED}/model.safetensors") == _sha(
+        lab, "eng1", f"{STAGED}/model.safetensors")
