@@ -38,11 +38,13 @@ def operator(lab: LabPlan, installer: Installer,
     env = work / ".env"
     envfile.write(lab, env)
     with env.open("a") as fh:
-        fh.write(f"NARWHAL_DEPLOYMENT=staged\nNARWHAL_DEPLOYMENT_REVISION={installer.revision}\n"
-                 f"NARWHAL_MODEL_DIR={STAGED}\nMODEL_REPO_ID={access.repo_id}\n"
-                 f"MODEL_REVISION=main\nHF_ENDPOINT={access.endpoint}\n")
+        fh.write(f"NARWHAL_DEPLOYMENT=staged\nNARWHAL_DEPLOYMENT_REVISION={installer.revision}\n")
     op = Operator(lab, env, work / "runs")
-    assert op.narwhal("hosts", "trust", "--yes").returncode == 0
+    op = Operator(lab, op.variant("staged", NARWHAL_MODEL_DIR=STAGED,
+                                  MODEL_REPO_ID=access.repo_id, MODEL_REVISION="main",
+                                  HF_ENDPOINT=access.endpoint), work / "runs")
+    trusted = op.narwhal("hosts", "trust", "--yes")
+    assert trusted.returncode == 0, trusted.stdout + trusted.stderr
     for host in ENGINES:
         ssh(lab, host, f"rm -rf {STAGED}")
     yield op

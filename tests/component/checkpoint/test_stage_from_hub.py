@@ -94,8 +94,8 @@ def test_main_is_pinned_to_its_commit_with_every_files_sha256_and_the_card(hub: 
     m = pin.resolve(CheckpointSource(repo_id=REPO, revision="main", endpoint=hub.server.endpoint),
                     None, hub.tmp / "cache-a")
     assert m.commit == hub.second
-    assert [f.path for f in m.files] == ["README.md", "config.json", "model.safetensors",
-                                         "tokenizer.json"]  # no second weights format
+    assert [f.path for f in m.files] == ["config.json", "model.safetensors",
+                                         "tokenizer.json"]  # no second weights format, no card
     assert all(f.sha256 == hashlib.sha256(hub.files[f.path]).hexdigest() for f in m.files)
     assert m.card is not None and (m.card.license, m.card.pipeline_tag, m.card.base_model) == (
         "apache-2.0", "text-generation", ("narwhal-lab/base",))

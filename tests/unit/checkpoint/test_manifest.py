@@ -84,8 +84,7 @@ def test_the_paths_real_repos_use_are_accepted(path: str) -> None:
 def test_only_the_weights_vllm_loads_are_staged_when_safetensors_exist() -> None:
     every = ["config.json", "model.safetensors", "pytorch_model.bin", "original/consolidated.pth",
              ".gitattributes", "README.md", "tokenizer.json", "onnx/model.onnx"]
-    assert mf.select(every) == ["README.md", "config.json", "model.safetensors",
-                                "tokenizer.json"]
+    assert mf.select(every) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert "pytorch_model.bin" in mf.select(["config.json", "pytorch_model.bin"])
 
 

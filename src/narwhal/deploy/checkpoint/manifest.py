@@ -84,12 +84,16 @@ def path_problem(path: Any) -> str | None:
 
 def select(paths: Iterable[str]) -> list[str]:
     """The files vLLM needs from a revision: everything, except other weight formats when
-    the revision has safetensors, and the hub's own bookkeeping (.gitattributes)."""
+    the revision has safetensors, the hub's own bookkeeping (.gitattributes) and README files
+    (the model card: read from the hub's metadata; the probe leaves README* out of the tree
+    digest, so an edited card is not another checkpoint)."""
     every = sorted(set(paths))
     has_safetensors = any(p.endswith(".safetensors") for p in every)
     kept = []
     for p in every:
         if p == ".gitattributes" or p.startswith(".") or "/." in p:
+            continue
+        if p.rsplit("/", 1)[-1].startswith("README"):
             continue  # the probe skips dot folders like .cache; a dot file would only differ
         if has_safetensors and (p.endswith(OTHER_WEIGHTS) or p.startswith(OTHER_WEIGHT_DIRS)):
             continue
