@@ -38,7 +38,7 @@ def operator(lab: LabPlan, installer: Installer,
     env = work / ".env"
     envfile.write(lab, env)
     with env.open("a") as fh:
-        fh.write(f"NARWHAL_DEPLOYMENT=staged\nNARWHAL_DEPLOYMENT_REVISION={installer.revision}\n")
+        fh.write(f"NARWHAL_DEPLOYMENT=lab\nNARWHAL_DEPLOYMENT_REVISION={installer.revision}\n")
     op = Operator(lab, env, work / "runs")
     op = Operator(lab, op.variant("staged", NARWHAL_MODEL_DIR=STAGED,
                                   MODEL_REPO_ID=access.repo_id, MODEL_REVISION="main",
