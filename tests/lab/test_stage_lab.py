@@ -26,7 +26,9 @@ from narwhal.lab.testing import ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 STAGED = "/srv/models/staged"
-ENGINES = ("eng1", "eng2", "eng3")
+ENGINES = ("eng1", "eng2", "eng3")  # lab hosts; the record names them by alias
+ALIAS = {"eng1": "node-1", "eng2": "node-2", "eng3": "node-3"}
+NODES = tuple(ALIAS.values())
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def test_an_empty_model_dir_is_staged_at_the_pinned_commit_and_a_rerun_moves_not
     assert pin["revision"] == "main" and len(pin["commit"]) == 40
     assert pin["card"]["license"] == "apache-2.0" and pin["card"]["pipeline_tag"]
     staged = _staging(operator)
-    assert {h: staged["by_host"][h]["outcome"] for h in ENGINES} == {h: "staged" for h in ENGINES}
+    assert {h: staged["by_host"][h]["outcome"] for h in NODES} == {h: "staged" for h in NODES}
     assert staged["bytes"]["from_hub"] == 3 * pin["bytes"]
     digests = {e["model"]["model_tree_sha256"] for e in doc["engines"]}
     assert digests == {pin["tree_sha256"]}
@@ -84,7 +86,7 @@ def test_an_empty_model_dir_is_staged_at_the_pinned_commit_and_a_rerun_moves_not
     code, doc = _discover(operator, installer)  # everything there: nothing sent, nothing fetched
     assert code == 0, doc
     again = _staging(operator)
-    assert {h: again["by_host"][h]["outcome"] for h in ENGINES} == {h: "kept" for h in ENGINES}
+    assert {h: again["by_host"][h]["outcome"] for h in NODES} == {h: "kept" for h in NODES}
     assert again["bytes"] == {"from_hub": 0, "from_workstation": 0, "relayed": 0,
                               "between_hosts": 0}
 
@@ -115,11 +117,11 @@ def test_one_changed_byte_is_named_and_left_alone_then_repaired_alone_with_conse
     assert bad != good
     code, doc = _discover(operator, installer)
     assert code != 0 and doc["verdict"] == "blocked", doc
-    assert "eng2: model.safetensors" in json.dumps(doc), doc
+    assert "node-2: model.safetensors" in json.dumps(doc), doc
     assert _sha(lab, "eng2", shard) == bad, "without consent nothing is changed"
     code, doc = _discover(operator, installer, "--repair-checkpoint")
     assert code == 0 and doc["verdict"] == "passed", doc
-    repaired = _staging(operator)["by_host"]["eng2"]
+    repaired = _staging(operator)["by_host"]["node-2"]
     assert repaired["files"] == {"model.safetensors": "repaired"}
     assert _sha(lab, "eng2", shard) == good
 
@@ -133,8 +135,8 @@ def test_a_host_with_no_route_to_the_hub_gets_the_files_relayed(
     code, doc = _discover(operator, installer)
     assert code == 0 and doc["verdict"] == "passed", doc
     relayed = _staging(operator)
-    eng3 = relayed["by_host"]["eng3"]
-    assert eng3["outcome"] == "relayed" and eng3["donor"] in ("eng1", "eng2")
+    eng3 = relayed["by_host"]["node-3"]
+    assert eng3["outcome"] == "relayed" and eng3["donor"] in ("node-1", "node-2")
     assert set(eng3["files"]) == {"model.safetensors", "config.json"}
     assert relayed["bytes"]["relayed"] == eng3["relayed_bytes"] > 0
     assert relayed["bytes"]["from_hub"] == 0
