@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.lab.fleet_up import clear_containers, stop_sidecars
 from tests.lab.installing import Installer
 from tests.lab.operator import NARWHAL, Operator
 
@@ -49,9 +50,14 @@ def operator(lab: LabPlan, installer: Installer,
     assert trusted.returncode == 0, trusted.stdout + trusted.stderr
     for host in ENGINES:
         ssh(lab, host, f"rm -rf {STAGED}")
-    yield op
-    for host in ENGINES:
-        ssh(lab, host, f"rm -rf {STAGED}")
+    try:
+        yield op
+    finally:  # what this module's deploy started, ended by its owner records
+        stop_sidecars(Installer(op, installer.checkout, installer.wheels, installer.revision,
+                                "", "", ""))
+        clear_containers(lab)
+        for host in ENGINES:
+            ssh(lab, host, f"rm -rf {STAGED}")
 
 
 def _discover(op: Operator, installer: Installer, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -68,8 +74,30 @@ def _sha(lab: LabPlan, host: str, path: str) -> str:
     return ssh(lab, host, f"sha256sum {path}").stdout.split()[0]
 
 
-def test_an_empty_model_dir_is_staged_at_the_pinned_commit_and_a_rerun_moves_nothing(
+def _attempts(op: Operator) -> dict[str, list[str]]:
+    doc = json.loads((op.runs / "lab" / "ledger.json").read_text())
+    return {g: list(e["attempts"]) for g, e in doc["gates"].items()}
+
+
+def test_deploy_stages_empty_model_dirs_then_passes_every_gate_and_again_moves_nothing(
         operator: Operator, installer: Installer, lab: LabPlan) -> None:
+    deploy = ("deploy", "--checkout", str(installer.checkout), "--wheelhouse",
+              str(installer.wheels), "--fabric-seconds", "1")
+    code, doc = operator.json_command(*deploy)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    assert [(s["letter"], s["action"]) for s in doc["steps"]] == [(g, "ran") for g in "ABCDEFG"]
+    staged = _staging(operator)
+    assert {h: staged["by_host"][h]["outcome"] for h in NODES} == {h: "staged" for h in NODES}
+    before = _attempts(operator)
+    code, doc = operator.json_command(*deploy)
+    assert code == 0 and [s["action"] for s in doc["steps"]] == ["kept"] * 7, doc
+    assert _attempts(operator) == before  # nothing ran, so nothing was staged or sent
+
+
+def test_discovery_stages_at_the_pinned_commit_and_a_rerun_moves_nothing(
+        operator: Operator, installer: Installer, lab: LabPlan) -> None:
+    for host in ENGINES:  # empty again: Gate A stages every file on every host
+        ssh(lab, host, f"find {STAGED} -type f -delete")
     code, doc = _discover(operator, installer)
     assert code == 0 and doc["verdict"] == "passed", doc
     pin = doc["checkpoint"]
@@ -142,3 +170,18 @@ def test_a_host_with_no_route_to_the_hub_gets_the_files_relayed(
     assert relayed["bytes"]["from_hub"] == 0
     assert _sha(lab, "eng3", f"{STAGED}/model.safetensors") == _sha(
         lab, "eng1", f"{STAGED}/model.safetensors")
+
+
+def test_a_fleet_with_no_route_to_the_hub_gets_the_files_from_the_workstation(
+        operator: Operator, installer: Installer, lab: LabPlan, faults: Faults) -> None:
+    assert _discover(operator, installer)[0] == 0
+    for host in ENGINES:
+        ssh(lab, host, f"rm -f {STAGED}/tokenizer.json")
+        faults.hub_cut(host)
+    code, doc = _discover(operator, installer)
+    assert code == 0 and doc["verdict"] == "passed", doc
+    relayed = _staging(operator)
+    assert {h: (relayed["by_host"][h]["outcome"], relayed["by_host"][h]["donor"])
+            for h in NODES} == {h: ("relayed", "workstation") for h in NODES}
+    assert relayed["bytes"]["from_hub"] == 0
+    assert relayed["bytes"]["relayed"] == 3 * relayed["by_host"]["node-1"]["relayed_bytes"] > 0

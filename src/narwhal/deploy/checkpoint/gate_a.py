@@ -41,6 +41,7 @@ class StagePlan:
     kit: Callable[[], Kit]  # built only when some host has something to fetch
     token: Secret | None
     reused: bool  # the pin came from an earlier Gate A, not from the hub now
+    cache: Path  # the workstation's hub cache
 
     def document(self) -> dict[str, Any]:
         m = self.manifest
@@ -67,12 +68,12 @@ def plan(inputs: Inputs, ledger: Ledger, cache: Path, kit: Callable[[], Kit],
         return None
     earlier = previous(ledger)
     if earlier is not None and pin.reusable(earlier, source):
-        return StagePlan(earlier, repair, kit, inputs.hf_token, True)
+        return StagePlan(earlier, repair, kit, inputs.hf_token, True, cache)
     try:
         manifest = pin.resolve(source, inputs.hf_token, cache)
     except pin.PinError as exc:
         raise GateBlocked("discover", exc.problems[0].line(), exc.problems) from None
-    return StagePlan(manifest, repair, kit, inputs.hf_token, False)
+    return StagePlan(manifest, repair, kit, inputs.hf_token, False, cache)
 
 
 def model_dirs(inputs: Inputs) -> dict[str, str]:
@@ -106,8 +107,7 @@ def failures(staged: list[Staged], m: mf.Manifest) -> list[Problem]:
     out = []
     for s in staged:
         if s.outcome in ("unreachable", "failed"):
-            why = ("cannot reach the hub and no host has the revision to relay"
-                   if s.outcome == "unreachable" else s.error or "failed")
+            why = s.error or ("cannot reach the hub" if s.outcome == "unreachable" else "failed")
             fix = (f"set {pin.TOKEN_FIELD} to a token granted access to {m.repo_id}"
                    if "Gated" in str(s.error) else "check the host reaches the hub "
                    "(HF_ENDPOINT) or another engine host, then rerun discovery")
@@ -130,7 +130,8 @@ def run(inputs: Inputs, sessions: Sessions, attempt: Attempt, sp: StagePlan,
     problems = [p for d in refused for p in refusal(d, m)]
     staged: list[Staged] = []
     if fetches:
-        staged = stage(sessions, attempt, m, fetches, dirs, sp.kit, sp.token, progress)
+        staged = stage(sessions, attempt, m, fetches, dirs, sp.kit, sp.token, progress,
+                       lambda path: pin.local_file(m, sp.token, sp.cache, path))
         facts.update(reprobe([s.host for s in staged if s.files]))
         problems += failures(staged, m)
     kept = [Staged(d.host, "kept") for d in diffs if d.matches]

@@ -125,6 +125,16 @@ def _hash_small(source: CheckpointSource, commit: str, token: Secret | None,
     return out
 
 
+def local_file(m: mf.Manifest, token: Secret | None, cache: Path, path: str) -> Path:
+    """One file of the pin on the workstation (downloaded once into its hub cache), for a
+    fleet whose engine hosts cannot reach the hub."""
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(m.repo_id, path, revision=m.commit, cache_dir=cache,
+                                endpoint=m.endpoint or DEFAULT_ENDPOINT, etag_timeout=TIMEOUT_S,
+                                token=token.reveal() if token else False))
+
+
 def _card(info: Any) -> mf.Card | None:
     data = info.card_data
     if data is None:

@@ -12,6 +12,7 @@ file a host already holds at the right sha256.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,11 +51,13 @@ class Staged:
     relayed_bytes: int = 0  # forwarded by the workstation from another host
     donor: str | None = None
     error: str | None = None
+    seconds: float = 0.0  # this host's staging, kit and relay included
 
     def as_json(self) -> dict[str, Any]:
         return {"host": self.host, "outcome": self.outcome, "files": dict(sorted(
             self.files.items())), "hub_bytes": self.hub_bytes, "kit_bytes": self.kit_bytes,
-            "relayed_bytes": self.relayed_bytes, "donor": self.donor, "error": self.error}
+            "relayed_bytes": self.relayed_bytes, "donor": self.donor, "error": self.error,
+            "seconds": round(self.seconds, 3)}
 
 
 def _home(host: Host) -> str:
@@ -147,6 +150,40 @@ def relay_file(donor: Host, receiver: Host, source: str, target: str,
     return sent
 
 
+def send_file(receiver: Host, local: Path, target: str, want: mf.HubFile) -> int:
+    """Send one file from the workstation a piece at a time; checked, then moved in."""
+    part = f"{target}.narwhal-relay"
+    receiver.run(["rm", "-f", "--", part], check=True)
+    sent = 0
+    with local.open("rb") as f:
+        for piece in iter(lambda: f.read(RELAY_PIECE), b""):
+            receiver.run(cl.append_shared(part), stdin=piece, timeout=600, check=True)
+            sent += len(piece)
+    got = receiver.run(cl.sha256_file(part), check=True).text.split()[0]
+    if got != want.sha256:
+        receiver.run(["rm", "-f", "--", part])
+        raise HostError(receiver.alias, f"{want.path} arrived with sha256 {got}, the revision "
+                        f"has {want.sha256}")
+    receiver.run(cl.move_into_place(part, target), check=True)
+    return sent
+
+
+def from_workstation(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest,
+                     fetch: mf.Fetch, dirs: dict[str, str], fetched: Callable[[str], Path],
+                     staged: Staged) -> Staged:
+    """No engine host reaches the hub and none has the files: the workstation, which pinned
+    the revision through the hub, downloads each file once (its hub cache) and sends it."""
+    files = manifest.by_path()
+    dst = sessions.get(fetch.host)
+    with attempt.bind(dst):
+        for name in fetch.files:
+            staged.relayed_bytes += send_file(dst, fetched(name), f"{dirs[fetch.host]}/{name}",
+                                              files[name])
+            staged.files[name] = "relayed"
+    staged.outcome, staged.donor = "relayed", "workstation"
+    return staged
+
+
 def relay(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetch,
           dirs: dict[str, str], donor: str, staged: Staged) -> Staged:
     """Bring a host that cannot reach the hub the files it lacks from `donor`."""
@@ -163,17 +200,21 @@ def relay(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest, fetch: mf
 
 def stage(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest,
           fetches: Sequence[mf.Fetch], dirs: dict[str, str], kit: Callable[[], Kit],
-          token: Secret | None, progress: Progress) -> list[Staged]:
-    """Every host's fetch at once; then the unreachable ones from a host that has it all."""
+          token: Secret | None, progress: Progress,
+          fetched: Callable[[str], Path]) -> list[Staged]:
+    """Every host's fetch at once; then the unreachable ones from a host that has it all, or
+    from the workstation when none does (`fetched`: a file of the pin on the workstation)."""
     the_kit = kit()
 
     def one(fetch: mf.Fetch) -> Staged:
         progress(fetch.host, f"staging {len(fetch.files)} file(s) of "
                  f"{manifest.repo_id}@{manifest.commit[:12]}")
         host = sessions.get(fetch.host)
+        started = time.monotonic()
         with attempt.bind(host):
             done = download(host, attempt, manifest, fetch, dirs[fetch.host], the_kit, token)
-        progress(fetch.host, done.outcome)
+        done.seconds = time.monotonic() - started
+        progress(fetch.host, f"{done.outcome} ({done.hub_bytes} bytes from the hub)")
         return done
 
     results: list[Staged] = []
@@ -189,10 +230,17 @@ def stage(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest,
     donors = [h for h in dirs if h not in by_host] + [
         r.host for r in results if r.outcome == "staged"]
     for r in results:
-        if r.outcome == "unreachable" and donors:
-            progress(r.host, f"no route to the hub: relaying from {donors[0]}")
-            try:
-                relay(sessions, attempt, manifest, by_host[r.host], dirs, donors[0], r)
-            except HostError as exc:
-                r.outcome, r.error = "failed", str(exc)[:300]
+        if r.outcome != "unreachable":
+            continue
+        donor = donors[0] if donors else "workstation"
+        progress(r.host, f"no route to the hub: relaying from {donor}")
+        started = time.monotonic()
+        try:
+            if donors:
+                relay(sessions, attempt, manifest, by_host[r.host], dirs, donor, r)
+            else:
+                from_workstation(sessions, attempt, manifest, by_host[r.host], dirs, fetched, r)
+        except (HostError, OSError) as exc:
+            r.outcome, r.error = "failed", str(exc)[:300]
+        r.seconds += time.monotonic() - started
     return results
