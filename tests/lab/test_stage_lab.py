@@ -52,12 +52,18 @@ def operator(lab: LabPlan, installer: Installer,
         ssh(lab, host, f"rm -rf {STAGED}")
     try:
         yield op
-    finally:  # what this module's deploy started, ended by its owner records
-        stop_sidecars(Installer(op, installer.checkout, installer.wheels, installer.revision,
-                                "", "", ""))
-        clear_containers(lab)
+    finally:
+        _undeploy(op, installer)
         for host in ENGINES:
             ssh(lab, host, f"rm -rf {STAGED}")
+
+
+def _undeploy(op: Operator, installer: Installer) -> None:
+    """End what this module's deploy started (by its owner records) and its containers, so
+    Gate A finds the engine ports free again and later modules find the hosts as they were."""
+    stop_sidecars(Installer(op, installer.checkout, installer.wheels, installer.revision,
+                            "", "", ""))
+    clear_containers(op.plan)
 
 
 def _discover(op: Operator, installer: Installer, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -83,15 +89,20 @@ def test_deploy_stages_empty_model_dirs_then_passes_every_gate_and_again_moves_n
         operator: Operator, installer: Installer, lab: LabPlan) -> None:
     deploy = ("deploy", "--checkout", str(installer.checkout), "--wheelhouse",
               str(installer.wheels), "--fabric-seconds", "1")
-    code, doc = operator.json_command(*deploy)
-    assert code == 0 and doc["verdict"] == "passed", doc
-    assert [(s["letter"], s["action"]) for s in doc["steps"]] == [(g, "ran") for g in "ABCDEFG"]
-    staged = _staging(operator)
-    assert {h: staged["by_host"][h]["outcome"] for h in NODES} == {h: "staged" for h in NODES}
-    before = _attempts(operator)
-    code, doc = operator.json_command(*deploy)
-    assert code == 0 and [s["action"] for s in doc["steps"]] == ["kept"] * 7, doc
-    assert _attempts(operator) == before  # nothing ran, so nothing was staged or sent
+    try:
+        code, doc = operator.json_command(*deploy)
+        assert code == 0 and doc["verdict"] == "passed", doc
+        assert [(s["letter"], s["action"]) for s in doc["steps"]] == [
+            (g, "ran") for g in "ABCDEFG"]
+        staged = _staging(operator)
+        assert {h: staged["by_host"][h]["outcome"] for h in NODES} == {
+            h: "staged" for h in NODES}
+        before = _attempts(operator)
+        code, doc = operator.json_command(*deploy)
+        assert code == 0 and [s["action"] for s in doc["steps"]] == ["kept"] * 7, doc
+        assert _attempts(operator) == before  # nothing ran, so nothing was staged or sent
+    finally:
+        _undeploy(operator, installer)
 
 
 def test_discovery_stages_at_the_pinned_commit_and_a_rerun_moves_nothing(
