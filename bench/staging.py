@@ -9,6 +9,8 @@ root namespace (where an index answers), pins the host keys, then per run: empti
 /srv/models/staged on every engine host and times
   - staging, cold: the stage kit removed from every host first (what a first deploy pays);
   - staging, warm: the kit left in place (a later fleet's first staging of another model);
+  - staging, eng3 cut from the hub (kit warm): eng3's files relayed through the workstation
+    from a host that staged them;
   - scp: the checkpoint's files (the same bytes, built from the lab spec, checked against the
     pin's sha256) copied by `scp -r` to each host, three scp processes at once.
 Staging's time is the span of its commands in Gate A's record (kit, host script, relay), so the
@@ -85,8 +87,9 @@ def _scp(plan: LabPlan, folder: Path) -> float:
         user = next(u for u in h.host.users if u.name == "root")
         scp = ["scp", "-q", "-r", "-F", str(plan.ssh_config), str(folder),
                f"root@{h.mgmt_ip}:{SCP_DIR}"]
-        if user.auth == "password":
-            scp = ["sshpass", "-f", str(password_file(plan, h.name, "root")), *scp]
+        if user.auth == "password":  # the lab's config is BatchMode (keys only)
+            scp = ["sshpass", "-f", str(password_file(plan, h.name, "root")), scp[0],
+                   "-o", "BatchMode=no", *scp[1:]]
         procs.append(subprocess.Popen([NARWHAL, "lab", "exec", "--", *scp]))
     codes = [p.wait(timeout=600) for p in procs]
     took = time.monotonic() - t0
@@ -134,28 +137,41 @@ def main() -> int:
             for k in range(args.runs):
                 cold = _stage(plan, env, runs, wheels, cold=True)
                 warm = _stage(plan, env, runs, wheels, cold=False)
+                subprocess.run([NARWHAL, "lab", "fault", "hub-cut", "eng3"], check=True,
+                               capture_output=True)
+                try:
+                    cut = _stage(plan, env, runs, wheels, cold=False)
+                finally:
+                    subprocess.run([NARWHAL, "lab", "fault", "clear"], check=True,
+                                   capture_output=True)
                 if folder is None:
                     ledger = json.loads((runs / "bench" / "ledger.json").read_text())
                     attempt = runs / "bench" / "discover" / ledger["gates"]["discover"]["last"]
                     folder = _checkpoint(plan, Path(tmp), json.loads(
                         (attempt / "checkpoint.json").read_text()))
                 scp_s = _scp(plan, folder)
-                row = {"run": k + 1, "cold": cold, "warm": warm, "scp_s": scp_s}
+                row = {"run": k + 1, "cold": cold, "warm": warm, "eng3_cut": cut,
+                       "scp_s": scp_s}
                 rows.append(row)
                 print(f"run {k + 1}: staging cold {cold['staging_s']:.2f} s, warm "
-                      f"{warm['staging_s']:.2f} s, scp x3 {scp_s:.2f} s", flush=True)
+                      f"{warm['staging_s']:.2f} s, eng3 cut {cut['staging_s']:.2f} s, scp x3 "
+                      f"{scp_s:.2f} s", flush=True)
             if folder is not None:
                 shutil.rmtree(folder)
     finally:
         lifecycle.down(lab_spec.name)
-    med = {key: statistics.median(r[key]["staging_s"] for r in rows) for key in ("cold", "warm")}
+    med = {key: statistics.median(r[key]["staging_s"] for r in rows)
+           for key in ("cold", "warm", "eng3_cut")}
     scp = statistics.median(r["scp_s"] for r in rows)
     summary = {"hosts": 3, "runs": len(rows), "checkpoint_bytes": rows[0]["cold"][
                    "checkpoint_bytes"],
-               "staging_cold_s": med["cold"], "staging_warm_s": med["warm"], "scp_s": scp,
+               "staging_cold_s": med["cold"], "staging_warm_s": med["warm"],
+               "staging_eng3_cut_s": med["eng3_cut"], "scp_s": scp,
                "cold_over_scp": round(med["cold"] / scp, 2),
                "warm_over_scp": round(med["warm"] / scp, 2),
-               "bytes_cold": rows[0]["cold"]["bytes"], "bytes_warm": rows[0]["warm"]["bytes"]}
+               "bytes_cold": rows[0]["cold"]["bytes"], "bytes_warm": rows[0]["warm"]["bytes"],
+               "bytes_eng3_cut": rows[0]["eng3_cut"]["bytes"],
+               "scp_bytes_from_workstation": 3 * rows[0]["cold"]["checkpoint_bytes"]}
     write_results("staging", summary, rows)
     return 0
 
