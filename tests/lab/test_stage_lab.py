@@ -22,6 +22,7 @@ from tests.lab.operator import NARWHAL, Operator
 
 from narwhal.lab import envfile, labhub
 from narwhal.lab.faults import Faults
+from narwhal.lab.hostfs import write_model_files
 from narwhal.lab.plan import LabPlan
 from narwhal.lab.testing import ssh
 
@@ -135,15 +136,32 @@ def test_a_new_commit_on_main_changes_nothing_until_the_revision_changes(
     code, first = _discover(operator, installer)
     assert code == 0, first
     folder = tmp_path / "next"
-    folder.mkdir()
+    write_model_files(lab.spec, folder)
+    (folder / "model.safetensors").write_bytes(labhub.weights())
     (folder / "config.json").write_text('{"model_type": "llama", "pushed": true}\n')
-    pushed = subprocess.run(
-        [NARWHAL, "lab", "hub", "push", "--from", str(folder)], capture_output=True, text=True,
-        timeout=60, check=False)
+    (folder / "generation_config.json").unlink()
+    pushed = subprocess.run([NARWHAL, "lab", "hub", "push", "--from", str(folder)],
+                            capture_output=True, text=True, timeout=60, check=False)
     assert pushed.returncode == 0, pushed.stderr
+    new_commit = pushed.stdout.split()[-1]
     code, doc = _discover(operator, installer)
     assert code == 0 and doc["checkpoint"]["commit"] == first["checkpoint"]["commit"], doc
     assert doc["checkpoint"]["pinned_earlier"] is True
+    assert "pushed" not in ssh(lab, "eng1", f"cat {STAGED}/config.json").stdout
+
+    moved = operator.variant("moved", MODEL_REVISION=new_commit)  # the operator's change
+    code, doc = operator.json_command("discover", "--wheelhouse", str(installer.wheels),
+                                      env=moved)
+    assert code == 0 and doc["checkpoint"]["commit"] == new_commit, doc
+    changed = _staging(operator)
+    assert changed["replaces"] == first["checkpoint"]["commit"]
+    assert changed["by_host"]["node-1"]["files"] == {"config.json": "repaired",
+                                                     "generation_config.json": "removed"}
+    for host in ENGINES:
+        assert "pushed" in ssh(lab, host, f"cat {STAGED}/config.json").stdout
+        assert ssh(lab, host, f"test -e {STAGED}/generation_config.json").returncode != 0
+    code, doc = _discover(operator, installer)  # main is that commit now: nothing moves
+    assert code == 0 and doc["checkpoint"]["commit"] == new_commit, doc
 
 
 def test_one_changed_byte_is_named_and_left_alone_then_repaired_alone_with_consent(

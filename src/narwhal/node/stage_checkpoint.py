@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import socket
@@ -53,23 +54,36 @@ def sha256_of(path: str) -> str:
     return h.hexdigest()
 
 
-def unpack_kit(kit: str, wheels: list[dict[str, str]]) -> bool:
+def unpack_kit(kit: str, wheels: list[dict[str, str]], archive: str | None) -> bool:
     """Unpack the kit's wheels into kit/site once; True when this run unpacked them.
 
-    Every wheel is checked against its locked sha256 first, so a damaged or swapped wheel is
-    refused before any of it lands; the marker is written last, so a cut unpack is redone."""
+    The wheels come in one archive (or as files beside it); every wheel is checked against its
+    locked sha256 first, so a damaged or swapped wheel is refused before any of it lands; the
+    marker is written last, so a cut unpack is redone."""
     site = os.path.join(kit, "site")
     marker = os.path.join(site, COMPLETE)
     if os.path.exists(marker):
         return False
-    for wheel in wheels:
-        path = os.path.join(kit, wheel["file"])
-        got = sha256_of(path)
-        if got != wheel["sha256"]:
-            raise ValueError(f"{wheel['file']}: sha256 {got}, the lock says {wheel['sha256']}")
+    blobs = {}
+    bundle = zipfile.ZipFile(os.path.join(kit, archive)) if archive else None
+    try:
+        for wheel in wheels:
+            if bundle is not None:
+                data = bundle.read(wheel["file"])
+            else:
+                with open(os.path.join(kit, wheel["file"]), "rb") as f:
+                    data = f.read()
+            got = hashlib.sha256(data).hexdigest()
+            if got != wheel["sha256"]:
+                raise ValueError(f"{wheel['file']}: sha256 {got}, the lock says "
+                                 f"{wheel['sha256']}")
+            blobs[wheel["file"]] = data
+    finally:
+        if bundle is not None:
+            bundle.close()
     os.makedirs(site, exist_ok=True)
-    for wheel in wheels:
-        with zipfile.ZipFile(os.path.join(kit, wheel["file"])) as z:
+    for data in blobs.values():
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
             z.extractall(site)  # member names with '..' or a leading '/' are made safe
     with open(marker, "w") as f:
         f.write("\n".join(w["sha256"] for w in wheels) + "\n")
@@ -112,6 +126,11 @@ def download(request: dict[str, Any]) -> dict[str, Any]:
     from huggingface_hub import hf_hub_download  # the kit's, on PYTHONPATH
 
     done: dict[str, str] = {}
+    for name in request.get("remove") or []:  # the previous pin's, gone from this revision
+        path = os.path.join(request["model_dir"], name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.remove(path)
+        done[name] = "removed"
     for name in request["files"]:
         force = name in request["repair"]
         try:
@@ -154,6 +173,10 @@ def request_problem(request: Any) -> str | None:
     for key in ("files", "repair", "wheels"):
         if not isinstance(request.get(key), list):
             return f"{key} is not a list"
+    for name in [*request["files"], *(request.get("remove") or [])]:
+        if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name \
+                or any(seg in ("", ".", "..") for seg in name.split("/")):
+            return f"{str(name)[:80]!r} is not a path inside the model dir"
     if not os.path.isabs(request["model_dir"]) or not os.path.isabs(request["kit"]):
         return "model_dir and kit must be absolute paths"
     return None
@@ -171,7 +194,10 @@ def main() -> int:
         return 2
     hub_environment(request)
     try:
-        unpacked = unpack_kit(request["kit"], request["wheels"])
+        archive = request.get("archive")
+        unpacked = unpack_kit(request["kit"], request["wheels"],
+                              archive if isinstance(archive, str) and "/" not in archive
+                              and archive not in ("", ".", "..") else None)
         sys.path.insert(0, os.path.join(request["kit"], "site"))
         os.makedirs(request["model_dir"], exist_ok=True)
         result = download(request)

@@ -155,7 +155,12 @@ def test_a_host_that_cannot_reach_the_hub_says_unreachable_not_failed(hub: Hub) 
     {"schema": "narwhal.stage-request", "schema_version": 1, "repo_id": "a/b", "commit": "c",
      "model_dir": "relative", "kit": "/k", "files": [], "repair": [], "wheels": []},
     {"schema": "narwhal.stage-request", "schema_version": 1, "repo_id": "a/b", "commit": "c",
-     "model_dir": "/m", "kit": "/k", "files": "config.json", "repair": [], "wheels": []}])
+     "model_dir": "/m", "kit": "/k", "files": "config.json", "repair": [], "wheels": []},
+    *({"schema": "narwhal.stage-request", "schema_version": 1, "repo_id": "a/b", "commit": "c",
+       "model_dir": "/nonexistent-m", "kit": "/nonexistent-k", "files": files, "repair": [],
+       "wheels": [], "remove": remove}
+      for files, remove in ((["../etc/passwd"], []), (["/etc/passwd"], []), (["a//b"], []),
+                            ([], ["../../root/.ssh/authorized_keys"]), ([], ["a\\b"])))])
 def test_a_request_the_script_cannot_read_changes_nothing_and_exits_2(
         request_doc: dict[str, Any]) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT)], input=json.dumps(request_doc).encode(),

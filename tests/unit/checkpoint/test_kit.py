@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+import zipfile
+from pathlib import Path
+
 import pytest
 
-from narwhal.deploy.checkpoint.kit import closure
+from narwhal.deploy.checkpoint.kit import Kit, closure
+from narwhal.node import stage_checkpoint
 
 LOCKED = {"huggingface-hub", "httpx2", "anyio", "idna", "tqdm", "colorama", "tomli", "hf-xet",
           "filelock"}
@@ -31,3 +37,29 @@ def test_the_closure_follows_requirements_whose_markers_hold_on_the_hosts() -> N
 def test_a_needed_package_missing_from_the_lock_is_named() -> None:
     with pytest.raises(ValueError, match="anyio"):
         closure(lambda n: REQUIRES[n], "huggingface_hub", LINUX_311, LOCKED - {"anyio"})
+
+
+def _wheel(folder: Path, name: str, module: str) -> tuple[str, Path, str]:
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{module}/__init__.py", f"NAME = {module!r}\n")
+        z.writestr(f"{name}-1.0.dist-info/METADATA", f"Name: {name}\nVersion: 1.0\n")
+    return path.name, path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_kit_travels_as_one_archive_and_unpacks_only_wheels_with_their_locked_hash(
+        tmp_path: Path) -> None:
+    kit = Kit((_wheel(tmp_path, "alpha", "alpha"), _wheel(tmp_path, "beta", "beta")))
+    archive = kit.archive(tmp_path / "builds")
+    assert archive.read_bytes() == Kit(kit.wheels).archive(tmp_path / "again").read_bytes()
+    host = tmp_path / "host-kit"
+    host.mkdir()
+    shutil.copy(archive, host / "kit.zip")
+    wheels = [{"file": n, "sha256": s} for n, _, s in kit.wheels]
+    tampered = [{**wheels[0], "sha256": "0" * 64}, wheels[1]]
+    with pytest.raises(ValueError, match="alpha"):
+        stage_checkpoint.unpack_kit(str(host), tampered, "kit.zip")
+    assert not (host / "site").exists(), "nothing unpacked from a kit that failed its check"
+    assert stage_checkpoint.unpack_kit(str(host), wheels, "kit.zip") is True
+    assert (host / "site" / "beta" / "__init__.py").read_text() == "NAME = 'beta'\n"
+    assert stage_checkpoint.unpack_kit(str(host), wheels, "kit.zip") is False  # once per kit

@@ -92,3 +92,34 @@ def test_only_the_weights_vllm_loads_are_staged_when_safetensors_exist() -> None
                                  {"sha256": ["a" * 64]}, "a" * 64])
 def test_an_lfs_hash_the_hub_gives_in_another_shape_is_not_taken(lfs: object) -> None:
     assert mf.hub_sha256({"lfs": lfs}) is None
+
+
+def _moved() -> tuple[mf.Manifest, mf.Manifest]:
+    """A pin, and the next one the operator moved the revision to: config.json changed,
+    tokenizer.json gone, generation_config.json new."""
+    old = _manifest()
+    files = [f for f in old.files if f.path != "tokenizer.json"]
+    files = [mf.HubFile(path=f.path, size=f.size + 1, sha256="c" * 64) if f.path == "config.json"
+             else f for f in files]
+    files.append(mf.HubFile(path="generation_config.json", size=5, sha256="d" * 64))
+    return old, old.model_copy(update={"commit": "b" * 40, "files": files})
+
+
+def test_a_moved_revision_replaces_and_retires_exactly_the_previous_pins_files() -> None:
+    old, new = _moved()
+    diff = mf.compare("eng1", new, _rows(), previous=old)
+    assert (diff.stale, diff.retired) == (("config.json",), ("tokenizer.json",))
+    plans, refused = mf.fetch_plan([diff], repair=False)
+    assert refused == [] and len(plans) == 1
+    assert (plans[0].files, plans[0].repair, plans[0].remove) == (
+        ("config.json", "generation_config.json"), ("config.json",), ("tokenizer.json",))
+
+
+def test_a_moved_revision_still_refuses_a_file_no_pin_had_without_consent() -> None:
+    old, new = _moved()
+    damaged = _rows(model_safetensors=(17, "0" * 64))
+    diff = mf.compare("eng1", new, [*damaged, ["notes.txt", 3, "1" * 64]], previous=old)
+    _, refused = mf.fetch_plan([diff], repair=False)
+    assert refused and refused[0].extra == ("notes.txt", "tokenizer.json")
+    _, refused = mf.fetch_plan([diff], repair=True)
+    assert refused, "a file no pin ever had is never removed"

@@ -70,10 +70,11 @@ def run_discover(ctx: Context, options: DiscoverOptions | None, progress: Progre
                  ) -> dict[str, Any]:
     opts = options or DiscoverOptions()
 
-    def kit() -> Kit:
+    def kit() -> tuple[Kit, Path]:
         progress("workstation", "building the stage kit (the locked hub client)")
-        return stage_kit.for_checkout(ctx.runs, DEFAULT_CHECKOUT / "runtime.lock",
-                                      opts.wheelhouse)
+        built = stage_kit.for_checkout(ctx.runs, DEFAULT_CHECKOUT / "runtime.lock",
+                                       opts.wheelhouse)
+        return built, built.archive(ctx.runs / "builds")
 
     def prepare(sessions: Sessions) -> tuple[Any, Execute]:
         targets = discover.plan(ctx.inputs)

@@ -38,10 +38,11 @@ Reprobe = Callable[[list[str]], dict[str, dict[str, Any]]]
 class StagePlan:
     manifest: mf.Manifest
     repair: bool
-    kit: Callable[[], Kit]  # built only when some host has something to fetch
+    kit: Callable[[], tuple[Kit, Path]]  # the kit and its archive, built only when needed
     token: Secret | None
     reused: bool  # the pin came from an earlier Gate A, not from the hub now
     cache: Path  # the workstation's hub cache
+    previous: mf.Manifest | None = None  # the pin this one replaces (the revision moved)
 
     def document(self) -> dict[str, Any]:
         m = self.manifest
@@ -60,7 +61,7 @@ def previous(ledger: Ledger) -> mf.Manifest | None:
         return None
 
 
-def plan(inputs: Inputs, ledger: Ledger, cache: Path, kit: Callable[[], Kit],
+def plan(inputs: Inputs, ledger: Ledger, cache: Path, kit: Callable[[], tuple[Kit, Path]],
          repair: bool) -> StagePlan | None:
     """The pin to stage (None: no MODEL_REPO_ID, the checkpoint is what hosts hold)."""
     source = inputs.checkpoint
@@ -73,7 +74,9 @@ def plan(inputs: Inputs, ledger: Ledger, cache: Path, kit: Callable[[], Kit],
         manifest = pin.resolve(source, inputs.hf_token, cache)
     except pin.PinError as exc:
         raise GateBlocked("discover", exc.problems[0].line(), exc.problems) from None
-    return StagePlan(manifest, repair, kit, inputs.hf_token, False, cache)
+    return StagePlan(manifest, repair, kit, inputs.hf_token, False, cache,
+                     earlier if earlier is not None and earlier.commit != manifest.commit
+                     else None)
 
 
 def model_dirs(inputs: Inputs) -> dict[str, str]:
@@ -89,12 +92,14 @@ def model_dirs(inputs: Inputs) -> dict[str, str]:
 def refusal(d: mf.HostDiff, m: mf.Manifest) -> list[Problem]:
     """A host whose files stand in the way, file by file (the first five of each kind)."""
     at = f"{m.repo_id}@{m.commit[:12]}"
+    damaged = [p for p in d.differs if p not in d.stale]
+    foreign = [p for p in d.extra if p not in d.retired]
     out = [Problem(f"{d.host}: {p}", f"differs from {at} (size or sha256)",
                    f"rerun with {REPAIR_FLAG} to fetch exactly this file again") for p in
-           d.differs[:5]]
+           damaged[:5]]
     out += [Problem(f"{d.host}: {p}", f"is in the model dir but not in {at}",
                     "move it out of the model dir (vLLM would read it), then rerun") for p in
-            d.extra[:5]]
+            foreign[:5]]
     return out
 
 
@@ -125,7 +130,8 @@ def run(inputs: Inputs, sessions: Sessions, attempt: Attempt, sp: StagePlan,
     dirs = model_dirs(inputs)
     m = sp.manifest
     attempt.add_json("checkpoint.json", m.model_dump(mode="json"))
-    diffs = [mf.compare(h, m, _rows(facts.get(h) or {})) for h in dirs if h in facts]
+    diffs = [mf.compare(h, m, _rows(facts.get(h) or {}), sp.previous)
+             for h in dirs if h in facts]
     fetches, refused = mf.fetch_plan(diffs, sp.repair)
     problems = [p for d in refused for p in refusal(d, m)]
     staged: list[Staged] = []
@@ -139,6 +145,7 @@ def run(inputs: Inputs, sessions: Sessions, attempt: Attempt, sp: StagePlan,
         "pin": sp.document(), "hosts": [s.as_json() for s in [*kept, *staged]],
         "refused": [{"host": d.host, "differs": list(d.differs), "extra": list(d.extra)}
                     for d in refused],
+        "replaces": sp.previous.commit if sp.previous is not None else None,
         "bytes": {"from_hub": sum(s.hub_bytes for s in staged),
                   "from_workstation": sum(s.kit_bytes + s.relayed_bytes for s in staged),
                   "relayed": sum(s.relayed_bytes for s in staged),

@@ -109,47 +109,61 @@ def tree_digest(rows: Sequence[tuple[str, int, str]]) -> str:
 
 @dataclass(frozen=True)
 class HostDiff:
-    """One host's checkpoint against the manifest."""
+    """One host's checkpoint against the manifest (and the pin before it, when the operator
+    moved the revision: a file exactly as that pin had it is the old revision, not damage)."""
 
     host: str
     missing: tuple[str, ...]  # in the revision, absent on the host
     differs: tuple[str, ...]  # present with another size or sha256
     extra: tuple[str, ...]  # on the host, not in the revision
+    stale: tuple[str, ...] = ()  # of differs: exactly the previous pin's file
+    retired: tuple[str, ...] = ()  # of extra: exactly the previous pin's file
 
     @property
     def matches(self) -> bool:
         return not (self.missing or self.differs or self.extra)
 
 
-def compare(host: str, manifest: Manifest, rows: Sequence[Sequence[Any]]) -> HostDiff:
+def compare(host: str, manifest: Manifest, rows: Sequence[Sequence[Any]],
+            previous: Manifest | None = None) -> HostDiff:
     """The host probe's rows (path, size, sha256) against the revision's files."""
     want = manifest.by_path()
     have = {str(r[0]): (int(r[1]), str(r[2])) for r in rows}
+    was = {p: (f.size, f.sha256 or "") for p, f in (previous.by_path() if previous else {}
+                                                   ).items()}
     missing = tuple(p for p in want if p not in have)
     differs = tuple(p for p, f in want.items()
                     if p in have and have[p] != (f.size, f.sha256 or ""))
     extra = tuple(sorted(p for p in have if p not in want))
-    return HostDiff(host, missing, differs, extra)
+    return HostDiff(host, missing, differs, extra,
+                    stale=tuple(p for p in differs if was.get(p) == have[p]),
+                    retired=tuple(p for p in extra if was.get(p) == have[p]))
 
 
 @dataclass(frozen=True)
 class Fetch:
-    """What to fetch on one host: `files` in order, `repair` the ones replaced in place."""
+    """What to do on one host: `files` to fetch in order, `repair` the ones replaced in place,
+    `remove` the previous pin's files the new revision no longer has."""
 
     host: str
     files: tuple[str, ...]
     repair: tuple[str, ...]
+    remove: tuple[str, ...] = ()
 
 
 def fetch_plan(diffs: Sequence[HostDiff], repair: bool) -> tuple[list[Fetch], list[HostDiff]]:
-    """Per host, the files to fetch: missing ones always, differing ones only with the
-    operator's repair consent. Hosts whose differing or extra files stand in the way come
-    back as refused (nothing is fetched anywhere then: an unconsented change is none)."""
-    refused = [d for d in diffs if d.extra or (d.differs and not repair)]
+    """Per host: missing files are fetched; files exactly as the previous pin had them are
+    replaced (or removed) because the operator moved the revision; any other difference only
+    with the operator's repair consent, and a file no pin ever had never. Hosts whose files
+    stand in the way come back as refused (nothing is fetched anywhere then: an unconsented
+    change is none)."""
+    refused = [d for d in diffs if set(d.extra) - set(d.retired)
+               or (set(d.differs) - set(d.stale) and not repair)]
     if refused:
         return [], refused
-    plans = [Fetch(d.host, tuple(sorted((*d.missing, *d.differs))), tuple(sorted(d.differs)))
-             for d in diffs if d.missing or d.differs]
+    plans = [Fetch(d.host, tuple(sorted((*d.missing, *d.differs))), tuple(sorted(d.differs)),
+                   tuple(sorted(d.retired)))
+             for d in diffs if d.missing or d.differs or d.retired]
     return plans, []
 
 

@@ -11,6 +11,7 @@ file a host already holds at the right sha256.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ STAGE_FILE = Path(__file__).resolve().parents[2] / "node" / "stage_checkpoint.py
 STAGE_COMMAND = "narwhal-stage-checkpoint"
 KIT_ROOT = "Narwhal-deploy/hub-kit"  # under the login's home, beside Gate B's installs
 KIT_COMPLETE = "site/.narwhal-kit-complete"
+KIT_ARCHIVE = "kit.zip"
 STAGE_TIMEOUT_S = 6 * 3600.0  # hours of transfer on a real fleet; the hub client resumes
 RELAY_PIECE = 16 << 20  # bytes per relayed read: bounded memory on the workstation
 Progress = Callable[[str, str], None]
@@ -67,8 +69,9 @@ def _home(host: Host) -> str:
     return home
 
 
-def ensure_kit(host: Host, attempt: Attempt, kit: Kit) -> tuple[str, int]:
-    """The kit's folder on host, its wheels sent unless already unpacked there; bytes sent."""
+def ensure_kit(host: Host, attempt: Attempt, kit: Kit, archive: Path) -> tuple[str, int]:
+    """The kit's folder on host, its archive sent unless the kit is unpacked there already
+    (or the archive is there whole); bytes sent."""
     kit_dir = f"{_home(host)}/{KIT_ROOT}/{kit.digest[:16]}"
     if host.stat_file(f"{kit_dir}/{KIT_COMPLETE}") is not None:
         return kit_dir, 0
@@ -77,15 +80,12 @@ def ensure_kit(host: Host, attempt: Attempt, kit: Kit) -> tuple[str, int]:
         folder = "/".join(parts[:depth])
         if host.stat_dir(folder) is None:
             attempt.make_dir(host, folder)
-    sent = 0
-    for name, path, sha in kit.wheels:
-        remote = f"{kit_dir}/{name}"
-        have = host.stat_file(remote)
-        if have is not None and have[1] == sha:
-            continue
-        attempt.create_file(host, remote, path.read_bytes())
-        sent += path.stat().st_size
-    return kit_dir, sent
+    data = archive.read_bytes()
+    have = host.stat_file(f"{kit_dir}/{KIT_ARCHIVE}")
+    if have is not None and have[1] == hashlib.sha256(data).hexdigest():
+        return kit_dir, 0
+    attempt.create_file(host, f"{kit_dir}/{KIT_ARCHIVE}", data)
+    return kit_dir, len(data)
 
 
 def request(manifest: mf.Manifest, fetch: mf.Fetch, model_dir: str, kit_dir: str,
@@ -94,22 +94,23 @@ def request(manifest: mf.Manifest, fetch: mf.Fetch, model_dir: str, kit_dir: str
     doc = {"schema": "narwhal.stage-request", "schema_version": 1,
            "repo_id": manifest.repo_id, "commit": manifest.commit, "model_dir": model_dir,
            "endpoint": manifest.endpoint, "files": list(fetch.files),
-           "repair": list(fetch.repair), "kit": kit_dir,
+           "repair": list(fetch.repair), "remove": list(fetch.remove), "kit": kit_dir,
            "wheels": [{"file": n, "sha256": s} for n, _, s in kit.wheels],
+           "archive": KIT_ARCHIVE,
            "token": token.reveal() if token is not None else None}
     return json.dumps(doc).encode()
 
 
 def download(host: Host, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetch,
-             model_dir: str, kit: Kit, token: Secret | None) -> Staged:
+             model_dir: str, kit: tuple[Kit, Path], token: Secret | None) -> Staged:
     """Run the host script for one host's files; what it did."""
-    kit_dir, kit_bytes = ensure_kit(host, attempt, kit)
+    kit_dir, kit_bytes = ensure_kit(host, attempt, *kit)
     code = STAGE_FILE.read_bytes()
     path = f"/tmp/narwhal-stage-{attempt.id}-{sha256_bytes(code)[:12]}.py"  # noqa: S108
     attempt.create_file(host, path, code)
     try:
         run = host.run(["python3", path], timeout=STAGE_TIMEOUT_S,
-                       stdin=request(manifest, fetch, model_dir, kit_dir, kit, token))
+                       stdin=request(manifest, fetch, model_dir, kit_dir, kit[0], token))
     finally:
         host.run(["rm", "-f", "--", path])
     result = result_line.parse(run.text, STAGE_COMMAND)
@@ -176,6 +177,7 @@ def from_workstation(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest
     files = manifest.by_path()
     dst = sessions.get(fetch.host)
     with attempt.bind(dst):
+        retire(dst, fetch, dirs[fetch.host], staged)
         for name in fetch.files:
             staged.relayed_bytes += send_file(dst, fetched(name), f"{dirs[fetch.host]}/{name}",
                                               files[name])
@@ -184,12 +186,20 @@ def from_workstation(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest
     return staged
 
 
+def retire(host: Host, fetch: mf.Fetch, model_dir: str, staged: Staged) -> None:
+    """Remove the previous pin's files the new revision no longer has (only those)."""
+    for name in fetch.remove:
+        host.run(["rm", "-f", "--", f"{model_dir}/{name}"], check=True)
+        staged.files[name] = "removed"
+
+
 def relay(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetch,
           dirs: dict[str, str], donor: str, staged: Staged) -> Staged:
     """Bring a host that cannot reach the hub the files it lacks from `donor`."""
     files = manifest.by_path()
     src, dst = sessions.get(donor), sessions.get(fetch.host)
     with attempt.bind(src, dst):
+        retire(dst, fetch, dirs[fetch.host], staged)
         for name in fetch.files:
             staged.relayed_bytes += relay_file(src, dst, f"{dirs[donor]}/{name}",
                                                f"{dirs[fetch.host]}/{name}", files[name])
@@ -199,7 +209,8 @@ def relay(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest, fetch: mf
 
 
 def stage(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest,
-          fetches: Sequence[mf.Fetch], dirs: dict[str, str], kit: Callable[[], Kit],
+          fetches: Sequence[mf.Fetch], dirs: dict[str, str],
+          kit: Callable[[], tuple[Kit, Path]],
           token: Secret | None, progress: Progress,
           fetched: Callable[[str], Path]) -> list[Staged]:
     """Every host's fetch at once; then the unreachable ones from a host that has it all, or
