@@ -27,6 +27,12 @@ NARWHAL_ENGINE_IMAGE=
 NARWHAL_ENGINE_MODEL_NAME=
 # Paths on the engine hosts.
 NARWHAL_MODEL_DIR=
+# Stage the checkpoint there from a Hugging Face hub (Gate A; optional): the repo, a branch,
+# tag or commit (pinned to a commit once and recorded), and a mirror's address if not the hub.
+# A gated or private repo needs NARWHAL_HF_TOKEN.
+# MODEL_REPO_ID=Qwen/Qwen2.5-0.5B-Instruct
+# MODEL_REVISION=main
+# HF_ENDPOINT=https://huggingface.co
 NARWHAL_RUN_DIR=
 NARWHAL_FABRIC_INTERFACE=
 # Optional per engine: NARWHAL_NODE_<n>_IP (fabric address), NARWHAL_NODE_<n>_GPU_IDS=0,1
