@@ -1,8 +1,10 @@
 """`make demo`: the main job on the embedded default lab, with the product's own commands.
 
-Brings the lab up, hands its `.env` to the product unchanged (plus the approved revision),
-pins host keys, checks access over SSH from the workstation namespace, prepares the install
-of the checkout's HEAD, then `narwhal deploy` runs Gates A to G (discovery, the install on
+Brings the lab up (its model held by the lab's hub double, the engine hosts' model dirs
+empty), hands its `.env` to the product unchanged (plus the approved revision), pins host
+keys, checks access over SSH from the workstation namespace, prepares the install of the
+checkout's HEAD, then `narwhal deploy` runs Gates A to G (the checkpoint staged from the hub
+at a pinned commit and discovery, the install on
 every host, the engines through the hosts' docker with their live KV capture, the fabric, the
 attestation sidecars, profiles and preflight on the router host, the router and Prometheus
 checked through an SSH forward) and, run again, keeps every gate. Then a capacity trial at two
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from narwhal.lab import lifecycle
+from narwhal.lab.defaults import default_spec_document
 from narwhal.lab.faults import Faults
 from narwhal.lab.hosted_engines import MODEL_NAME, drive
 from narwhal.lab.state import LabState
@@ -132,6 +135,15 @@ def _engines_down(narwhal: str, common: list[str]) -> None:
               f"{run_dir}/engine-{n}"])
 
 
+def _hub_spec(work: Path) -> Path:
+    """The default lab with its model held by the hub only (engine model dirs empty)."""
+    doc = default_spec_document()
+    doc["model"]["hub"] = True
+    path = work / "lab-spec.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("demo: the lab builds network namespaces and needs root; run `sudo make demo`")
@@ -141,9 +153,10 @@ def main() -> int:
     work.mkdir(parents=True, mode=0o700)
     env = work / ".env"
     common = ["--env", str(env), "--runs", str(work / "runs")]
-    _say("lab up: a router host and three engine hosts in network namespaces")
+    _say("lab up: a router host and three engine hosts in network namespaces, and a Hugging "
+         "Face hub double holding the model; the engine hosts' model dirs are empty")
     _run([narwhal, "lab", "down"], check=False)
-    _run([narwhal, "lab", "up", "--env-out", str(env)])
+    _run([narwhal, "lab", "up", "--spec", str(_hub_spec(work)), "--env-out", str(env)])
     try:
         engine_key = _write_inputs(env, work)
         _say("inputs: the lab's .env, validated (secrets masked)")
@@ -154,8 +167,13 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "check", *common])
         deploy = [narwhal, "lab", "exec", "--", narwhal, "deploy", "--fabric-seconds", "2",
                   *common]
-        _say("narwhal deploy --until A: gate A discovers every host at once (GPUs, image, "
-             "checkpoint digest, fabric, ports) and checks each engine's allocation")
+        _say("the runtime wheelhouse, built here where a package index answers (the lab's "
+             "namespaces have none): gate A's stage kit and gate B's install both take it")
+        _run([narwhal, "install", "--wheels-only", *common])
+        _say("narwhal deploy --until A: gate A pins the model's revision on the hub to a "
+             "commit, stages the checkpoint on every engine host (each downloads with the "
+             "locked hub client), then discovers every host at once (GPUs, image, checkpoint "
+             "digest, fabric, ports) and checks each engine's allocation")
         _run([*deploy, "--until", "A"])
         _say("gate B's preparation, here: the lab's hosts and workstation namespace have no "
              "package index, so the install is prepared (its wheelhouse built) where one "
