@@ -54,6 +54,12 @@ def pass_gates(env: Path, runs: Path, checkout: Path, *, engines: bool) -> None:
             raise SystemExit(f"bench: {step[0]} failed: {done.stderr[-2000:]}")
 
 
+def last_attempt(runs: Path, deployment: str, gate: str) -> Path:
+    """The folder of a gate's newest attempt in a bench's record."""
+    ledger = json.loads((runs / deployment / "ledger.json").read_text())
+    return runs / deployment / gate / ledger["gates"][gate]["last"]
+
+
 def write_results(name: str, summary: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
     """The summary and per-run rows to bench/results/<name>-<local time>.json."""
     print(json.dumps(summary))

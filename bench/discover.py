@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _lab_gates import last_attempt
+
 from narwhal.lab import envfile, lifecycle, spec
 
 HERE = Path(__file__).resolve().parent
@@ -67,9 +69,7 @@ def main() -> int:
                 doc = json.loads(done.stdout)
                 if doc.get("verdict") != "passed":
                     raise SystemExit(f"bench: discovery did not pass: {doc}")
-                ledger = json.loads((runs / "bench" / "ledger.json").read_text())
-                attempt = runs / "bench" / "discover" / ledger["gates"]["discover"]["last"]
-                probes = _probe_times(attempt)
+                probes = _probe_times(last_attempt(runs, "bench", "discover"))
                 slowest = max(probes.values())
                 rows.append({"run": k + 1, "wall_s": round(wall, 3),
                              "slowest_probe_s": round(slowest, 3),

@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _lab_gates import NARWHAL, REPO, lab_env, narwhal, write_results
+from _lab_gates import NARWHAL, REPO, lab_env, last_attempt, narwhal, write_results
 
 from narwhal.deploy.package import wheelhouse
 from narwhal.deploy.package.lock import load_lock
@@ -72,8 +72,7 @@ def _stage(plan: LabPlan, env: Path, runs: Path, wheels: Path, cold: bool) -> di
     doc = json.loads(done.stdout)
     if doc.get("verdict") != "passed":
         raise SystemExit(f"bench: discovery did not pass: {doc}")
-    ledger = json.loads((runs / "bench" / "ledger.json").read_text())
-    attempt = runs / "bench" / "discover" / ledger["gates"]["discover"]["last"]
+    attempt = last_attempt(runs, "bench", "discover")
     staging = json.loads((attempt / "staging.json").read_text())
     return {"staging_s": round(_staging_span(attempt), 3), "discover_s": round(wall, 3),
             "bytes": staging["bytes"], "checkpoint_bytes": doc["checkpoint"]["bytes"]}
@@ -145,10 +144,8 @@ def main() -> int:
                     subprocess.run([NARWHAL, "lab", "fault", "clear"], check=True,
                                    capture_output=True)
                 if folder is None:
-                    ledger = json.loads((runs / "bench" / "ledger.json").read_text())
-                    attempt = runs / "bench" / "discover" / ledger["gates"]["discover"]["last"]
-                    folder = _checkpoint(plan, Path(tmp), json.loads(
-                        (attempt / "checkpoint.json").read_text()))
+                    folder = _checkpoint(plan, Path(tmp), json.loads((last_attempt(
+                        runs, "bench", "discover") / "checkpoint.json").read_text()))
                 scp_s = _scp(plan, folder)
                 row = {"run": k + 1, "cold": cold, "warm": warm, "eng3_cut": cut,
                        "scp_s": scp_s}

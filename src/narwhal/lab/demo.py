@@ -144,6 +144,28 @@ def _hub_spec(work: Path) -> Path:
     return path
 
 
+def _through_gate_a(narwhal: str, work: Path, common: list[str]) -> list[str]:
+    """The wheelhouse, Gate A (staging the checkpoint, then discovery) and Gate B's
+    preparation; the `narwhal deploy` command line that resumes at Gate B."""
+    deploy = [narwhal, "lab", "exec", "--", narwhal, "deploy", "--fabric-seconds", "2", *common]
+    _say("the runtime wheelhouse, built here where a package index answers (the lab's "
+         "namespaces have none): gate A's stage kit and gate B's install both take it")
+    _run([narwhal, "install", "--wheels-only", *common])
+    _say("narwhal deploy --until A: gate A pins the model's revision on the hub to a "
+         "commit, stages the checkpoint on every engine host (each downloads with the "
+         "locked hub client), then discovers every host at once (GPUs, image, checkpoint "
+         "digest, fabric, ports) and checks each engine's allocation")
+    _run([*deploy, "--until", "A"])
+    _say("gate B's preparation, here: the lab's hosts and workstation namespace have no "
+         "package index, so the install is prepared (its wheelhouse built) where one "
+         "answers, from Gate A's facts")
+    checkout = work / "checkout"  # HEAD exactly: uncommitted edits are not the revision
+    _run(["git", "clone", "-q", ".", str(checkout)])
+    prepared = str(_json([narwhal, "install", "--checkout", str(checkout), "--prepare-only",
+                          "--json", *common])["prepared_run"])
+    return [*deploy, "--prepared", prepared]
+
+
 def main() -> int:
     if os.geteuid() != 0:
         print("demo: the lab builds network namespaces and needs root; run `sudo make demo`")
@@ -165,24 +187,7 @@ def main() -> int:
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "trust", "--yes", *common])
         _say("access: one SSH master per physical host, every command recorded")
         _run([narwhal, "lab", "exec", "--", narwhal, "hosts", "check", *common])
-        deploy = [narwhal, "lab", "exec", "--", narwhal, "deploy", "--fabric-seconds", "2",
-                  *common]
-        _say("the runtime wheelhouse, built here where a package index answers (the lab's "
-             "namespaces have none): gate A's stage kit and gate B's install both take it")
-        _run([narwhal, "install", "--wheels-only", *common])
-        _say("narwhal deploy --until A: gate A pins the model's revision on the hub to a "
-             "commit, stages the checkpoint on every engine host (each downloads with the "
-             "locked hub client), then discovers every host at once (GPUs, image, checkpoint "
-             "digest, fabric, ports) and checks each engine's allocation")
-        _run([*deploy, "--until", "A"])
-        _say("gate B's preparation, here: the lab's hosts and workstation namespace have no "
-             "package index, so the install is prepared (its wheelhouse built) where one "
-             "answers, from Gate A's facts")
-        checkout = work / "checkout"  # HEAD exactly: uncommitted edits are not the revision
-        _run(["git", "clone", "-q", ".", str(checkout)])
-        prepared = str(_json([narwhal, "install", "--checkout", str(checkout), "--prepare-only",
-                              "--json", *common])["prepared_run"])
-        deploy += ["--prepared", prepared]
+        deploy = _through_gate_a(narwhal, work, common)
         _say("narwhal deploy: resumes at gate B (A is passed and fresh). B installs the "
              "revision offline and hash-checked; C starts every engine through the hosts' "
              "docker and captures its live KV cache; D proves every directed fabric edge "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,8 +120,8 @@ def download(host: Host, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetc
     files = {str(k): str(v) for k, v in (data.get("files") or {}).items()}
     sizes = manifest.by_path()
     got = sum(sizes[p].size for p in files if p in sizes)
-    outcome = {"staged": "staged", "unreachable": "unreachable"}.get(str(data.get("outcome")),
-                                                                     "failed")
+    said = str(data.get("outcome"))
+    outcome = said if said in ("staged", "unreachable") else "failed"
     error = data.get("error")
     if outcome == "failed" and data.get("file"):
         error = f"{data.get('file')}: {data.get('kind')}: {error}"
@@ -129,17 +129,37 @@ def download(host: Host, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetc
                   error=str(error)[:300] if error else None)
 
 
-def relay_file(donor: Host, receiver: Host, source: str, target: str,
-               want: mf.HubFile) -> int:
-    """Forward one file a piece at a time; checked against the hub's sha256, then moved in."""
+Pieces = Callable[[mf.HubFile], Iterator[bytes]]  # one file's bytes, RELAY_PIECE at a time
+
+
+def host_pieces(donor: Host, model_dir: str) -> Pieces:
+    """A file read from a host that has it, a bounded range per command."""
+    def read(want: mf.HubFile) -> Iterator[bytes]:
+        sent, source = 0, f"{model_dir}/{want.path}"
+        while sent < want.size:
+            piece = donor.run(cl.read_range(source, sent, min(RELAY_PIECE, want.size - sent)),
+                              timeout=600, check=True, keep_stdout=False).stdout
+            if not piece:
+                raise HostError(donor.alias, f"{source} ended at {sent} of {want.size} bytes")
+            sent += len(piece)
+            yield piece
+    return read
+
+
+def local_pieces(fetched: Callable[[str], Path]) -> Pieces:
+    """A file of the pin on the workstation (its hub cache)."""
+    def read(want: mf.HubFile) -> Iterator[bytes]:
+        with fetched(want.path).open("rb") as f:
+            yield from iter(lambda: f.read(RELAY_PIECE), b"")
+    return read
+
+
+def deliver(receiver: Host, pieces: Iterator[bytes], target: str, want: mf.HubFile) -> int:
+    """Append the pieces to a part file; checked against the pin's sha256, then moved in."""
     part = f"{target}.narwhal-relay"
     receiver.run(["rm", "-f", "--", part], check=True)
     sent = 0
-    while sent < want.size:
-        piece = donor.run(cl.read_range(source, sent, min(RELAY_PIECE, want.size - sent)),
-                          timeout=600, check=True, keep_stdout=False).stdout
-        if not piece:
-            raise HostError(donor.alias, f"{source} ended at {sent} of {want.size} bytes")
+    for piece in pieces:
         receiver.run(cl.append_shared(part), stdin=piece, timeout=600, check=True)
         sent += len(piece)
     got = receiver.run(cl.sha256_file(part), check=True).text.split()[0]
@@ -151,58 +171,24 @@ def relay_file(donor: Host, receiver: Host, source: str, target: str,
     return sent
 
 
-def send_file(receiver: Host, local: Path, target: str, want: mf.HubFile) -> int:
-    """Send one file from the workstation a piece at a time; checked, then moved in."""
-    part = f"{target}.narwhal-relay"
-    receiver.run(["rm", "-f", "--", part], check=True)
-    sent = 0
-    with local.open("rb") as f:
-        for piece in iter(lambda: f.read(RELAY_PIECE), b""):
-            receiver.run(cl.append_shared(part), stdin=piece, timeout=600, check=True)
-            sent += len(piece)
-    got = receiver.run(cl.sha256_file(part), check=True).text.split()[0]
-    if got != want.sha256:
-        receiver.run(["rm", "-f", "--", part])
-        raise HostError(receiver.alias, f"{want.path} arrived with sha256 {got}, the revision "
-                        f"has {want.sha256}")
-    receiver.run(cl.move_into_place(part, target), check=True)
-    return sent
-
-
-def from_workstation(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest,
-                     fetch: mf.Fetch, dirs: dict[str, str], fetched: Callable[[str], Path],
-                     staged: Staged) -> Staged:
-    """No engine host reaches the hub and none has the files: the workstation, which pinned
-    the revision through the hub, downloads each file once (its hub cache) and sends it."""
+def relay(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetch,
+          dirs: dict[str, str], donor: str, fetched: Callable[[str], Path],
+          staged: Staged) -> Staged:
+    """Bring a host that cannot reach the hub the files it lacks (and retire the previous
+    pin's dropped files): from `donor`, a host that has them, or from the workstation, which
+    pinned the revision through the hub, when `donor` is "workstation" (no host has them)."""
     files = manifest.by_path()
     dst = sessions.get(fetch.host)
-    with attempt.bind(dst):
-        retire(dst, fetch, dirs[fetch.host], staged)
+    hosts = [dst] if donor == "workstation" else [sessions.get(donor), dst]
+    with attempt.bind(*hosts):
+        pieces = local_pieces(fetched) if donor == "workstation" else \
+            host_pieces(hosts[0], dirs[donor])
+        for name in fetch.remove:
+            dst.run(["rm", "-f", "--", f"{dirs[fetch.host]}/{name}"], check=True)
+            staged.files[name] = "removed"
         for name in fetch.files:
-            staged.relayed_bytes += send_file(dst, fetched(name), f"{dirs[fetch.host]}/{name}",
-                                              files[name])
-            staged.files[name] = "relayed"
-    staged.outcome, staged.donor = "relayed", "workstation"
-    return staged
-
-
-def retire(host: Host, fetch: mf.Fetch, model_dir: str, staged: Staged) -> None:
-    """Remove the previous pin's files the new revision no longer has (only those)."""
-    for name in fetch.remove:
-        host.run(["rm", "-f", "--", f"{model_dir}/{name}"], check=True)
-        staged.files[name] = "removed"
-
-
-def relay(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest, fetch: mf.Fetch,
-          dirs: dict[str, str], donor: str, staged: Staged) -> Staged:
-    """Bring a host that cannot reach the hub the files it lacks from `donor`."""
-    files = manifest.by_path()
-    src, dst = sessions.get(donor), sessions.get(fetch.host)
-    with attempt.bind(src, dst):
-        retire(dst, fetch, dirs[fetch.host], staged)
-        for name in fetch.files:
-            staged.relayed_bytes += relay_file(src, dst, f"{dirs[donor]}/{name}",
-                                               f"{dirs[fetch.host]}/{name}", files[name])
+            staged.relayed_bytes += deliver(dst, pieces(files[name]),
+                                            f"{dirs[fetch.host]}/{name}", files[name])
             staged.files[name] = "relayed"
     staged.outcome, staged.donor = "relayed", donor
     return staged
@@ -247,10 +233,7 @@ def stage(sessions: Sessions, attempt: Attempt, manifest: mf.Manifest,
         progress(r.host, f"no route to the hub: relaying from {donor}")
         started = time.monotonic()
         try:
-            if donors:
-                relay(sessions, attempt, manifest, by_host[r.host], dirs, donor, r)
-            else:
-                from_workstation(sessions, attempt, manifest, by_host[r.host], dirs, fetched, r)
+            relay(sessions, attempt, manifest, by_host[r.host], dirs, donor, fetched, r)
         except (HostError, OSError) as exc:
             r.outcome, r.error = "failed", str(exc)[:300]
         r.seconds += time.monotonic() - started
