@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from tests.browser import render
 from tests.lab import canary_drill as cd
+from tests.lab import continuation_drill as contd
 from tests.lab.fleet_up import GATE_ARGS, through
 from tests.lab.installing import Installer, rows
 from tests.lab.operator import NARWHAL
@@ -398,6 +399,62 @@ def test_a_corrupt_kv_pair_is_held_alone_within_two_canary_periods_and_serves_no
     print(f"kv canary drill: held {pair['held_since'] - faulted_at:.2f} s and the alert "
           f"firing {fired_s:.2f} s after the fault (period {d.period:g} s); placed while "
           f"held: {dict(placed)}")
+
+
+def _stall_bound_s(served: dict[str, Any]) -> float:
+    """The longest a stopped engine's stream may wait for its next event: the stall deadline
+    at the fleet's TPOT objective (placement admits no stream predicted slower), then the
+    continuation's own prefill and first token, allowed 3 s on this shared machine."""
+    serving, slo = served.get("serving", {}), served["slo"]
+    stall = max(float(serving.get("stall_floor_s", 2.0)),
+                int(serving.get("stall_steps", 50)) * float(slo["tpot_s"]))
+    return min(stall, float(serving.get("stream_idle_timeout_s", 60.0))) + 3.0
+
+
+def test_a_stopped_engine_s_streams_continue_elsewhere_with_the_unfaulted_text(
+        attested: Installer) -> None:
+    """Issue 41: under greedy streams from three clients, engine-3's process is stopped
+    (SIGSTOP) while it decodes. Every stream completes with 200, its whole answer and [DONE];
+    the streams it was decoding continue on another engine within the stall deadline, and
+    each answer is the text the same question gets once the engine runs again (the unfaulted
+    fleet); after SIGCONT nothing of the stopped engine reaches any client, and the router
+    admits engine-3 again."""
+    d = _drill(attested)
+    served = json.loads(_on_router(attested, f"cat {_router_folder(attested)}/fleet.json"))
+    url = next(e["url"] for e in served["engines"] if e["id"] == "engine-3")
+    contd.put_greedy(attested)
+    tokens, count = 96, 9
+    load = contd.Greedy(attested, d.base, "stopped", count, 3, tokens).start()
+    pid = contd.engine_pid(attested, "eng3")
+    try:
+        contd.until_decoding(attested, url, 30)
+        contd.signal_engine(attested, "eng3", pid, "STOP")
+        answers = load.join(180)
+    finally:
+        contd.signal_engine(attested, "eng3", pid, "CONT")
+    time.sleep(2.0)  # the stopped engine runs on: what it still had to send reaches nobody
+    replayed = contd.greedy(attested, d.base, "replayed", 0, count, 3, tokens)
+    assert sorted(answers) == list(range(count)), answers
+    for n, got in answers.items():
+        assert (got["status"], got["done"], got["error"], got["tokens"]) == (
+            200, True, None, tokens), got
+        assert got["text"] == replayed[n]["text"], (got, replayed[n])
+    rows = {r["request_id"]: r for r in cd.journal_rows(attested, d.journal, "stopped-")}
+    moved = {rid: r["continued"] for rid, r in rows.items() if r.get("continued")}
+    assert moved, "no stream engine-3 was decoding was continued"
+    assert all(step["from"] == "engine-3" and step["to"] != "engine-3" and step["exact"]
+               for steps in moved.values() for step in steps), moved
+    assert all(rows[rid]["outcome"] == "ok" for rid in moved), rows
+    worst = max(answers[int(rid.rsplit("-", 1)[1])]["gap"] for rid in moved)
+    assert worst <= _stall_bound_s(served), (worst, served.get("serving"))
+    print(f"continuation drill: {len(moved)} of {count} streams continued after engine-3 "
+          f"stopped; worst wait between two events {worst:.2f} s")
+
+    def admitted() -> bool:
+        state = json.loads(_on_router(attested, f"curl -s {d.base}/narwhal/state"))
+        return all(e["admitted"] for e in state["engines"])
+
+    cd.until("engine-3 admitted again", admitted, 60)
 
 
 def test_an_engine_reached_from_the_router_host_needs_the_engine_key(
