@@ -26,6 +26,7 @@ import pytest
 
 from tests.fidelity import client
 from tests.fidelity.requests import SERVED_NAME
+from tests.real.engines import Engine, EngineSpec, free_port, start, wait_healthy
 from tests.real.live import Counters, serving
 from tests.real.session import Pair
 
@@ -95,7 +96,12 @@ def _journal_row(journal: Path, request_id: str) -> dict[str, Any]:
 
 
 def _running(pair: Pair) -> Any:
-    for engine in pair.engines:
+    return _running_of(list(pair.engines))
+
+
+def _running_of(engines: list[Engine]) -> Engine | None:
+    """The engine whose own counters say it runs a request now."""
+    for engine in engines:
         counters = Counters.read(engine.url)
         running = sum(v for (name, _), v in counters.values.items()
                       if name == "vllm:num_requests_running")
@@ -138,3 +144,63 @@ def test_a_greedy_stream_whose_engine_stalls_continues_on_the_other_with_the_sam
     assert step["exact"] is True and step["after_tokens"] >= 7
     names = {pair.prefill.url: "p", pair.decode.url: "d"}
     assert step["from"] == names[stopped[0].url] and step["to"] != step["from"]
+
+
+@pytest.fixture
+def victim(pair: Pair, tmp_path: Path) -> Iterator[Engine]:
+    """A third real engine, on the prefill engine's core, for a test to kill: the session
+    pair serves every test after."""
+    spec = EngineSpec("victim", core=0, http_port=free_port(), side_channel_port=free_port(),
+                      model=pair.model, log=tmp_path / "victim.log")
+    engine = start(spec, pair.python)
+    try:
+        wait_healthy([engine])
+        yield engine
+    finally:
+        engine.stop()
+
+
+def test_a_greedy_stream_whose_engine_is_killed_continues_on_the_other_with_the_same_text(
+        pair: Pair, victim: Engine, tmp_path: Path) -> None:
+    """The acceptance's SIGKILL on real vLLM: the engine decoding the stream is killed (its
+    whole process group) after the client got 8 events; the router finds the reset connection
+    and continues on the survivor, and the client gets the unfaulted text and usage."""
+    survivor = pair.decode
+    engines = [{"id": name, "url": e.url, "role": "both"}
+               for name, e in (("v", victim), ("d", survivor))]
+    fleet = {"schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
+             "engines": engines, "slo": {"ttft_s": 20.0, "tpot_s": 0.5},
+             "journal": {"path": "journal.jsonl"},
+             "health": {"eject_after_failures": 1, "probe_interval_s": 0.5,
+                        "probe_timeout_s": 1.0}}
+    words = client.post(f"{survivor.url}/tokenize", {
+        "model": SERVED_NAME, "prompt": WORDS, "add_special_tokens": False}).json()["tokens"]
+    body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 96, "temperature": 0,
+            "ignore_eos": True, "allowed_token_ids": sorted(set(words)), "stream": True,
+            "stream_options": {"include_usage": True}}
+    killed: list[str] = []
+
+    def kill_if_victim_runs_it(seen: int) -> None:
+        if seen == 8 and not killed and _running_of([victim, survivor]) is victim:
+            os.killpg(victim.process.pid, signal.SIGKILL)
+            killed.append("v")
+
+    with serving(tmp_path, fleet) as port:
+        reference = _stream(port, body, "reference")
+        # least-outstanding placement takes turns between the two: within a few tries one
+        # stream runs on the victim
+        for attempt in range(4):
+            events = _stream(port, body, f"killed-{attempt}", kill_if_victim_runs_it)
+            if killed:
+                break
+        assert killed, "no stream ran on the victim engine"
+        journal = tmp_path / "journal.jsonl"
+        assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
+        assert _text(events) == _text(reference)
+        assert events[-2]["usage"] == reference[-2]["usage"]
+        row = _journal_row(journal, f"killed-{attempt}")
+    assert victim.process.wait(timeout=10) is not None
+    assert row["outcome"] == "ok"
+    (step,) = row["continued"]
+    assert (step["from"], step["to"], step["exact"]) == ("v", "d", True)
+    assert step["after_tokens"] >= 7
