@@ -396,9 +396,11 @@ def test_a_corrupt_kv_pair_is_held_alone_within_two_canary_periods_and_serves_no
                  (d.release_after + 2) * d.period + 5)
     cd.until("NarwhalKvPairHeld resolved", lambda: not cd.kv_pair_alerts(attested, d.prometheus),
              2 * monitoring.SCRAPE_INTERVAL_S + 5)
+    cost = cd.canary_state(attested, d.base)
     print(f"kv canary drill: held {pair['held_since'] - faulted_at:.2f} s and the alert "
           f"firing {fired_s:.2f} s after the fault (period {d.period:g} s); placed while "
-          f"held: {dict(placed)}")
+          f"held: {dict(placed)}; cost: {cost['probes']} probes, {cost['probes_per_hour']} "
+          f"an hour, engine time share {cost['engine_time_share']}")
 
 
 def _stall_bound_s(served: dict[str, Any]) -> float:
