@@ -12,6 +12,7 @@ from narwhal.deploy.gates.fabric_rules import (
     Reuse,
     edge_verdict,
     meets,
+    proof_windows,
     resample_refusal,
     sample_reuse,
 )
@@ -91,3 +92,20 @@ def test_an_undiagnosed_failure_is_diagnosed_before_it_is_resampled(
     if said:
         assert said == ("a->b failed without a recorded diagnosis; run `narwhal fabric` "
                         "(it diagnoses before it resamples)")
+
+
+@pytest.mark.parametrize(("hosts", "edges", "sizes"), [
+    (2, 2, [1, 1]),  # one edge per producer: a proof around every sample, as before
+    (3, 6, [2, 2, 2]),
+    (4, 12, [3, 3, 3, 3]),
+    (4, 5, [3, 2]),  # edges reused or off the fabric leave a short last window
+    (32, 992, [31] * 32),
+    (4, 0, []),
+])
+def test_each_window_holds_as_many_edges_as_one_producer_has(
+        hosts: int, edges: int, sizes: list[int]) -> None:
+    names = [f"e{i}" for i in range(edges)]
+    windows = proof_windows(names, hosts)
+    assert [len(w) for w in windows] == sizes
+    assert [e for w in windows for e in w] == names  # every edge once, in the fleet's order
+

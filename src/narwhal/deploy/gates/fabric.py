@@ -4,10 +4,13 @@ Plan (recorded first): the budget of every directed edge between engine hosts, f
 geometry Gate C verified against each live engine and the workload inputs. Execute:
 (1) link facts from both ends of every edge at once (interface, address, MTU, the kernel's
 route each way, the tool's version), which with the host keys, transport, test parameters and
-budget make each edge's link record and fingerprint; (2) for each edge in turn, unless its
-last sample passed under the same fingerprint (reused): every engine's idle proof, the
-consumer's iperf3 server (owned by the attempt), the producer's client bound to the fabric
-addresses, every engine's idle proof again; a miss is diagnosed and the diagnosis recorded
+budget make each edge's link record and fingerprint; (2) the edges to sample (those whose
+last sample did not pass under the same fingerprint) in windows of as many edges as one
+producer has: every engine's idle proof, then for each edge in turn the consumer's iperf3
+server (owned by the attempt) and the producer's client bound to the fabric addresses, then
+every engine's idle proof again, which is also the next window's first; counters that moved
+over a window send its edges to be sampled again one by one between proofs of their own, so
+traffic voids only the samples it overlapped; a miss is diagnosed and the diagnosis recorded
 with the sample; (3) the edge matrix document and its heatmap. The gate passes only when
 every edge passes.
 """
@@ -47,7 +50,13 @@ from narwhal.deploy.fabric.budget import EdgeBudget, budget_document
 from narwhal.deploy.fabric.links import Interface, LinkRecord, Route, parse_interface, parse_route
 from narwhal.deploy.fabric.tools import Rdma, Tool
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, Remote, targets_for
-from narwhal.deploy.gates.fabric_rules import Reuse, edge_verdict, resample_refusal, sample_reuse
+from narwhal.deploy.gates.fabric_rules import (
+    Reuse,
+    edge_verdict,
+    proof_windows,
+    resample_refusal,
+    sample_reuse,
+)
 from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import Reads
@@ -66,6 +75,8 @@ ENGINES_PLAN = Reads("engines", "plan.json")
 READS = (INSTALL_PLAN, CONTRACT)  # its spec: gates/registry.py
 Progress = Callable[[str, str], None]
 SERVER_READY_S = 5.0
+# An edge's matrix row, its diagnosis's causes, and the problem when its hosts failed it
+Measured = tuple[matrix.EdgeRow, list[dx.Cause], Problem | None]
 
 
 @dataclass(frozen=True)
@@ -340,32 +351,61 @@ class Fabric:
                           error=parsed if isinstance(parsed, iperf.IperfError) else None,
                           listening=listening), ran.text
 
-    def measure(self, e: EdgeBudget, link: LinkRecord) -> tuple[matrix.EdgeRow, list[dx.Cause]]:
-        o = self.p.options
+    def _run(self, e: EdgeBudget, link: LinkRecord) -> tuple[dx.Outcome, str]:
+        """One edge's sample, its server's port checked first; no idle proof (the window's)."""
         src, dst = self.sessions.get(e.source), self.sessions.get(e.destination)
+        self.progress(e.edge, "measuring")
+        with self.attempt.bind(dst):
+            owner = self._port_owner(dst)
+        if owner is not None:
+            return dx.Outcome(port_owner=owner), ""
+        return self._sample(e, link, src, dst)
+
+    def measure(self, window: list[tuple[EdgeBudget, LinkRecord]]) -> list[Measured]:
+        """The window's edges one at a time between two idle proofs of every engine (the
+        rule is that no engine serves while any edge is sampled, and counters that did not
+        move over the window show it for each sample in it). When they moved, each edge of
+        a window of several is sampled again between proofs of its own, so the traffic
+        voids only the samples it overlapped."""
+        before = self.last_proof if self.last_proof is not None else self._idle()
+        ran: list[tuple[EdgeBudget, LinkRecord, dx.Outcome | Exception, str]] = []
+        for e, link in window:
+            try:
+                ran.append((e, link, *self._run(e, link)))
+            except (HostError, ContractError) as exc:
+                ran.append((e, link, exc, ""))
+        after = self.last_proof = self._idle()
+        traffic = self.traffic(before, after)
+        if traffic and len(window) > 1:
+            return [row for item in window for row in self.measure([item])]
+        proofs = {"before": before, "after": after}
+        return [self._failed(e, link, o) if isinstance(o, Exception) else
+                (*self._record(e, link, dx.Outcome(o.sample, o.error, o.listening,
+                                                   o.port_owner, traffic), raw, proofs), None)
+                for e, link, o, raw in ran]
+
+    def _failed(self, e: EdgeBudget, link: LinkRecord, exc: Exception) -> Measured:
+        """An edge whose sample could not run on its hosts."""
+        return (matrix.EdgeRow(e.edge, e.source, e.destination, e.required_gbps, None, "fail",
+                               link.fingerprint, self.attempt.id, False, None, None,
+                               ("host",)), [],
+                Problem(e.edge, str(exc).splitlines()[0], "check the hosts"))
+
+    def unmeasured(self, e: EdgeBudget, link: LinkRecord
+                   ) -> tuple[matrix.EdgeRow, list[dx.Cause]]:
+        """An edge whose route is not the fabric: recorded, never sampled."""
+        self.progress(e.edge, "not measured: the route is not the fabric")
+        return self._record(e, link, dx.Outcome(), "", {})
+
+    def _record(self, e: EdgeBudget, link: LinkRecord, outcome: dx.Outcome, raw: str,
+                proofs: dict[str, Any]) -> tuple[matrix.EdgeRow, list[dx.Cause]]:
+        """The edge's verdict, its sample (and diagnosis) as evidence, and its matrix row."""
         name = f"edge-{e.source}-to-{e.destination}"
-        outcome = dx.Outcome()
-        raw = ""
-        proofs: dict[str, Any] = {}
-        if link.route_problems():
-            self.progress(e.edge, "not measured: the route is not the fabric")
-        else:
-            self.progress(e.edge, "measuring")
-            before = self.last_proof if self.last_proof is not None else self._idle()
-            with self.attempt.bind(dst):
-                owner = self._port_owner(dst)
-            if owner is None:
-                outcome, raw = self._sample(e, link, src, dst)
-            else:
-                outcome = dx.Outcome(port_owner=owner)
-            after = self.last_proof = self._idle()
-            proofs = {"before": before, "after": after}
-            outcome = dx.Outcome(outcome.sample, outcome.error, outcome.listening,
-                                 outcome.port_owner, self.traffic(before, after))
         measured = outcome.sample.gbps if outcome.sample is not None else None
         verdict = edge_verdict(measured, e.required_gbps, route_ok=not link.route_problems(),
                                traffic=bool(outcome.traffic))
-        causes = [] if verdict == "pass" else dx.diagnose(link, outcome, e.required_gbps, o.port)
+        causes = [] if verdict == "pass" else dx.diagnose(link, outcome, e.required_gbps,
+                                                          self.p.options.port)
         self.attempt.add_json(f"{name}.json", checked_sample(
             {"edge": e.edge, "link_fingerprint": link.fingerprint,
              "required_gbps": e.required_gbps, "measured_gbps": measured, "verdict": verdict,
@@ -465,30 +505,31 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
             raise GateBlocked("fabric", refused)
 
     links = _links(inputs, sessions, attempt, p)
-    problems: list[Problem] = []
     fabric = Fabric(sessions, attempt, p, progress)
-    rows: list[matrix.EdgeRow] = []
+    done: dict[str, Measured] = {}
+    sampled: list[tuple[EdgeBudget, LinkRecord]] = []
     for e in p.edges:
         link = links[e.edge]
         last = prior.get(e.edge)
         if last is not None and sample_reuse(last, link.fingerprint, e.required_gbps,
                                              e.edge in p.options.resample) is Reuse.REUSED:
-            fabric.last_proof = None  # time passes; the next sample proves idleness afresh
             progress(e.edge, f"reused from attempt {last.measured_in} (same link; "
                      f"{last.measured_gbps:.3f} Gbit/s meets the {e.required_gbps:.3f} required)")
-            rows.append(matrix.EdgeRow(e.edge, e.source, e.destination, e.required_gbps,
-                                       last.measured_gbps, "pass", link.fingerprint,
-                                       last.measured_in, True, last.sample, None))
-            continue
-        try:
-            row, causes = fabric.measure(e, link)
-        except (HostError, ContractError) as exc:
-            fabric.last_proof = None
-            row, causes = matrix.EdgeRow(
-                e.edge, e.source, e.destination, e.required_gbps, None, "fail",
-                link.fingerprint, attempt.id, False, None, None, ("host",)), []
-            problems.append(Problem(e.edge, str(exc).splitlines()[0], "check the hosts"))
-        rows.append(row)
+            done[e.edge] = (matrix.EdgeRow(e.edge, e.source, e.destination, e.required_gbps,
+                                           last.measured_gbps, "pass", link.fingerprint,
+                                           last.measured_in, True, last.sample, None), [], None)
+        elif link.route_problems():
+            done[e.edge] = (*fabric.unmeasured(e, link), None)
+        else:
+            sampled.append((e, link))
+    for window in proof_windows(sampled, len(p.hosts)):
+        done.update((row.edge, (row, causes, failed))
+                    for row, causes, failed in fabric.measure(window))
+    rows = [done[e.edge][0] for e in p.edges]
+    problems: list[Problem] = []
+    for row, causes, failed in (done[e.edge] for e in p.edges):
+        if failed is not None:
+            problems.append(failed)
         if row.verdict != "pass":
             problems.append(_edge_problem(row, causes))
     attempt.add_json("edges.json", checked_edges(matrix.edges_document(rows, p.hosts)))

@@ -9,14 +9,16 @@ nothing about the fabric); otherwise an edge passes only when its route is the f
 measured rate meets the budget; anything else fails. Reuse: the edge's latest sample is
 reused only when it passed, under the same link fingerprint (the test parameters are part of
 the link record), still meets the budget of now, and was not named in --resample; the first
-rule that refuses names why. (The margin, measured over required, is the matrix row's own:
+rule that refuses names why. Idle proofs: every engine is asked before and after each window
+of edges (`proof_windows`), and a window whose counters moved is sampled again edge by edge. (The margin, measured over required, is the matrix row's own:
 deploy/fabric/matrix.py.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from narwhal.core.fabric_edges import Verdict
 
@@ -84,3 +86,20 @@ def resample_refusal(edge: str, last: PriorSample | None, diagnosed: bool) -> st
         return (f"{edge} failed without a recorded diagnosis; run `narwhal fabric` (it "
                 "diagnoses before it resamples)")
     return None
+
+
+T = TypeVar("T")
+
+
+def proof_window(hosts: int) -> int:
+    """How many edges are sampled between two idle proofs of every engine: as many as one
+    producer has (hosts - 1). A proof asks every engine, so one per edge made the proofs grow
+    as edges x engines (n^3); one per window keeps them n^2 / (n - 1), while traffic found in
+    a window re-samples only that window's edges, each between proofs of its own."""
+    return max(1, hosts - 1)
+
+
+def proof_windows(edges: Sequence[T], hosts: int) -> list[list[T]]:
+    """The edges to sample, in order, cut into windows of `proof_window(hosts)`."""
+    size = proof_window(hosts)
+    return [list(edges[i:i + size]) for i in range(0, len(edges), size)]
