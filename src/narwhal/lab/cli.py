@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from narwhal.core.errors import NarwhalError
-from narwhal.lab import envfile, lifecycle, spec
+from narwhal.lab import defaults, envfile, lifecycle, spec
 from narwhal.lab.run import LabError
 from narwhal.lab.state import LabState
 
@@ -26,9 +26,22 @@ def _require_root() -> None:
         raise LabError("the lab needs root (network namespaces, mounts); run it as root")
 
 
+def _spec_for(args: argparse.Namespace) -> spec.LabSpec:
+    """The spec `up` builds: a file, the default with --engines engine hosts, or the default."""
+    if args.engines is None:
+        return spec.load(Path(args.spec) if args.spec else None)
+    if args.spec:
+        raise LabError("--spec and --engines: give one (--engines scales the default spec)")
+    try:
+        document = defaults.scaled_spec_document(args.engines, args.name)
+    except ValueError as exc:
+        raise LabError(str(exc)) from None
+    return spec.validate(document, f"the default lab with {args.engines} engine hosts")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     _require_root()
-    lab_spec = spec.load(Path(args.spec) if args.spec else None)
+    lab_spec = _spec_for(args)
     path = Path(args.state) if args.state else lifecycle.default_state_path(lab_spec.name)
     plan = lifecycle.up(lab_spec, path)
     if args.env_out:
@@ -106,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="build the lab and print its .env inventory")
     common(p)
     p.add_argument("--spec", help="lab spec JSON (default: the embedded default spec)")
+    p.add_argument("--engines", type=int, metavar="N",
+                   help="the default spec with N engine hosts (1-63) and the router host, "
+                        "named by --name")
     p.add_argument("--env-out", help="also write the full .env (with passwords) here, mode 0600")
     p.set_defaults(handler=cmd_up)
     p = sub.add_parser("down", help="remove the lab, also after a crashed run")

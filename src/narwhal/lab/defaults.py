@@ -55,6 +55,22 @@ def _engine(index: int) -> dict[str, Any]:
     }
 
 
+MAX_ENGINE_HOSTS = 63  # a /24 holds the router, 63 engine hosts and the lab's own addresses
+
+
+def scaled_spec_document(engines: int, name: str = "nwl") -> dict[str, Any]:
+    """The default lab with `engines` engine hosts (1..63) under `name`: the same router, image,
+    model and hub, each engine host as the default's (key logins; eng3 keeps its password
+    login), so a fleet of any size is deployed exactly as the 4-host lab is."""
+    if not 1 <= engines <= MAX_ENGINE_HOSTS:
+        raise ValueError(f"--engines {engines}: give 1 to {MAX_ENGINE_HOSTS} engine hosts")
+    doc = default_spec_document()
+    doc["name"] = name
+    doc["hosts"] = [{"name": "router", "role": "router"}] + [
+        _engine(i) for i in range(1, engines + 1)]
+    return doc
+
+
 def default_spec_document() -> dict[str, Any]:
     """The default spec as a JSON-ready document (the same shape a spec file has)."""
     return stamp(
