@@ -16,7 +16,7 @@ from narwhal.core.fleet import EngineEntry, parse_fleet
 from narwhal.serve.preflight.calibrate import lengths_for, p95
 from narwhal.serve.preflight.kv_gate import DECODE_TOKENS
 from narwhal.serve.preflight.options import CalibrateOptions
-from narwhal.serve.preflight.pairs import all_pairs, ring_pairs
+from narwhal.serve.preflight.pairs import all_pairs, host_of, ring_pairs, rounds
 from narwhal.serve.preflight.report import evidence_path
 from narwhal.serve.router.calibrated_deadline import check_fleet_deadline, deadline_problem
 
@@ -150,3 +150,33 @@ def test_calibration_prompts_leave_room_for_the_consumers_tokens_in_the_context(
     assert len(lengths) == 3 and lengths[-1] + DECODE_TOKENS <= 512 - 4
     big = lengths_for(rows(4095, 4095), CalibrateOptions())
     assert big[-1] <= 1024 and big[-1] >= 1000  # capped by --calibrate-max-tokens, barely less
+
+
+def _on_hosts(count: int) -> tuple[EngineEntry, ...]:
+    return tuple(EngineEntry(id=f"e{i}", url=f"http://10.214.0.{10 + i}:8000", role="both")
+                 for i in range(count))
+
+
+@pytest.mark.parametrize(("hosts", "wanted_rounds"), [(2, 2), (3, 6), (4, 6), (8, 14),
+                                                      (32, 62)])
+def test_pairs_run_in_rounds_in_which_no_host_is_in_two_pairs(hosts: int,
+                                                               wanted_rounds: int) -> None:
+    fleet = _on_hosts(hosts)
+    pairs = all_pairs(fleet)
+    where = host_of(fleet)
+    batches = rounds(pairs, where)
+    assert sorted(p for b in batches for p in b) == sorted(pairs)  # every pair exactly once
+    for batch in batches:
+        ends = [where[e] for pair in batch for e in pair]
+        assert len(ends) == len(set(ends)), batch  # no host twice: no shared queue or NIC
+    assert len(batches) == wanted_rounds  # 2(n-1) for n >= 4: not n(n-1) turns
+
+
+def test_engines_that_share_a_host_are_checked_one_pair_at_a_time() -> None:
+    fleet = engines("both", "both", "both")  # every URL is 127.0.0.1
+    assert [len(b) for b in rounds(all_pairs(fleet), host_of(fleet))] == [1] * 6
+    two_gpus = (*_on_hosts(2), EngineEntry(id="e9", url="http://10.214.0.10:8001", role="both"))
+    where = host_of(two_gpus)
+    assert where["e9"] == where["e0"] == "10.214.0.10"
+    for batch in rounds(all_pairs(two_gpus), where):
+        assert len(batch) == 1  # three engines on two hosts: any two pairs share a host

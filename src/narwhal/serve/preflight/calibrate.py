@@ -1,13 +1,15 @@
 """`--calibrate-first-token`: directed first-token samples per pair and prompt length.
 
-Pairs are measured one at a time, each at three prompt lengths up to the longest prompt every
-engine was profiled at (capped by --calibrate-max-tokens), `repeats` fresh prompts each. The
+Pairs are measured in rounds that share no host (one at a time on a one-host fleet), each at
+three prompt lengths up to the longest prompt every engine was profiled at (capped by
+--calibrate-max-tokens), `repeats` fresh prompts each. The
 candidate deadline is the worst pair-and-length p95 times a safety factor, rounded up to 0.1 s;
 the rule is written in words into the document and printed, so the number can be re-derived.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +18,7 @@ from narwhal.core.calibration import SCHEMA, VERSION, Calibration, parse_calibra
 from narwhal.serve.engine_client import EngineCallFailed, handoff
 from narwhal.serve.preflight.kv_gate import DECODE_TOKENS
 from narwhal.serve.preflight.options import CalibrateOptions
-from narwhal.serve.preflight.pairs import all_pairs
+from narwhal.serve.preflight.pairs import all_pairs, host_of, rounds
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.profiler.prompts import renewed, sized_prompt
 
@@ -68,21 +70,33 @@ async def _samples(state: CheckState, producer: str, consumer: str, tokens: int,
     return got, out
 
 
+async def _pair_rows(state: CheckState, producer: str, consumer: str, lengths: list[int],
+                     repeats: int) -> list[dict[str, Any]]:
+    """One pair's samples at every prompt length."""
+    rows = []
+    for tokens in lengths:
+        try:
+            got, samples = await _samples(state, producer, consumer, tokens, repeats)
+        except EngineCallFailed as exc:
+            raise CalibrationFailed(f"{producer}->{consumer}: {exc}") from None
+        rows.append({"prompt_tokens": got, "samples_s": samples, "p95_s": p95(samples)})
+    return rows
+
+
 async def calibrate(state: CheckState, opts: CalibrateOptions) -> Calibration:
     """Sample every ordered pair and derive the candidate (state must have passed the gates)."""
     pairs = all_pairs(state.engines)
     lengths = lengths_for(state, opts)
     measured: list[dict[str, Any]] = []
     worst = 0.0
+    done: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for batch in rounds(pairs, host_of(state.engines)):  # no two share a host: timed as alone
+        got = await asyncio.gather(*(_pair_rows(state, p, c, lengths, opts.repeats)
+                                     for p, c in batch))
+        done.update(zip(batch, got, strict=True))
     for producer, consumer in pairs:
-        rows = []
-        for tokens in lengths:
-            try:
-                got, samples = await _samples(state, producer, consumer, tokens, opts.repeats)
-            except EngineCallFailed as exc:
-                raise CalibrationFailed(f"{producer}->{consumer}: {exc}") from None
-            worst = max(worst, p95(samples))
-            rows.append({"prompt_tokens": got, "samples_s": samples, "p95_s": p95(samples)})
+        rows = done[(producer, consumer)]
+        worst = max([worst, *(r["p95_s"] for r in rows)])
         measured.append({"producer": producer, "consumer": consumer, "lengths": rows})
     candidate = math.ceil(worst * opts.safety_factor * 10 - 1e-9) / 10
     document = {
