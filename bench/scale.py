@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""What every gate costs as the fleet grows: 4, 8, 16 and 32 lab hosts, deployed gate by gate.
+
+    .venv/bin/python bench/scale.py [--hosts 4,8,16,32] [--seconds 1]
+
+For each size a lab of the default spec scaled to HOSTS - 1 engine hosts and the router host
+(`narwhal lab up --engines N`; its own name and subnets, so the session lab may stay) is
+brought up and `narwhal` runs each gate in turn from the lab's workstation namespace, exactly
+as an operator would (`hosts trust`, A, B with its preparation in the root namespace where a
+package index answers, C, D with `--seconds S --omit 0`, E, F, G). Per gate:
+- wall time, from outside the command;
+- the workstation's own CPU seconds: the command and every process it starts (the SSH
+  masters and clients included) run in a cpuacct cgroup of their own;
+- bytes the workstation namespace sent (its interfaces' TX counters) and the SSH connections
+  it opened (SYNs to port 22, counted by an iptables rule of the bench in that namespace);
+- the critical path: the longest chain of the attempt's remote commands in which each starts
+  after the one before it ended (commands.jsonl), as a count and in seconds;
+- for Gate D, the overhead per edge beyond its sample: (the sampling phase - edges x S) / edges.
+Every figure is then fitted against the hosts (constant, linear, quadratic; the lowest degree
+whose fit explains 98 % of the variance is named) and plotted. On this machine every host
+shares two cores, so the hosts' own CPU is this machine's limit, not Narwhal's; the
+workstation's CPU, bytes and round trips are what Narwhal spends. Needs root. Summary and plot
+to results/scale-<time>.{json,png}. Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _lab_gates import NARWHAL, clean_checkout, lab_env, write_results
+from _scale_figures import critical_path, edge_overhead_s, fits, plot
+
+from narwhal.core.gates import GATE_NAMES
+from narwhal.lab import defaults, lifecycle, spec
+from narwhal.lab.plan import LabPlan
+
+NAME = "nws"
+SUBNETS = ("10.215.0.0/24", "10.216.0.0/24")  # beside the session lab's 10.213/10.214
+CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
+SSH_RULE = ["OUTPUT", "-p", "tcp", "--dport", "22", "--syn", "-m", "comment", "--comment",
+            "narwhal-scale-bench"]
+
+
+def scaled_lab(hosts: int) -> spec.LabSpec:
+    doc = defaults.scaled_spec_document(hosts - 1, NAME)
+    doc["management"]["subnet"], doc["fabric"]["subnet"] = SUBNETS
+    return spec.validate(doc, f"the scale bench's {hosts}-host lab")
+
+
+def in_ws(plan: LabPlan, argv: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", plan.ws_netns, *argv]
+
+
+def ws_counters(plan: LabPlan) -> tuple[int, int]:
+    """(bytes sent by the workstation namespace's interfaces, SSH SYNs it sent so far)."""
+    dev = subprocess.run(in_ws(plan, ["cat", "/proc/net/dev"]), capture_output=True,
+                         text=True, check=True).stdout
+    sent = sum(int(line.split(":", 1)[1].split()[8]) for line in dev.splitlines()[2:]
+               if line.split(":", 1)[0].strip() != "lo")
+    rules = subprocess.run(in_ws(plan, ["iptables", "-L", "OUTPUT", "-v", "-x", "-n"]),
+                           capture_output=True, text=True, check=True).stdout
+    syns = sum(int(line.split()[0]) for line in rules.splitlines()
+               if "narwhal-scale-bench" in line)
+    return sent, syns
+
+
+def timed(plan: LabPlan, argv: list[str], *, in_lab: bool, label: str) -> dict[str, Any]:
+    """Run one narwhal command in a cgroup of its own; its wall, CPU, bytes and SSH SYNs."""
+    group = CGROUP_ROOT / f"narwhal-scale-{label}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        enter = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
+        command = enter + (in_ws(plan, argv) if in_lab else argv)
+        sent0, syn0 = ws_counters(plan)
+        t0 = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, check=False,
+                              env=dict(os.environ, NARWHAL_LAB_SSH_CONFIG=str(plan.ssh_config)))
+        wall = time.monotonic() - t0
+        sent1, syn1 = ws_counters(plan)
+        cpu_s = int((group / "cpuacct.usage").read_text()) / 1e9
+    finally:
+        _remove_group(group)
+    if done.returncode != 0:
+        raise SystemExit(f"bench: {' '.join(argv[1:3])} failed: {done.stdout[-2000:]}"
+                         f"{done.stderr[-2000:]}")
+    return {"wall_s": round(wall, 3), "ws_cpu_s": round(cpu_s, 3),
+            "ws_bytes_sent": sent1 - sent0, "ssh_connections": syn1 - syn0}
+
+
+def _remove_group(group: Path) -> None:
+    """Move what is left in the cgroup (nothing, normally) to the root, then remove it."""
+    for pid in (group / "cgroup.procs").read_text().split():
+        (CGROUP_ROOT / "cgroup.procs").write_text(pid)
+    group.rmdir()
+
+
+def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path
+             ) -> dict[str, Any]:
+    """Every gate on a fresh lab of `hosts` hosts; the figures per gate."""
+    lab_spec = scaled_lab(hosts)
+    lifecycle.down(NAME)
+    t0 = time.monotonic()
+    plan = lifecycle.up(lab_spec)
+    up_s = time.monotonic() - t0
+    mem0 = _available_bytes()
+    try:
+        subprocess.run(in_ws(plan, ["iptables", "-I", *SSH_RULE, "-j", "ACCEPT"]), check=True)
+        env = lab_env(plan, tmp / f".env-{hosts}", "scale", revision)
+        runs = tmp / f"runs-{hosts}"
+
+        def gate(label: str, *args: str, in_lab: bool = True) -> dict[str, Any]:
+            argv = [NARWHAL, *args, "--env", str(env), "--runs", str(runs)]
+            got = timed(plan, argv, in_lab=in_lab, label=label)
+            print(f"{hosts} hosts: {label} {got}", flush=True)
+            return got
+
+        gate("trust", "hosts", "trust", "--yes")
+        row: dict[str, Any] = {"hosts": hosts, "engine_hosts": hosts - 1,
+                               "lab_up_s": round(up_s, 2), "gates": {}}
+        steps = {"discover": (), "install": ("--checkout", str(checkout)), "engines": (),
+                 "fabric": ("--seconds", str(seconds), "--omit", "0"), "attest": (),
+                 "preflight": (), "serve": ()}
+        for name in GATE_NAMES:
+            if name == "install":  # prepared where a package index answers, as an operator does
+                row["install_prepare"] = gate("install_prepare", "install", "--prepare-only",
+                                              "--checkout", str(checkout), in_lab=False)
+            row["gates"][name] = gate(name, name, *steps[name])
+        _add_record_figures(row, runs / "scale", seconds)
+        row["memory_per_host_mib"] = round((mem0 - _available_bytes()) / hosts / 2**20, 1)
+        return row
+    finally:
+        lifecycle.down(NAME)
+
+
+def _available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("bench: no MemAvailable in /proc/meminfo")
+
+
+def _add_record_figures(row: dict[str, Any], record: Path, seconds: int) -> None:
+    """Each gate's critical path, and Gate D's overhead per edge, from the ledger's record."""
+    ledger = json.loads((record / "ledger.json").read_text())
+    for name in GATE_NAMES:
+        attempt = record / name / ledger["gates"][name]["last"]
+        commands = attempt / "commands.jsonl"
+        lines = commands.read_text().splitlines() if commands.exists() else []
+        rows = [json.loads(line) for line in lines]
+        count, chain_s = critical_path(rows)
+        row["gates"][name].update(critical_path_commands=count,
+                                  critical_path_s=round(chain_s, 3), remote_commands=len(rows))
+        if name == "fabric":
+            row["gates"][name].update(edge_overhead_s(rows, seconds))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hosts", default="4,8,16,32", help="lab sizes, router host included")
+    p.add_argument("--seconds", type=int, default=1, help="Gate D's sample per edge")
+    args = p.parse_args()
+    sizes = [int(x) for x in args.hosts.split(",")]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="narwhal-scale-") as tmp:
+        checkout, revision = clean_checkout(Path(tmp) / "checkout")
+        for hosts in sizes:
+            rows.append(one_size(hosts, args.seconds, checkout, revision, Path(tmp)))
+    summary = {"hosts": sizes, "seconds_per_sample": args.seconds, "fits": fits(rows)}
+    out = write_results("scale", summary, rows)
+    plot(rows, out.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
