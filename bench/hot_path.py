@@ -170,12 +170,20 @@ def _bind_curves(router: Router) -> None:
                                        router.settings.tpot_s)
 
 
+def fleet_engines(count: int) -> list[dict[str, str]]:
+    """`count` engines (even, at least 2): half prefill (p0, p1, ...), half decode."""
+    half = max(1, count // 2)
+    return ([{"id": f"p{i}", "url": f"http://127.0.0.1:{1 + i}", "role": "prefill"}
+             for i in range(half)]
+            + [{"id": f"d{i}", "url": f"http://127.0.0.1:{1 + half + i}", "role": "decode"}
+               for i in range(half)])
+
+
 async def run(requests: int, tokens: int, per_read: int, work: Path,
-              priced: bool = False) -> dict[str, float]:
+              priced: bool = False, engines: int = 2) -> dict[str, float]:
     doc = parse_fleet({
         "schema": "narwhal.fleet", "schema_version": 1, "model": "tiny",
-        "engines": [{"id": "p0", "url": "http://127.0.0.1:1", "role": "prefill"},
-                    {"id": "d0", "url": "http://127.0.0.1:2", "role": "decode"}],
+        "engines": fleet_engines(engines),
         "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
         "journal": {"path": str(work / "journal.jsonl")},
         "controller": {"lease_ttl_s": 60}}, "bench")
