@@ -2,14 +2,17 @@
 
     narwhal-attest serve --run-dir D --deployment NAME --bind ADDR --port P [--lease-key-file F]
     narwhal-attest fetch --url URL [--timeout S]
+    narwhal-attest fetch-many --url URL [--url URL ...] [--timeout S]
 
 `serve` runs on the engine host, started detached by `narwhal attest` and owned by its
 attempt: it builds the attestation from Gate C's state in the run dir, prints one result line
 (its digest and URL), then serves it until stopped, re-checking the live engine on every
 request. With `--lease-key-file` it also keeps this sidecar's share of the fleet's controller
 lease (docs/controller-lease.md): the key file must be private (0600) and hold the key the
-router's `controller.quorum.key_file` holds; the grants' state lives in the run dir. `fetch` runs wherever a peer must see it (the router host) and prints one result
-line with the status and document.
+router's `controller.quorum.key_file` holds; the grants' state lives in the run dir. `fetch`
+runs wherever a peer must see it (the router host) and prints one result line with the status
+and document; `fetch-many` asks several sidecars at once and prints one result line with each
+answer (`narwhal status` asks the whole fleet in one round trip).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 DESCRIPTION = "Attestation sidecar: binds one live engine process and serves its attested contract (gate E)."
 COMMAND = "narwhal-attest"
 MAX_DOCUMENT_BYTES = 1 << 20
+FETCH_WORKERS = 16  # sidecars asked at once by fetch-many
 
 
 def do_serve(args: argparse.Namespace) -> int:
@@ -83,6 +88,23 @@ def do_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch_one(url: str, timeout_s: float) -> dict[str, Any]:
+    """One URL's answer for fetch-many: its status and document, or why there is none."""
+    try:
+        return {"url": url, "ok": True, **fetch(url, timeout_s)}
+    except (OSError, ValueError) as exc:
+        return {"url": url, "ok": False, "error": str(exc)[:500]}
+
+
+def do_fetch_many(args: argparse.Namespace) -> int:
+    """Every URL at once (a status of a fleet asks each sidecar in one round trip to this
+    host): one result line, each URL's answer in the order given."""
+    with ThreadPoolExecutor(max_workers=min(FETCH_WORKERS, len(args.url))) as pool:
+        answers = list(pool.map(lambda url: _fetch_one(url, args.timeout), args.url))
+    print(result_line.render(f"{COMMAND} fetch-many", True, {"answers": answers}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=DESCRIPTION)
     sub = parser.add_subparsers(dest="sub", required=True)
@@ -99,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", required=True)
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(handler=do_fetch)
+    p = sub.add_parser("fetch-many", help="GET several attestation URLs at once; one result "
+                                          "line with every answer")
+    p.add_argument("--url", required=True, action="append")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(handler=do_fetch_many)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

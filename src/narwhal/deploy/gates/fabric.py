@@ -61,6 +61,7 @@ from narwhal.deploy.gates.handoff import passed_artifact
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.gates.transfer import path_mismatches, started_paths, transfer_paths
+from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
 from narwhal.deploy.hosts.trust import pinned_fingerprints
@@ -181,26 +182,28 @@ class HostLinks:
 
 
 def host_links(host: Host, p: FabricPlan) -> HostLinks:
-    """One host's link facts as its kernel reports them now (also read by `narwhal status`,
-    which compares them with the links Gate D measured)."""
+    """One host's link facts as its kernel reports them now, in one round trip (also read by
+    `narwhal status`, which compares them with the links Gate D measured)."""
     alias = host.alias
     iface, addr = p.interface[alias], p.address[alias]
-    shown = host.run(["ip", "-j", "addr", "show", "dev", iface])
-    interface = parse_interface(shown.text, iface, addr) if shown.ok else None
-    routes = {}
-    for peer in p.hosts:
-        if peer == alias:
-            continue
-        got = host.run(["ip", "-j", "route", "get", p.address[peer], "from", addr])
-        routes[peer] = parse_route(got.text) if got.ok else Route("", None, None)
+    peers = [peer for peer in p.hosts if peer != alias]
+    tools = ["iperf3", *(("ib_write_bw",) if p.rdma.get(alias) else ())]
+    argv = cl.link_facts(iface, addr, [p.address[peer] for peer in peers], tools)
+    got = host.run(argv)
+    sections = cl.parse_sections(got.text)
+    if not got.ok or len(sections) != 1 + len(peers) + len(tools):
+        raise HostError(alias, "could not read its link facts (interface, routes, tool "
+                        "versions)", command="link facts", exit_status=got.exit_status)
+    shown, routed, versioned = sections[0], sections[1:1 + len(peers)], sections[1 + len(peers):]
+    interface = parse_interface(shown[1], iface, addr) if shown[0] == 0 else None
+    routes = {peer: parse_route(text) if status == 0 else Route("", None, None)
+              for peer, (status, text) in zip(peers, routed, strict=True)}
     versions = {}
-    for tool in ("iperf3", *(("ib_write_bw",) if p.rdma.get(alias) else ())):
-        version = host.run([tool, "--version"])
-        if not version.ok:
+    for tool, (status, text) in zip(tools, versioned, strict=True):
+        if status != 0:
             raise HostError(alias, f"{tool} is not installed (Gate D measures this host's "
-                            "edges with it)", command=f"{tool} --version",
-                            exit_status=version.exit_status)
-        versions[tool] = version.text.strip().splitlines()[0] if version.text.strip() else ""
+                            "edges with it)", command=f"{tool} --version", exit_status=status)
+        versions[tool] = text.strip()
     return HostLinks(interface, routes, versions)
 
 

@@ -28,6 +28,7 @@ from narwhal.core.fabric_edges import parse_links
 from narwhal.deploy.gates import fabric
 from narwhal.deploy.gates.handoff import attempt_plan, passed_artifact, passed_attempt
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes
+from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.serve import controller_of, fetch_json
 from narwhal.deploy.gates.spec import Finding, Reads
@@ -222,11 +223,17 @@ def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,
         p = fabric.plan(inputs, ledger, fabric.FabricOptions())
     except (GateBlocked, LedgerError):
         return []  # an upstream gate is not passed: the record's own states say so
-    facts = {}
-    for alias in p.hosts:
+    def facts_of(alias: str) -> fabric.HostLinks:
         host = sessions.get(alias)
         with attempt.bind(host):
-            facts[alias] = fabric.host_links(host, p)
+            return fabric.host_links(host, p)
+
+    facts = {}
+    for o in each(p.hosts, facts_of):  # every host at once, one round trip each
+        if o.error is not None:
+            raise o.error
+        assert o.value is not None
+        facts[o.item] = o.value
     keys = {h: ",".join(sorted(pinned_fingerprints(sessions.known_hosts,
                                                    sessions.hosts[h].destination)))
             for h in p.hosts}

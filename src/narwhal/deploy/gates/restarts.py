@@ -96,25 +96,45 @@ def _repeat(engine: str, process_changed: bool, recaptured: bool,
             "fabric: only when the new capture's geometry differs (gate D then shows stale)")
 
 
+def sidecar_answers(router: Host, tool: str, urls: list[str]
+                    ) -> list[result_line.ResultLine]:
+    """Every sidecar's answer, asked from the router host in one round trip (`fetch-many`),
+    as a fetch of each URL would have reported it, in the order given."""
+    argv = [tool, "fetch-many", *(a for url in urls for a in ("--url", url)), "--timeout", "5"]
+    done = router.run(argv, timeout=30)
+    try:
+        got = result_line.parse(done.text, f"{COMMAND} fetch-many")
+    except ContractError:
+        raise HostError(router.alias, f"`{COMMAND} fetch-many` printed no result line") from None
+    answers = got.data.get("answers") if got.ok else None
+    if not isinstance(answers, list) or len(answers) != len(urls):
+        raise HostError(router.alias, f"`{COMMAND} fetch-many` answered for "
+                        f"{len(answers) if isinstance(answers, list) else 0} of {len(urls)} "
+                        f"sidecars{': ' + got.error[:200] if got.error else ''}")
+    return [result_line.ResultLine(
+        command=f"{COMMAND} fetch", ok=bool(a.get("ok")), error=str(a.get("error") or ""),
+        data={k: a[k] for k in ("status", "document") if k in a})
+        for a in answers if isinstance(a, dict)]
+
+
 def changed_engines(ledger: Ledger, router: Host, tool: str,
                     running: Running | None = None) -> list[EngineChange]:
     """Every attested engine whose sidecar does not vouch for the fleet's contract now, read
-    from the router host in one command per engine; HostError when the host is unreachable.
-    `running` asks an engine's own host whether it still runs, for the engines whose sidecar
-    says their process is gone or cannot be read."""
+    from the router host in one command for them all; HostError when the host is
+    unreachable. `running` asks an engine's own host whether it still runs, for the engines
+    whose sidecar says their process is gone or cannot be read."""
     fleet = attested_fleet(ledger)
     if fleet is None:
         return []
+    engines = [e for e in fleet.get("engines", [])
+               if e.get("attestation_url") and e.get("contract")]
+    if not engines:
+        return []
+    answers = sidecar_answers(router, tool, [str(e["attestation_url"]) for e in engines])
+    if len(answers) != len(engines):
+        raise HostError(router.alias, f"`{COMMAND} fetch-many` answered with a non-object")
     out = []
-    for engine in fleet.get("engines", []):
-        url = engine.get("attestation_url")
-        if not url or not engine.get("contract"):
-            continue
-        done = router.run([tool, "fetch", "--url", url, "--timeout", "5"], timeout=30)
-        try:
-            got = result_line.parse(done.text, f"{COMMAND} fetch")
-        except ContractError:
-            raise HostError(router.alias, f"`{COMMAND} fetch` printed no result line") from None
+    for engine, got in zip(engines, answers, strict=True):
         why, process_changed = judge(engine, got)
         if not why:
             continue

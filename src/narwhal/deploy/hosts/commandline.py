@@ -58,6 +58,37 @@ def write_exclusive(path: str) -> list[str]:
     return sh(WRITE_EXCLUSIVE, path)
 
 
+# One host's link facts in one round trip: `ip -j addr show dev IFACE`, `ip -j route get PEER
+# from SELF` per peer, then the first line of each tool's `--version`; every section is ended
+# by a line `@@ <exit status>` (parse_sections).
+LINK_FACTS = ('iface=$1; self=$2; shift 2\n'
+              'ip -j addr show dev "$iface"; echo "@@ $?"\n'
+              'while [ "$1" != -- ]; do ip -j route get "$1" from "$self"; echo "@@ $?"; shift; done\n'
+              'shift\n'
+              'for tool in "$@"; do v=$("$tool" --version 2>/dev/null); rc=$?\n'
+              '  printf "%s\\n" "$v" | head -n 1; echo "@@ $rc"; done\n')
+SECTION_END = re.compile(r"^@@ (\d+)$")
+
+
+def link_facts(interface: str, address: str, peers: Sequence[str],
+               tools: Sequence[str]) -> list[str]:
+    return sh(LINK_FACTS, interface, address, *peers, "--", *tools)
+
+
+def parse_sections(text: str) -> list[tuple[int, str]]:
+    """A sectioned output (each section ended by `@@ <exit status>`): (status, text) each."""
+    out: list[tuple[int, str]] = []
+    lines: list[str] = []
+    for line in text.splitlines():
+        end = SECTION_END.match(line)
+        if end:
+            out.append((int(end[1]), "\n".join(lines)))
+            lines = []
+        else:
+            lines.append(line)
+    return out
+
+
 def read_range(path: str, offset: int, length: int) -> list[str]:
     return sh(READ_RANGE, path, str(int(offset)), str(int(length)))
 
