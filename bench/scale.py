@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What every gate costs as the fleet grows: 4, 8, 16 and 32 lab hosts, deployed gate by gate.
 
-    .venv/bin/python bench/scale.py [--hosts 4,8,16,32] [--seconds 1]
+    .venv/bin/python bench/scale.py [--hosts 4,8,16,32] [--seconds 1] [--add-to RESULTS.json]
 
 For each size a lab of the default spec scaled to HOSTS - 1 engine hosts and the router host
 (`narwhal lab up --engines N`; its own name and subnets, so the session lab may stay) is
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,14 +167,29 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hosts", default="4,8,16,32", help="lab sizes, router host included")
     p.add_argument("--seconds", type=int, default=1, help="Gate D's sample per edge")
+    p.add_argument("--add-to", type=Path, metavar="RESULTS.json",
+                   help="an earlier run's results (same --seconds): its sizes join this run's "
+                        "in the fits and the plot, so the longest size can run on its own")
+    p.add_argument("--keep", type=Path, metavar="DIR",
+                   help="copy each size's deployment record here (runs-<hosts>) to read later")
     args = p.parse_args()
     sizes = [int(x) for x in args.hosts.split(",")]
     rows: list[dict[str, Any]] = []
+    if args.add_to is not None:
+        earlier = json.loads(args.add_to.read_text())
+        if earlier["summary"]["seconds_per_sample"] != args.seconds:
+            raise SystemExit(f"bench: {args.add_to} sampled edges for another --seconds")
+        rows = [r for r in earlier["runs"] if r["hosts"] not in sizes]
     with tempfile.TemporaryDirectory(prefix="narwhal-scale-") as tmp:
         checkout, revision = clean_checkout(Path(tmp) / "checkout")
         for hosts in sizes:
             rows.append(one_size(hosts, args.seconds, checkout, revision, Path(tmp)))
-    summary = {"hosts": sizes, "seconds_per_sample": args.seconds, "fits": fits(rows)}
+            if args.keep is not None:
+                shutil.copytree(Path(tmp) / f"runs-{hosts}", args.keep / f"runs-{hosts}",
+                                dirs_exist_ok=True)
+    rows.sort(key=lambda r: int(r["hosts"]))
+    summary = {"hosts": [r["hosts"] for r in rows], "seconds_per_sample": args.seconds,
+               "fits": fits(rows)}
     out = write_results("scale", summary, rows)
     plot(rows, out.with_suffix(".png"))
     return 0
