@@ -19,6 +19,13 @@ from tests.lab.installing import Installer
 from narwhal.lab.testing import ssh
 
 T = TypeVar("T")
+# The end of every client script run on the router host: `clients` threads of `client()`.
+RUN_CLIENTS = """threads = [threading.Thread(target=client) for _ in range(int(clients))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
 # Run on the router host: streaming completions through the router (argv[1] its base URL, the
 # tenant key read from the file argv[2], the model argv[3]) with request ids argv[4]-<n>,
 # argv[5] of them or fewer once the file argv[6] exists, from argv[7] clients at once (each
@@ -50,12 +57,7 @@ def client():
             got = [rid, 0, False]
         with printing:
             print(json.dumps(got), flush=True)
-threads = [threading.Thread(target=client) for _ in range(int(clients))]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-"""
+""" + RUN_CLIENTS
 SCRIPT = "/tmp/narwhal-canary-streams.py"
 STOP = "/tmp/narwhal-canary-streams.stop"
 
@@ -77,11 +79,16 @@ def streams(fleet: Installer, base: str, prefix: str, count: int, clients: int,
     return [json.loads(line) for line in out.splitlines()]
 
 
+def put_script(fleet: Installer, path: str, text: str) -> None:
+    """A client script at `path` on the router host."""
+    done = ssh(fleet.op.plan, fleet.lab_host("router"), f"cat > {path} <<'PY'\n{text}PY")
+    assert done.returncode == 0, done.stderr
+
+
 def put_streams(fleet: Installer) -> None:
     """The client script on the router host, and no stop file left from an earlier run."""
-    done = ssh(fleet.op.plan, fleet.lab_host("router"),
-               f"rm -f {STOP} && cat > {SCRIPT} <<'PY'\n{STREAMS}PY")
-    assert done.returncode == 0, done.stderr
+    on_router(fleet, f"rm -f {STOP}")
+    put_script(fleet, SCRIPT, STREAMS)
 
 
 class Load:

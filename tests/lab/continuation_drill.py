@@ -74,19 +74,12 @@ def client():
         got = one(n)
         with lock:
             print(json.dumps(got), flush=True)
-threads = [threading.Thread(target=client) for _ in range(int(clients))]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-"""
+""" + cd.RUN_CLIENTS
 SCRIPT = "/tmp/narwhal-greedy-streams.py"
 
 
 def put_greedy(fleet: Installer) -> None:
-    done = ssh(fleet.op.plan, fleet.lab_host("router"),
-               f"cat > {SCRIPT} <<'PY'\n{GREEDY}PY")
-    assert done.returncode == 0, done.stderr
+    cd.put_script(fleet, SCRIPT, GREEDY)
 
 
 def greedy(fleet: Installer, base: str, prefix: str, first: int, count: int, clients: int,

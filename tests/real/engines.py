@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,3 +216,14 @@ def wait_healthy(engines: list[Engine], timeout_s: float = HEALTH_TIMEOUT_S) -> 
                               for e in pending)
             raise EngineStartError(f"{names} not healthy after {timeout_s:.0f} s:\n{tails}")
         time.sleep(1.0)
+
+
+@contextlib.contextmanager
+def running(spec: EngineSpec, python: Path) -> Iterator[Engine]:
+    """One more engine beside the session pair, healthy for the block and always stopped."""
+    engine = start(spec, python)
+    try:
+        wait_healthy([engine])
+        yield engine
+    finally:
+        engine.stop()

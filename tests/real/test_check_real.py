@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.fidelity.requests import SERVED_NAME
-from tests.real.engines import Engine, EngineSpec, free_port, start, wait_healthy
+from tests.real.engines import Engine, EngineSpec, free_port, running
 from tests.real.session import Pair
 
 
@@ -34,12 +34,8 @@ def no_connector(pair: Pair, tmp_path: Path) -> Iterator[Engine]:
     """A third real engine on the decode engine's core (small KV cache), stopped afterwards."""
     spec = NoConnectorSpec("plain", core=1, http_port=free_port(), side_channel_port=free_port(),
                            model=pair.model, log=tmp_path / "plain.log")
-    engine = start(spec, pair.python)
-    try:
-        wait_healthy([engine])
+    with running(spec, pair.python) as engine:
         yield engine
-    finally:
-        engine.stop()
 
 
 def fleet_doc(path: Path, engines: list[tuple[str, str, str]]) -> Path:

@@ -26,7 +26,7 @@ import pytest
 
 from tests.fidelity import client
 from tests.fidelity.requests import SERVED_NAME
-from tests.real.engines import Engine, EngineSpec, free_port, start, wait_healthy
+from tests.real.engines import Engine, EngineSpec, free_port, running
 from tests.real.live import Counters, serving
 from tests.real.session import Pair
 
@@ -35,16 +35,28 @@ WORDS = (" the of and to in a is that for it as was with be by on not he this ar
          " from at which but have an they you were her she there been one all we their")
 
 
+def _fleet(engines: dict[str, Engine], **extra: Any) -> dict[str, Any]:
+    """A fleet of `both` engines by name that ejects a failed engine at once."""
+    return {"schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
+            "engines": [{"id": name, "url": e.url, "role": "both"} for name, e in engines.items()],
+            "slo": {"ttft_s": 20.0, "tpot_s": 0.5}, "journal": {"path": "journal.jsonl"},
+            "health": {"eject_after_failures": 1, "probe_interval_s": 0.5,
+                       "probe_timeout_s": 1.0}, **extra}
+
+
+def _greedy_body(engine: Engine, tokens: int) -> dict[str, Any]:
+    """A greedy stream of `tokens` held to word tokens, whose text encodes back to its ids."""
+    words = client.post(f"{engine.url}/tokenize", {
+        "model": SERVED_NAME, "prompt": WORDS, "add_special_tokens": False}).json()["tokens"]
+    return {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True, "allowed_token_ids": sorted(set(words)), "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
 @pytest.fixture
 def router(pair: Pair, tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    engines = [{"id": name, "url": e.url, "role": "both"}
-               for name, e in (("p", pair.prefill), ("d", pair.decode))]
-    fleet = {"schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
-             "engines": engines, "slo": {"ttft_s": 20.0, "tpot_s": 0.5},
-             "journal": {"path": "journal.jsonl"},
-             "health": {"eject_after_failures": 1, "probe_interval_s": 0.5,
-                        "probe_timeout_s": 1.0},
-             "serving": {"stall_steps": 2, "stall_floor_s": 1.0}}
+    fleet = _fleet({"p": pair.prefill, "d": pair.decode},
+                   serving={"stall_steps": 2, "stall_floor_s": 1.0})
     try:
         with serving(tmp_path, fleet) as port:
             yield port, tmp_path / "journal.jsonl"
@@ -113,11 +125,7 @@ def _running_of(engines: list[Engine]) -> Engine | None:
 def test_a_greedy_stream_whose_engine_stalls_continues_on_the_other_with_the_same_text(
         pair: Pair, router: tuple[int, Path]) -> None:
     port, journal = router
-    words = client.post(f"{pair.prefill.url}/tokenize", {
-        "model": SERVED_NAME, "prompt": WORDS, "add_special_tokens": False}).json()["tokens"]
-    body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 160, "temperature": 0,
-            "ignore_eos": True, "allowed_token_ids": sorted(set(words)), "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = _greedy_body(pair.prefill, 160)
     reference = _stream(port, body, "reference")
     assert reference[-1] == "[DONE]" and reference[-2]["usage"]["completion_tokens"] == 160
     stopped: list[Any] = []
@@ -152,12 +160,8 @@ def victim(pair: Pair, tmp_path: Path) -> Iterator[Engine]:
     pair serves every test after."""
     spec = EngineSpec("victim", core=0, http_port=free_port(), side_channel_port=free_port(),
                       model=pair.model, log=tmp_path / "victim.log")
-    engine = start(spec, pair.python)
-    try:
-        wait_healthy([engine])
+    with running(spec, pair.python) as engine:
         yield engine
-    finally:
-        engine.stop()
 
 
 def test_a_greedy_stream_whose_engine_is_killed_continues_on_the_other_with_the_same_text(
@@ -166,18 +170,8 @@ def test_a_greedy_stream_whose_engine_is_killed_continues_on_the_other_with_the_
     whole process group) after the client got 8 events; the router finds the reset connection
     and continues on the survivor, and the client gets the unfaulted text and usage."""
     survivor = pair.decode
-    engines = [{"id": name, "url": e.url, "role": "both"}
-               for name, e in (("v", victim), ("d", survivor))]
-    fleet = {"schema": "narwhal.fleet", "schema_version": 1, "model": SERVED_NAME,
-             "engines": engines, "slo": {"ttft_s": 20.0, "tpot_s": 0.5},
-             "journal": {"path": "journal.jsonl"},
-             "health": {"eject_after_failures": 1, "probe_interval_s": 0.5,
-                        "probe_timeout_s": 1.0}}
-    words = client.post(f"{survivor.url}/tokenize", {
-        "model": SERVED_NAME, "prompt": WORDS, "add_special_tokens": False}).json()["tokens"]
-    body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 96, "temperature": 0,
-            "ignore_eos": True, "allowed_token_ids": sorted(set(words)), "stream": True,
-            "stream_options": {"include_usage": True}}
+    fleet = _fleet({"v": victim, "d": survivor})
+    body = _greedy_body(survivor, 96)
     killed: list[str] = []
 
     def kill_if_victim_runs_it(seen: int) -> None:

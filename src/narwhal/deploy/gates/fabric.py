@@ -58,7 +58,7 @@ from narwhal.deploy.gates.fabric_rules import (
     sample_reuse,
 )
 from narwhal.deploy.gates.handoff import passed_artifact
-from narwhal.deploy.gates.parallel import each
+from narwhal.deploy.gates.parallel import Outcome, each
 from narwhal.deploy.gates.spec import Reads
 from narwhal.deploy.gates.transfer import path_mismatches, started_paths, transfer_paths
 from narwhal.deploy.hosts import commandline as cl
@@ -369,15 +369,23 @@ class Fabric:
         rule is that no engine serves while any edge is sampled, and counters that did not
         move over the window show it for each sample in it). When they moved, each edge of
         a window of several is sampled again between proofs of its own, so the traffic
-        voids only the samples it overlapped."""
-        before = self.last_proof if self.last_proof is not None else self._idle()
+        voids only the samples it overlapped. An idle proof that cannot be taken fails the
+        window's edges, naming the host."""
+        try:
+            before = self.last_proof if self.last_proof is not None else self._idle()
+        except (HostError, ContractError) as exc:
+            return [self._failed(e, link, exc) for e, link in window]
         ran: list[tuple[EdgeBudget, LinkRecord, dx.Outcome | Exception, str]] = []
         for e, link in window:
             try:
                 ran.append((e, link, *self._run(e, link)))
             except (HostError, ContractError) as exc:
                 ran.append((e, link, exc, ""))
-        after = self.last_proof = self._idle()
+        try:
+            after = self.last_proof = self._idle()
+        except (HostError, ContractError) as exc:
+            self.last_proof = None
+            return [self._failed(e, link, exc) for e, link in window]
         traffic = self.traffic(before, after)
         if traffic and len(window) > 1:
             return [row for item in window for row in self.measure([item])]
@@ -447,17 +455,24 @@ def transports(inputs: Inputs, p: FabricPlan) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _all_host_links(sessions: Sessions, attempt: Attempt, p: FabricPlan
-                    ) -> dict[str, HostLinks]:
-    """Every engine host's link facts at once; blocked naming each host that cannot say."""
+def every_host_links(sessions: Sessions, attempt: Attempt, p: FabricPlan
+                     ) -> list[Outcome[str, HostLinks]]:
+    """Every engine host's link facts at once, one round trip each (commands in `attempt`);
+    also read by `narwhal status`."""
     def facts_of(alias: str) -> HostLinks:
         host = sessions.get(alias)
         with attempt.bind(host):
             return host_links(host, p)
 
+    return each(p.hosts, facts_of)
+
+
+def _all_host_links(sessions: Sessions, attempt: Attempt, p: FabricPlan
+                    ) -> dict[str, HostLinks]:
+    """Every engine host's link facts at once; blocked naming each host that cannot say."""
     facts: dict[str, HostLinks] = {}
     problems: list[Problem] = []
-    for o in each(p.hosts, facts_of):
+    for o in every_host_links(sessions, attempt, p):
         if o.error is not None:
             if not isinstance(o.error, (HostError, ValueError)):
                 raise o.error

@@ -28,7 +28,6 @@ from narwhal.core.fabric_edges import parse_links
 from narwhal.deploy.gates import fabric
 from narwhal.deploy.gates.handoff import attempt_plan, passed_artifact, passed_attempt
 from narwhal.deploy.gates.owned_processes import alive, earlier_processes
-from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.restarts import EngineChange
 from narwhal.deploy.gates.serve import controller_of, fetch_json
 from narwhal.deploy.gates.spec import Finding, Reads
@@ -223,13 +222,8 @@ def moved_links(inputs: Inputs, ledger: Ledger, sessions: Sessions,
         p = fabric.plan(inputs, ledger, fabric.FabricOptions())
     except (GateBlocked, LedgerError):
         return []  # an upstream gate is not passed: the record's own states say so
-    def facts_of(alias: str) -> fabric.HostLinks:
-        host = sessions.get(alias)
-        with attempt.bind(host):
-            return fabric.host_links(host, p)
-
     facts = {}
-    for o in each(p.hosts, facts_of):  # every host at once, one round trip each
+    for o in fabric.every_host_links(sessions, attempt, p):
         if o.error is not None:
             raise o.error
         assert o.value is not None

@@ -113,8 +113,10 @@ def sidecar_answers(router: Host, tool: str, urls: list[str]
                         f"sidecars{': ' + got.error[:200] if got.error else ''}")
     return [result_line.ResultLine(
         command=f"{COMMAND} fetch", ok=bool(a.get("ok")), error=str(a.get("error") or ""),
-        data={k: a[k] for k in ("status", "document") if k in a})
-        for a in answers if isinstance(a, dict)]
+        data={k: a[k] for k in ("status", "document") if k in a}) if isinstance(a, dict)
+        else result_line.ResultLine(command=f"{COMMAND} fetch", ok=False,
+                                    error="fetch-many answered a non-object")
+        for a in answers]
 
 
 def changed_engines(ledger: Ledger, router: Host, tool: str,
@@ -131,8 +133,6 @@ def changed_engines(ledger: Ledger, router: Host, tool: str,
     if not engines:
         return []
     answers = sidecar_answers(router, tool, [str(e["attestation_url"]) for e in engines])
-    if len(answers) != len(engines):
-        raise HostError(router.alias, f"`{COMMAND} fetch-many` answered with a non-object")
     out = []
     for engine, got in zip(engines, answers, strict=True):
         why, process_changed = judge(engine, got)

@@ -9,7 +9,6 @@ the rule is written in words into the document and printed, so the number can be
 
 from __future__ import annotations
 
-import asyncio
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +17,7 @@ from narwhal.core.calibration import SCHEMA, VERSION, Calibration, parse_calibra
 from narwhal.serve.engine_client import EngineCallFailed, handoff
 from narwhal.serve.preflight.kv_gate import DECODE_TOKENS
 from narwhal.serve.preflight.options import CalibrateOptions
-from narwhal.serve.preflight.pairs import all_pairs, host_of, rounds
+from narwhal.serve.preflight.pairs import all_pairs, in_rounds
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.profiler.prompts import renewed, sized_prompt
 
@@ -89,13 +88,10 @@ async def calibrate(state: CheckState, opts: CalibrateOptions) -> Calibration:
     lengths = lengths_for(state, opts)
     measured: list[dict[str, Any]] = []
     worst = 0.0
-    done: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for batch in rounds(pairs, host_of(state.engines)):  # no two share a host: timed as alone
-        got = await asyncio.gather(*(_pair_rows(state, p, c, lengths, opts.repeats)
-                                     for p, c in batch))
-        done.update(zip(batch, got, strict=True))
-    for producer, consumer in pairs:
-        rows = done[(producer, consumer)]
+    # no two pairs of a round share a host: each is timed as it would be alone
+    sampled = await in_rounds(state.engines, pairs,
+                              lambda p, c: _pair_rows(state, p, c, lengths, opts.repeats))
+    for (producer, consumer), rows in zip(pairs, sampled, strict=True):
         worst = max([worst, *(r["p95_s"] for r in rows)])
         measured.append({"producer": producer, "consumer": consumer, "lengths": rows})
     candidate = math.ceil(worst * opts.safety_factor * 10 - 1e-9) / 10

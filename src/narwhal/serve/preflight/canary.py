@@ -11,7 +11,6 @@ that is wrong already. The kv gate, run before, proved each pair's consumer pull
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ from narwhal.core.kv_canary import (
     parse_canary,
 )
 from narwhal.serve.engine_client import PRODUCER_PARAMS, Completion, EngineClient
-from narwhal.serve.preflight.pairs import all_pairs, host_of, rounds
+from narwhal.serve.preflight.pairs import all_pairs, in_rounds
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.profiler.prompts import sized_prompt
 
@@ -75,12 +74,9 @@ async def record_canary(state: CheckState) -> KvCanary | None:
         return None
     model = state.fleet.model
     prompt, tokens = await sized_prompt(state.clients[pairs[0][0]], model, PROMPT_TOKENS)
-    got: dict[tuple[str, str], tuple[Completion, float]] = {}
-    for batch in rounds(pairs, host_of(state.engines)):  # no two share a host
-        probes = await asyncio.gather(*(_probe(state.clients[p], state.clients[c], model,
-                                               prompt) for p, c in batch))
-        got.update(zip(batch, probes, strict=True))
-    answers = [(p, c, *got[(p, c)]) for p, c in pairs]
+    probes = await in_rounds(state.engines, pairs, lambda p, c: _probe(
+        state.clients[p], state.clients[c], model, prompt))
+    answers = [(p, c, *got) for (p, c), got in zip(pairs, probes, strict=True)]
     _, _, first, _ = answers[0]
     want = _logprobs(first)
     differ = [f"{p}->{c} answered {d.text[:60]!r}" for p, c, d, _ in answers

@@ -27,7 +27,7 @@ from narwhal.serve.engine_client import (
     NixlCounters,
     handoff,
 )
-from narwhal.serve.preflight.pairs import all_pairs, host_of, ring_pairs, rounds
+from narwhal.serve.preflight.pairs import all_pairs, in_rounds, ring_pairs
 from narwhal.serve.preflight.state import CheckState
 from narwhal.serve.preflight.verdicts import Verdict, failed, pair_id, passed, seconds, skipped
 from narwhal.serve.profiler.prompts import sized_prompt
@@ -142,11 +142,8 @@ async def kv(state: CheckState) -> list[Verdict]:
     cal = _calibration_verdict(state)
     if cal is not None:
         out.append(cal)
-    done: dict[tuple[str, str], Verdict] = {}
-    for batch in rounds(pairs, host_of(state.engines)):  # no two share a host: timed as alone
-        verdicts = await asyncio.gather(*(_one_pair(state, p, c) for p, c in batch))
-        done.update(zip(batch, verdicts, strict=True))
-    out.extend(done[pair] for pair in pairs)
+    # no two pairs of a round share a host: each is timed as it would be alone
+    out.extend(await in_rounds(state.engines, pairs, lambda p, c: _one_pair(state, p, c)))
     if ring:
         total = len(all_pairs(state.engines))
         out.append(skipped("kv", "other pairs",

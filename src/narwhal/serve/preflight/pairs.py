@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from narwhal.core.fleet import EngineEntry
+
+R = TypeVar("R")
 
 
 def producers(engines: Sequence[EngineEntry]) -> list[str]:
@@ -69,3 +73,14 @@ def rounds(pairs: Sequence[tuple[str, str]], hosts: Mapping[str, str]
         out.append(batch)
         left = rest
     return out
+
+
+async def in_rounds(engines: Sequence[EngineEntry], pairs: Sequence[tuple[str, str]],
+                    check: Callable[[str, str], Awaitable[R]]) -> list[R]:
+    """`check(producer, consumer)` of every pair, a round at a time (`rounds`): the results
+    in the pairs' order."""
+    done: dict[tuple[str, str], R] = {}
+    for batch in rounds(pairs, host_of(engines)):
+        got = await asyncio.gather(*(check(p, c) for p, c in batch))
+        done.update(zip(batch, got, strict=True))
+    return [done[pair] for pair in pairs]
