@@ -181,6 +181,9 @@ class Journal(StrictModel):
     max_queued_rows: int = Field(default=65_536, ge=16, le=10_000_000)
 
 
+QUORUM_MEMBERS_MAX = 15  # sidecars a lease asks: more adds round trips, not survivable failures
+
+
 class Quorum(StrictModel):
     """The controller lease granted by a majority of the attestation sidecars (Gate E).
 
@@ -192,7 +195,7 @@ class Quorum(StrictModel):
     """
 
     deployment: str = Field(min_length=1, max_length=128)
-    lease_urls: tuple[str, ...] = Field(min_length=3, max_length=15)
+    lease_urls: tuple[str, ...] = Field(min_length=3, max_length=QUORUM_MEMBERS_MAX)
     key_file: str = Field(min_length=1, max_length=4096)
 
 

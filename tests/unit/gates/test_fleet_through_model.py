@@ -4,6 +4,8 @@ the field, and one it accepts is written byte for byte as before."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +65,38 @@ def test_a_checked_fleet_is_the_document_as_built_or_every_problem_at_once() -> 
     with pytest.raises(InputError) as refused:
         checked_fleet(bad, "fleet-candidate.json")
     assert {p.field for p in refused.value.problems} == {"slo.ttft_s", "jornal"}
+
+
+def _fleet_of(hosts: int, per_host: int) -> tuple[AttestPlan, dict[str, Any]]:
+    """A fleet of hosts x per_host engines, engine-N's sidecar on 10.1.H.N."""
+    sidecars, engines, docs = [], [], {}
+    for h in range(hosts):
+        for k in range(per_host):
+            role = f"engine-{h * per_host + k + 1}"
+            s = _sidecar()
+            sidecars.append(replace(s, target=replace(s.target, role=role, alias=f"node-{h}"),
+                                    bind=f"10.1.{h}.{k + 1}"))
+            engines.append({"id": role, "url": f"http://10.1.{h}.{k + 1}:8000", "role": "both"})
+            docs[role] = _attested(DIGEST)["engine-2"]
+    return AttestPlan(sidecars, {}, "router", {**DRAFT, "engines": engines}, {}), docs
+
+
+@pytest.mark.parametrize("hosts,per_host", [(31, 1), (10, 2), (63, 1)])
+def test_a_fleet_past_the_quorum_bound_gets_a_bounded_odd_quorum_spread_over_its_hosts(
+        hosts: int, per_host: int) -> None:
+    """Gate E of a 32-host fleet once wrote every sidecar into the quorum, and the router's
+    own fleet model refused the document it had just attested."""
+    plan, docs = _fleet_of(hosts, per_host)
+    quorum = finalised_fleet(plan, docs, "dep", "lease.key")["controller"]["quorum"]
+    urls = quorum["lease_urls"]
+    assert len(urls) == 15 and len(set(urls)) == 15
+    members = [s for s in plan.sidecars if s.lease_url in urls]
+    per_member_host = Counter(s.target.alias for s in members)
+    assert len(per_member_host) == min(hosts, 15)  # one per host before any host gets two
+    assert max(per_member_host.values()) - min(per_member_host.values()) <= 1
+
+
+def test_a_fleet_within_the_quorum_bound_asks_every_sidecar() -> None:
+    plan, docs = _fleet_of(5, 3)
+    quorum = finalised_fleet(plan, docs, "dep", "lease.key")["controller"]["quorum"]
+    assert quorum["lease_urls"] == [s.lease_url for s in plan.sidecars]

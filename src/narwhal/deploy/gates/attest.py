@@ -37,7 +37,7 @@ from narwhal.core.errors import (
     LedgerError,
     Problem,
 )
-from narwhal.core.fleet import checked_fleet
+from narwhal.core.fleet import QUORUM_MEMBERS_MAX, checked_fleet
 from narwhal.core.private_file import write_private
 from narwhal.deploy.gates.engines import INSTALL_PLAN, EngineTarget, targets_for
 from narwhal.deploy.gates.handoff import passed_artifact, passed_attempt
@@ -315,6 +315,23 @@ def execute(inputs: Inputs, sessions: Sessions, ledger: Ledger, attempt: Attempt
     return {"engines": summary["engines"], "router_host": p.router}
 
 
+def quorum_members(sidecars: list[Sidecar]) -> list[Sidecar]:
+    """The sidecars whose majority grants the controller lease: every one up to the fleet
+    model's bound, past it an odd number chosen one host at a time (first sidecar of each
+    host, then the second, ...), so losing one host costs the quorum as few members as it can
+    and every lease asks a bounded number of sidecars however large the fleet."""
+    if len(sidecars) <= QUORUM_MEMBERS_MAX:
+        return list(sidecars)
+    by_host: dict[str, list[Sidecar]] = {}
+    for s in sidecars:
+        by_host.setdefault(s.target.machine or s.target.alias, []).append(s)
+    spread = [group[i] for i in range(max(map(len, by_host.values())))
+              for group in by_host.values() if i < len(group)]
+    count = QUORUM_MEMBERS_MAX if QUORUM_MEMBERS_MAX % 2 else QUORUM_MEMBERS_MAX - 1
+    chosen = {id(s) for s in spread[:count]}
+    return [s for s in sidecars if id(s) in chosen]
+
+
 def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]], deployment: str,
                     key_file: str) -> dict[str, Any]:
     """Gate A's draft with each engine's attestation URL and contract (what it attests) and,
@@ -332,5 +349,5 @@ def finalised_fleet(p: AttestPlan, docs: dict[str, dict[str, Any]], deployment: 
     if len(p.sidecars) >= MIN_QUORUM:
         fleet["controller"] = {**p.draft.get("controller", {}), "quorum": {
             "deployment": deployment, "key_file": key_file,
-            "lease_urls": [s.lease_url for s in p.sidecars]}}
+            "lease_urls": [s.lease_url for s in quorum_members(p.sidecars)]}}
     return checked_fleet(fleet, "fleet.json (Gate E)")
