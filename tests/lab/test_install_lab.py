@@ -54,6 +54,16 @@ def test_install_puts_the_revision_on_every_host_offline_at_once(installer: Inst
                   "echo runs; ip route get 192.0.2.1 >/dev/null 2>&1 || echo no-route-out")
         assert out.stdout.split() == [installer.revision, installer.revision, "runs",
                                       "no-route-out"], out
+    # the workstation sent the shared files to node-1 only; the others pulled them from it
+    assert doc["hosts"]["node-1"]["relayed_from"] is None
+    for alias in ("node-2", "node-3", "router"):
+        assert doc["hosts"][alias]["relayed_from"] == "node-1", doc["hosts"][alias]
+        assert doc["hosts"][alias]["files_relayed"] >= 20, doc["hosts"][alias]
+    sent_wheels = {r["host"] for r in rows(attempt) if r["argv"][:2] == ["sh", "-c"]
+                   and "set -C" in r["argv"][2] and "/wheelhouse/" in r["argv"][-1]}
+    assert sent_wheels == {"node-1"}
+    assert ssh(installer.op.plan, installer.lab_host("node-1"),
+               "pgrep -f '[T]hreadingHTTPServer' || echo none").stdout.split() == ["none"]
     pips = _pip_rows(attempt)
     assert sorted(r["host"] for r in pips) == ["node-1", "node-2", "node-3", "router"]
     assert all("--no-index" in r["argv"] and "--require-hashes" in r["argv"] for r in pips)
@@ -165,13 +175,13 @@ def test_pip_killed_mid_install_is_recovered_and_resumed(installer: Installer,
 
 def test_a_connection_cut_mid_transfer_is_resumed_by_the_same_command(
         installer: Installer, faults: Faults) -> None:
-    host = installer.lab_host("node-3")
+    host = installer.lab_host("node-1")  # the host the workstation sends the wheels to
     wheels = f"{installer.remote}/wheelhouse"
     ssh(installer.op.plan, host, f"rm -rf {wheels} {installer.remote}/venv")  # sent again
 
     def mid_transfer() -> bool:
         out = ssh(installer.op.plan, host, f"ls {wheels} 2>/dev/null | wc -l").stdout
-        return 2 <= int(out.strip() or 0) < 20  # some of node-3's wheels are there, not all
+        return 2 <= int(out.strip() or 0) < 20  # some of node-1's wheels are there, not all
 
     # The power goes while the wheels arrive: the SSH connection is cut mid-transfer.
     verdict = installer.cut_install(mid_transfer, lambda: faults.crash(host))
@@ -182,15 +192,15 @@ def test_a_connection_cut_mid_transfer_is_resumed_by_the_same_command(
     done = installer.install()
     doc = installer.doc(done)
     assert done.returncode == 0, doc
-    node3 = doc["hosts"]["node-3"]
-    assert node3["files_present"] >= 2 and node3["files_sent"] >= 1 and node3["pip_ran"]
+    node1 = doc["hosts"]["node-1"]
+    assert node1["files_present"] >= 2 and node1["files_sent"] >= 1 and node1["pip_ran"]
     assert _tree(failed) == before
 
 
 def test_deploy_cut_mid_install_stops_at_b_and_the_next_deploy_resumes_it(
         installer: Installer, faults: Faults) -> None:
     """The fault drill "SSH cut mid-install", through `narwhal deploy`: A kept, B resumed."""
-    host = installer.lab_host("node-2")
+    host = installer.lab_host("node-1")  # the host the workstation sends the wheels to
     wheels = f"{installer.remote}/wheelhouse"
     ssh(installer.op.plan, host, f"rm -rf {wheels} {installer.remote}/venv")  # sent again
     op = installer.op
@@ -207,7 +217,7 @@ def test_deploy_cut_mid_install_stops_at_b_and_the_next_deploy_resumes_it(
             assert running.poll() is None and time.monotonic() < deadline, \
                 "the deploy ended before the moment to cut it came"
             time.sleep(0.05)
-        faults.crash(host)  # the power goes while node-2's wheels arrive
+        faults.crash(host)  # the power goes while node-1's wheels arrive
         out, err = running.communicate(timeout=300)
     finally:
         if running.poll() is None:
@@ -228,8 +238,8 @@ def test_deploy_cut_mid_install_stops_at_b_and_the_next_deploy_resumes_it(
     assert done.returncode == 0 and doc["verdict"] == "passed", doc
     assert [(s["gate"], s["action"]) for s in doc["steps"]] == [("discover", "kept"),
                                                                  ("install", "ran")]  # A held
-    node2 = doc["steps"][1]["output"]["hosts"]["node-2"]
-    assert node2["files_present"] >= 2 and node2["pip_ran"], node2  # resumed, not restarted
+    node1 = doc["steps"][1]["output"]["hosts"]["node-1"]
+    assert node1["files_present"] >= 2 and node1["pip_ran"], node1  # resumed, not restarted
     assert _tree(failed) == before  # the failed attempt's evidence kept as it was
 
 

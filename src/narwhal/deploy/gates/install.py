@@ -25,6 +25,7 @@ from typing import Any
 from narwhal.core.documents import stamp
 from narwhal.core.errors import GateBlocked, HostError, InputError, Problem
 from narwhal.deploy.gates.handoff import passed_artifact
+from narwhal.deploy.gates.install_relay import RelayTree, pull
 from narwhal.deploy.gates.install_rules import (
     checkout_refusal,
     file_action,
@@ -219,10 +220,14 @@ def _ensure_dir(host: Host, attempt: Attempt, path: str) -> None:
         attempt.make_dir(host, path)
 
 
-def _send(host: Host, attempt: Attempt, base: str, pkg: prep.HostPackage) -> tuple[int, int]:
-    """Every file in place: (sent, already there). A different file at a target is refused."""
+def _send(host: Host, attempt: Attempt, base: str, pkg: prep.HostPackage,
+          relayed: set[str]) -> tuple[int, int]:
+    """Every file not `relayed` in place: (sent, already there). A different file at a
+    target is refused."""
     sent = present = 0
     for f in pkg.files:
+        if f.remote in relayed:
+            continue
         target = f"{base}/{f.remote}"
         data = pkg.secrets[f.remote].encode() if f.local is None else f.local.read_bytes()
         # A local file's digest was checked against the manifest just before (changed_files).
@@ -255,7 +260,7 @@ def installed_tool(host: Host, remote_dir: str, name: str) -> str:
 
 
 def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostPackage,
-                 owner: str, progress: Progress) -> dict[str, Any]:
+                 owner: str, tree: RelayTree, progress: Progress) -> dict[str, Any]:
     base = install_dir(host, p.remote_dir)
     _ensure_dir(host, attempt, base.rsplit("/", 1)[0])
     _ensure_dir(host, attempt, base)
@@ -267,8 +272,11 @@ def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostP
     lock = f"{base}/.install-lock"
     _take_lock(host, lock, owner)
     try:
+        relayed, pulled = pull(tree, host, attempt, base, pkg, progress)
         progress(host.alias, "sending")
-        sent, present = _send(host, attempt, base, pkg)
+        sent, present = _send(host, attempt, base, pkg, relayed)
+        present += len(relayed) - pulled
+        tree.serve(host, base)
         checkout = f"{base}/checkout"
         state = host.run(cl.checkout_state(checkout))
         cloned = False
@@ -305,11 +313,13 @@ def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostP
         current = host.run(cl.read_file(f"{base}/current"))
         if marker_stale(current.ok, current.text, p.run_id):
             host.run(cl.write_marker(f"{base}/current", p.run_id), check=True)
-        said, recorded = install_outcome(verified, pip_ran, sent)
+        said, recorded = install_outcome(verified, pip_ran, sent + pulled)
         progress(host.alias, said)
         return stamp(RESULT_SCHEMA, 1, {
             "host": host.alias, "roles": pkg.roles, "dir": base, "revision": p.revision,
-            "head": head, "files_sent": sent, "files_present": present, "cloned": cloned,
+            "head": head, "files_sent": sent, "files_present": present,
+            "files_relayed": pulled, "relayed_from": tree.parents[host.alias] if relayed
+            else None, "cloned": cloned,
             "pip_ran": pip_ran, "smoke": pkg.smoke,
             "outcome": recorded})
     finally:
@@ -326,15 +336,24 @@ def execute(sessions: Sessions, attempt: Attempt, p: prep.Prepared,
                               "correct the input and prepare a new run (`narwhal install`)")
                               for path in changed])
     owner = _owner(attempt)
+    tree = RelayTree(p.hosts, {a: h.destination.host for a, h in sessions.hosts.items()})
 
     def one(pkg: prep.HostPackage) -> dict[str, Any]:
         host = sessions.get(pkg.alias)
-        with attempt.bind(host):
-            return install_host(host, attempt, p, pkg, owner, progress)
+        try:
+            with attempt.bind(host):
+                return install_host(host, attempt, p, pkg, owner, tree, progress)
+        finally:
+            tree.release(pkg.alias)
 
+    try:
+        outcomes = each(p.hosts, one)
+    finally:
+        with attempt.bind(*(s.host for s in tree.serving)):
+            tree.stop()
     results: dict[str, dict[str, Any]] = {}
     problems = []
-    for outcome in each(p.hosts, one):
+    for outcome in outcomes:
         alias = outcome.item.alias
         if outcome.error is not None:
             if not isinstance(outcome.error, HostError):

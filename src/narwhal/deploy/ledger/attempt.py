@@ -109,9 +109,14 @@ class Attempt:
             facts = host.stat_file(path)
         if facts is None:
             raise LedgerError(f"{host.alias}: {path} vanished right after it was written")
-        self._own({"kind": "file", "host": host.alias, "path": path, "inode": facts[0],
-                   "sha256": facts[1]})
+        self.own_file(host, path, facts[0], facts[1])
         return sha
+
+    def own_file(self, host: Host, path: str, inode: int, sha256: str) -> None:
+        """Own a new file a command of this attempt made on host (a relayed install file),
+        by the inode and sha256 that command reported, as create_file owns its own."""
+        self._own({"kind": "file", "host": host.alias, "path": path, "inode": inode,
+                   "sha256": sha256})
 
     def make_dir(self, host: Host, path: str) -> None:
         """Create a new directory (it must not exist) and own it by inode."""
