@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from narwhal.deploy.actions.gate_commands import (
     COMMANDS,
     DeployFlags,
@@ -31,6 +33,8 @@ def test_each_gate_gets_its_own_flags_only() -> None:
     assert options == InstallOptions(prepared="20261202T000000Z")  # checkout
     assert fabric_choice(None, FLAGS.fabric_seconds) == (FabricOptions(seconds=2),
                                                           ["fabric", "--seconds", "2"])
+    assert fabric_choice({"seconds": 10, "omit_s": 1}, None, 0) == (
+        FabricOptions(seconds=10, omit_s=0), ["fabric", "--seconds", "10", "--omit", "0"])
     for name in ("attest", "preflight", "serve"):
         assert COMMANDS[name].deploy_options(NO_CONTEXT, FLAGS, {}) == (None, [name])
     assert COMMANDS["discover"].deploy_options(NO_CONTEXT, FLAGS, {}) == (
@@ -109,3 +113,19 @@ def test_a_row_that_did_not_measure_the_workloads_prompt_length_is_profiled_agai
     assert uncovered(store, 1024) == {}
     assert uncovered(store, 2049) == {"engine-2": 2048}
     assert uncovered(store, 5000) == {"engine-1": 4095, "engine-2": 2048}
+
+
+@pytest.mark.parametrize("argv", [["--fabric-seconds", "0"], ["--fabric-seconds", "-5"],
+                                  ["--fabric-seconds", "601"], ["--fabric-seconds", "1e9"],
+                                  ["--fabric-omit", "61"], ["--fabric-omit", "-1"],
+                                  ["--fabric-omit", "1;reboot"]])
+def test_deploy_refuses_fabric_flags_gate_d_itself_would_refuse(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["deploy", *argv])
+    assert refused.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+def test_deploy_passes_its_fabric_flags_to_gate_d() -> None:
+    parsed = build_parser().parse_args(["deploy", "--fabric-seconds", "1", "--fabric-omit", "0"])
+    assert (parsed.fabric_seconds, parsed.fabric_omit) == (1, 0)

@@ -32,6 +32,7 @@ class DeployFlags:
     checkout: Path | None = None
     fabric_seconds: int | None = None
     repair_checkpoint: bool = False
+    fabric_omit: int | None = None
 
 
 # subjects of a partial re-run, by option name ({} for the whole gate)
@@ -100,14 +101,16 @@ def fabric_parameters(ctx: Context) -> dict[str, Any] | None:
     return dict(parameters) if isinstance(parameters, dict) else None
 
 
-def fabric_choice(kept: Mapping[str, Any] | None, seconds: int | None
-                  ) -> tuple[FabricOptions, list[str]]:
+def fabric_choice(kept: Mapping[str, Any] | None, seconds: int | None,
+                  omit: int | None = None) -> tuple[FabricOptions, list[str]]:
     """Gate D's options for deploy: the parameters its last pass measured with (`kept`; they
     are part of every link record: others would measure every edge again, not only those
-    whose links moved); the operator's --fabric-seconds wins."""
+    whose links moved); the operator's --fabric-seconds and --fabric-omit win."""
     chosen = dict(kept or {})
     if seconds is not None:
         chosen["seconds"] = seconds
+    if omit is not None:
+        chosen["omit_s"] = omit
     given = {key: chosen[key] for _, key in FABRIC_FLAGS if isinstance(chosen.get(key), int)}
     argv = ["fabric"]
     for flag, key in FABRIC_FLAGS:
@@ -117,7 +120,7 @@ def fabric_choice(kept: Mapping[str, Any] | None, seconds: int | None
 
 def fabric_options(ctx: Context, flags: DeployFlags, subjects: Subjects
                    ) -> tuple[FabricOptions, list[str]]:
-    return fabric_choice(fabric_parameters(ctx), flags.fabric_seconds)
+    return fabric_choice(fabric_parameters(ctx), flags.fabric_seconds, flags.fabric_omit)
 
 
 COMMANDS: dict[str, GateCommand[Any]] = {c.name: c for c in (

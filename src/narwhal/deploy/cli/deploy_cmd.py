@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from narwhal.core.flag_types import number
 from narwhal.core.gates import GATES, Gate
 from narwhal.core.gates import gate as gate_named
 from narwhal.deploy.actions import deploy
@@ -36,8 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="gate B: the folder holding runtime.lock's wheels")
     p.add_argument("--checkout", type=Path, default=None,
                    help="gate B: the git checkout holding the revision")
-    p.add_argument("--fabric-seconds", type=int, default=None, metavar="SECONDS",
+    p.add_argument("--fabric-seconds", type=number(int, 1, 600), default=None,
+                   metavar="SECONDS",
                    help="gate D: seconds per edge sample (default: gate D's own)")
+    p.add_argument("--fabric-omit", type=number(int, 0, 60), default=None, metavar="SECONDS",
+                   help="gate D: seconds left out at the start of each sample (default: "
+                        "gate D's own)")
     p.add_argument("--repair-checkpoint", action="store_true",
                    help="gate A: fetch again, from the pinned revision, each staged file "
                         "that differs on a host (without it a difference blocks, unchanged)")
@@ -46,6 +51,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     flags = DeployFlags(args.prepared, args.wheelhouse, args.checkout, args.fabric_seconds,
-                        args.repair_checkpoint)
+                        args.repair_checkpoint, args.fabric_omit)
     plan = deploy.Plan(SPECS, COMMANDS, args.until.name, flags, args.json, args.offline)
     return deploy.run(Context.load(args), plan)
