@@ -26,8 +26,10 @@ to results/scale-<time>.{json,png}. Not part of `make test`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,6 +98,46 @@ def timed(plan: LabPlan, argv: list[str], *, in_lab: bool, label: str) -> dict[s
             "ws_bytes_sent": sent1 - sent0, "ssh_connections": syn1 - syn0}
 
 
+GATE_MARK = re.compile(r"^\[\d+/\d+\] gate [A-G] (\w+):")
+
+
+def deployed(plan: LabPlan, argv: list[str], out: Path) -> dict[str, dict[str, Any]]:
+    """Run `narwhal deploy` in a cgroup of its own; each gate's wall, CPU, bytes and SSH SYNs,
+    read at the moments its progress says a gate starts (the access and live checks before
+    gate A are `before_gates`)."""
+    group = CGROUP_ROOT / f"narwhal-scale-deploy-{time.monotonic_ns()}"
+    group.mkdir()
+    marks: list[tuple[str, float, float, int, int]] = []
+
+    def mark(label: str) -> None:
+        sent, syns = ws_counters(plan)
+        cpu = int((group / "cpuacct.usage").read_text()) / 1e9
+        marks.append((label, time.monotonic(), cpu, sent, syns))
+    try:
+        enter = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
+        mark("before_gates")
+        with out.open("w") as stdout:
+            running = subprocess.Popen(enter + in_ws(plan, argv), stdout=stdout,
+                                       stderr=subprocess.PIPE, text=True, env=dict(
+                                           os.environ, NARWHAL_LAB_SSH_CONFIG=str(plan.ssh_config)))
+            assert running.stderr is not None
+            tail: list[str] = []
+            for line in running.stderr:
+                tail = [*tail, line][-40:]
+                if (gate := GATE_MARK.match(line)) is not None:
+                    mark(gate[1])
+                    print(f"bench: {line.rstrip()}", flush=True)
+            code = running.wait()
+        mark("end")
+    finally:
+        _remove_group(group)
+    if code != 0:
+        raise SystemExit(f"bench: deploy failed ({code}): {''.join(tail)}")
+    return {a[0]: {"wall_s": round(b[1] - a[1], 3), "ws_cpu_s": round(b[2] - a[2], 3),
+                   "ws_bytes_sent": b[3] - a[3], "ssh_connections": b[4] - a[4]}
+            for a, b in itertools.pairwise(marks)}
+
+
 def _remove_group(group: Path) -> None:
     """Move what is left in the cgroup (nothing, normally) to the root, then remove it."""
     for pid in (group / "cgroup.procs").read_text().split():
@@ -103,9 +145,10 @@ def _remove_group(group: Path) -> None:
     group.rmdir()
 
 
-def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path
-             ) -> dict[str, Any]:
-    """Every gate on a fresh lab of `hosts` hosts; the figures per gate."""
+def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
+             deploy: bool = False) -> dict[str, Any]:
+    """Every gate on a fresh lab of `hosts` hosts, gate by gate or (`deploy`) in one
+    `narwhal deploy`; the figures per gate."""
     lab_spec = scaled_lab(hosts)
     lifecycle.down(NAME)
     t0 = time.monotonic()
@@ -126,6 +169,20 @@ def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path
         gate("trust", "hosts", "trust", "--yes")
         row: dict[str, Any] = {"hosts": hosts, "engine_hosts": hosts - 1,
                                "lab_up_s": round(up_s, 2), "gates": {}}
+        if deploy:
+            row["install_prepare"] = gate("install_prepare", "install", "--prepare-only",
+                                          "--checkout", str(checkout), in_lab=False)
+            prepared, = (d.name for d in (runs / "scale" / "deployment-env").iterdir())
+            figures = deployed(plan, [NARWHAL, "deploy", "--json", "--prepared", prepared,
+                                      "--fabric-seconds", str(seconds), "--fabric-omit", "0",
+                                      "--env", str(env), "--runs", str(runs)],
+                               tmp / f"deploy-{hosts}.json")
+            row["deploy"] = {"before_gates": figures.pop("before_gates"),
+                             "wall_s": round(sum(f["wall_s"] for f in figures.values()), 3)}
+            row["gates"] = figures
+            _add_record_figures(row, runs / "scale", seconds)
+            row["memory_per_host_mib"] = round((mem0 - _available_bytes()) / hosts / 2**20, 1)
+            return row
         steps = {"discover": (), "install": ("--checkout", str(checkout)), "engines": (),
                  "fabric": ("--seconds", str(seconds), "--omit", "0"), "attest": (),
                  "preflight": (), "serve": ()}
@@ -170,6 +227,9 @@ def main() -> int:
     p.add_argument("--add-to", type=Path, metavar="RESULTS.json",
                    help="an earlier run's results (same --seconds): its sizes join this run's "
                         "in the fits and the plot, so the longest size can run on its own")
+    p.add_argument("--deploy", action="store_true",
+                   help="run the gates as one `narwhal deploy` (--fabric-seconds S "
+                        "--fabric-omit 0), each gate's figures read where its progress starts")
     p.add_argument("--keep", type=Path, metavar="DIR",
                    help="copy each size's deployment record here (runs-<hosts>) to read later")
     args = p.parse_args()
@@ -183,7 +243,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="narwhal-scale-") as tmp:
         checkout, revision = clean_checkout(Path(tmp) / "checkout")
         for hosts in sizes:
-            rows.append(one_size(hosts, args.seconds, checkout, revision, Path(tmp)))
+            rows.append(one_size(hosts, args.seconds, checkout, revision, Path(tmp),
+                                 args.deploy))
             if args.keep is not None:
                 shutil.copytree(Path(tmp) / f"runs-{hosts}", args.keep / f"runs-{hosts}",
                                 dirs_exist_ok=True)

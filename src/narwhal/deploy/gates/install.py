@@ -259,6 +259,24 @@ def installed_tool(host: Host, remote_dir: str, name: str) -> str:
     return f"{install_dir(host, remote_dir)}/venv/bin/{name}"
 
 
+def _checkout(host: Host, attempt: Attempt, base: str, revision: str,
+              progress: Progress) -> tuple[str, bool]:
+    """The clean clone of the revision in place: (its HEAD, whether this attempt cloned it)."""
+    checkout = f"{base}/checkout"
+    state = host.run(cl.checkout_state(checkout))
+    cloned = False
+    if not state.ok:
+        progress(host.alias, "cloning the revision")
+        host.run(cl.clone_bundle(checkout, f"{base}/revision.bundle", source.BRANCH),
+                 timeout=300, check=True)
+        attempt.own_tree(host, checkout)
+        state, cloned = host.run(cl.checkout_state(checkout), check=True), True
+    head, changed = state.text.split()
+    if (refused := checkout_refusal(head, changed, revision)) is not None:
+        raise HostError(host.alias, f"{checkout} {refused}; move it away and rerun")
+    return head, cloned
+
+
 def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostPackage,
                  owner: str, tree: RelayTree, progress: Progress) -> dict[str, Any]:
     base = install_dir(host, p.remote_dir)
@@ -277,18 +295,7 @@ def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostP
         sent, present = _send(host, attempt, base, pkg, relayed)
         present += len(relayed) - pulled
         tree.serve(host, base)
-        checkout = f"{base}/checkout"
-        state = host.run(cl.checkout_state(checkout))
-        cloned = False
-        if not state.ok:
-            progress(host.alias, "cloning the revision")
-            host.run(cl.clone_bundle(checkout, f"{base}/revision.bundle", source.BRANCH),
-                     timeout=300, check=True)
-            attempt.own_tree(host, checkout)
-            state, cloned = host.run(cl.checkout_state(checkout), check=True), True
-        head, changed = state.text.split()
-        if (refused := checkout_refusal(head, changed, p.revision)) is not None:
-            raise HostError(host.alias, f"{checkout} {refused}; move it away and rerun")
+        head, cloned = _checkout(host, attempt, base, p.revision, progress)
         venv = f"{base}/venv"
         reqs = next(f for f in pkg.files if f.remote == pkg.requirements)
         pip_ran = pip_needed(host.run(cl.venv_stamp(venv), check=True).text.strip(),
