@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What every gate costs as the fleet grows: 4, 8, 16 and 32 lab hosts, deployed gate by gate.
 
-    .venv/bin/python bench/scale.py [--hosts 4,8,16,32] [--seconds 1] [--add-to RESULTS.json]
+    .venv/bin/python bench/scale.py [--hosts 4,8,16,32] [--seconds 1] [--deploy]
+                                    [--add-to RESULTS.json] [--keep DIR]
 
 For each size a lab of the default spec scaled to HOSTS - 1 engine hosts and the router host
 (`narwhal lab up --engines N`; its own name and subnets, so the session lab may stay) is
@@ -16,6 +17,10 @@ package index answers, C, D with `--seconds S --omit 0`, E, F, G). Per gate:
 - the critical path: the longest chain of the attempt's remote commands in which each starts
   after the one before it ended (commands.jsonl), as a count and in seconds;
 - for Gate D, the overhead per edge beyond its sample: (the sampling phase - edges x S) / edges.
+With `--deploy` every size is deployed by one `narwhal deploy` instead (Gate D with
+`--fabric-seconds S --fabric-omit 0`, B from the wheelhouse downloaded here and Narwhal's
+wheels built once for all sizes), and each gate's wall, CPU, bytes and SYNs are read when
+its progress line says it starts; the access and live checks before gate A are kept apart.
 Every figure is then fitted against the hosts (constant, linear, quadratic; the lowest degree
 whose fit explains 98 % of the variance is named) and plotted. On this machine every host
 shares two cores, so the hosts' own CPU is this machine's limit, not Narwhal's; the
@@ -26,6 +31,7 @@ to results/scale-<time>.{json,png}. Not part of `make test`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -42,6 +48,8 @@ from _lab_gates import NARWHAL, clean_checkout, lab_env, write_results
 from _scale_figures import critical_path, edge_overhead_s, fits, plot
 
 from narwhal.core.gates import GATE_NAMES
+from narwhal.deploy.package import prepared, wheelhouse
+from narwhal.deploy.package.lock import load_lock
 from narwhal.lab import defaults, lifecycle, spec
 from narwhal.lab.plan import LabPlan
 
@@ -170,10 +178,10 @@ def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
         row: dict[str, Any] = {"hosts": hosts, "engine_hosts": hosts - 1,
                                "lab_up_s": round(up_s, 2), "gates": {}}
         if deploy:
-            row["install_prepare"] = gate("install_prepare", "install", "--prepare-only",
-                                          "--checkout", str(checkout), in_lab=False)
-            prepared, = (d.name for d in (runs / "scale" / "deployment-env").iterdir())
-            figures = deployed(plan, [NARWHAL, "deploy", "--json", "--prepared", prepared,
+            runs.mkdir(exist_ok=True)
+            (runs / "builds").symlink_to(tmp / "shared-runs" / "builds")  # built once: prebuilt
+            figures = deployed(plan, [NARWHAL, "deploy", "--json", "--wheelhouse",
+                                      str(_wheelhouse(checkout)), "--checkout", str(checkout),
                                       "--fabric-seconds", str(seconds), "--fabric-omit", "0",
                                       "--env", str(env), "--runs", str(runs)],
                                tmp / f"deploy-{hosts}.json")
@@ -196,6 +204,24 @@ def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
         return row
     finally:
         lifecycle.down(NAME)
+
+
+def _wheelhouse(checkout: Path) -> Path:
+    """The revision's runtime wheels, downloaded here in the root namespace (where a package
+    index answers, as on an operator's workstation) once per lock."""
+    lock_path = checkout / "runtime.lock"
+    digest = hashlib.sha256(lock_path.read_bytes()).hexdigest()[:16]
+    wheels = Path(__file__).resolve().parents[1] / ".cache" / f"wheelhouse-{digest}"
+    wheelhouse.build(wheels, lock_path, load_lock(lock_path))
+    return wheels
+
+
+def prebuilt(shared_runs: Path, checkout: Path, revision: str) -> None:
+    """The revision's bundle and Narwhal wheels built once for every size (`deploy` would
+    otherwise compile the router's wheel again in each size's Gate B)."""
+    lock_bytes, lock = prepared.revision_lock(checkout, revision)
+    prepared.build_inputs(shared_runs, checkout, revision, lock_bytes, lock,
+                          _wheelhouse(checkout), lambda *_: None)
 
 
 def _available_bytes() -> int:
@@ -242,6 +268,8 @@ def main() -> int:
         rows = [r for r in earlier["runs"] if r["hosts"] not in sizes]
     with tempfile.TemporaryDirectory(prefix="narwhal-scale-") as tmp:
         checkout, revision = clean_checkout(Path(tmp) / "checkout")
+        if args.deploy:
+            prebuilt(Path(tmp) / "shared-runs", checkout, revision)
         for hosts in sizes:
             rows.append(one_size(hosts, args.seconds, checkout, revision, Path(tmp),
                                  args.deploy))
