@@ -140,7 +140,8 @@ def deployed(plan: LabPlan, argv: list[str], out: Path) -> dict[str, dict[str, A
     finally:
         _remove_group(group)
     if code != 0:
-        raise SystemExit(f"bench: deploy failed ({code}): {''.join(tail)}")
+        raise SystemExit(f"bench: deploy failed ({code}): {''.join(tail)}\n"
+                         f"its document ({out}): {out.read_text()[-6000:]}")
     return {a[0]: {"wall_s": round(b[1] - a[1], 3), "ws_cpu_s": round(b[2] - a[2], 3),
                    "ws_bytes_sent": b[3] - a[3], "ssh_connections": b[4] - a[4]}
             for a, b in itertools.pairwise(marks)}
@@ -163,6 +164,7 @@ def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
     plan = lifecycle.up(lab_spec)
     up_s = time.monotonic() - t0
     mem0 = _available_bytes()
+    passed = False
     try:
         subprocess.run(in_ws(plan, ["iptables", "-I", *SSH_RULE, "-j", "ACCEPT"]), check=True)
         env = lab_env(plan, tmp / f".env-{hosts}", "scale", revision)
@@ -190,6 +192,7 @@ def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
             row["gates"] = figures
             _add_record_figures(row, runs / "scale", seconds)
             row["memory_per_host_mib"] = round((mem0 - _available_bytes()) / hosts / 2**20, 1)
+            passed = True
             return row
         steps = {"discover": (), "install": ("--checkout", str(checkout)), "engines": (),
                  "fabric": ("--seconds", str(seconds), "--omit", "0"), "attest": (),
@@ -201,9 +204,13 @@ def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
             row["gates"][name] = gate(name, name, *steps[name])
         _add_record_figures(row, runs / "scale", seconds)
         row["memory_per_host_mib"] = round((mem0 - _available_bytes()) / hosts / 2**20, 1)
+        passed = True
         return row
     finally:
-        lifecycle.down(NAME)
+        if passed or os.environ.get("NARWHAL_SCALE_HOLD") != "1":
+            lifecycle.down(NAME)
+        else:  # NARWHAL_SCALE_HOLD=1: a failed size's lab is kept up to look at
+            print(f"bench: the lab {NAME} is left up (`narwhal lab down {NAME}`)", flush=True)
 
 
 def _wheelhouse(checkout: Path) -> Path:
@@ -256,6 +263,9 @@ def main() -> int:
     p.add_argument("--deploy", action="store_true",
                    help="run the gates as one `narwhal deploy` (--fabric-seconds S "
                         "--fabric-omit 0), each gate's figures read where its progress starts")
+    p.add_argument("--work", type=Path, metavar="DIR",
+                   help="work in this (new) folder instead of a temporary one: the checkout, "
+                        "each size's records and documents and rows.json after each size")
     p.add_argument("--keep", type=Path, metavar="DIR",
                    help="copy each size's deployment record here (runs-<hosts>) to read later")
     args = p.parse_args()
@@ -266,16 +276,20 @@ def main() -> int:
         if earlier["summary"]["seconds_per_sample"] != args.seconds:
             raise SystemExit(f"bench: {args.add_to} sampled edges for another --seconds")
         rows = [r for r in earlier["runs"] if r["hosts"] not in sizes]
-    with tempfile.TemporaryDirectory(prefix="narwhal-scale-") as tmp:
-        checkout, revision = clean_checkout(Path(tmp) / "checkout")
+    with tempfile.TemporaryDirectory(prefix="narwhal-scale-") as scratch:
+        tmp = args.work or Path(scratch)  # --work: records, documents and rows outlive a failure
+        checkout, revision = clean_checkout(tmp / "checkout")
         if args.deploy:
-            prebuilt(Path(tmp) / "shared-runs", checkout, revision)
+            prebuilt(tmp / "shared-runs", checkout, revision)
         for hosts in sizes:
-            rows.append(one_size(hosts, args.seconds, checkout, revision, Path(tmp),
-                                 args.deploy))
-            if args.keep is not None:
-                shutil.copytree(Path(tmp) / f"runs-{hosts}", args.keep / f"runs-{hosts}",
-                                dirs_exist_ok=True)
+            try:
+                rows.append(one_size(hosts, args.seconds, checkout, revision, tmp,
+                                     args.deploy))
+            finally:
+                if args.keep is not None and (tmp / f"runs-{hosts}").exists():
+                    shutil.copytree(tmp / f"runs-{hosts}", args.keep / f"runs-{hosts}",
+                                    dirs_exist_ok=True, symlinks=True)
+            (tmp / "rows.json").write_text(json.dumps(rows, indent=1))
     rows.sort(key=lambda r: int(r["hosts"]))
     summary = {"hosts": [r["hosts"] for r in rows], "seconds_per_sample": args.seconds,
                "fits": fits(rows)}
