@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from heapq import heappop
 from typing import Any
 
 from narwhal.serve.router.scheduling.admission import (
@@ -51,12 +52,17 @@ from narwhal.serve.router.scheduling.admission import (
 )
 from narwhal.serve.router.scheduling.bookings import Bookings, chooser_owns, decode_tokens
 from narwhal.serve.router.scheduling.costs import (
-    arrival_s,
     decode_step_s,
     first_token_s,
     stream_step_s,
     uncached_s,
     waited_s,
+)
+from narwhal.serve.router.scheduling.decode_rank import (
+    Rank,
+    decode_floors,
+    decode_key,
+    within_key,
 )
 from narwhal.serve.router.scheduling.engines import (
     REFUSED_OVER_SHARE,
@@ -210,46 +216,57 @@ class CurvePriced:
                      window_s: float = 0.0, now: float = 0.0,
                      hold: bool = False) -> DecodeChoice | None:
         """The decode engine the request slows least while the step stays within the TPOT
-        budget (`pricing.best_decode`'s rule): its key is the step-time increase within the
-        budget, 1e9 + the resulting step over it (any engine within budget beats every one
-        over it), 1e8 + its start when its leg would be held (after any engine that takes
-        it at once). The leg starts `window_s` from `now` (its prefill); on `prefer` (the
-        prefill engine) the request is plain: no KV arrives, its prefill is on the queue."""
-        budget = self.tpot_s
-        ttft_limit = self._ttft_limit()
+        budget (`pricing.best_decode`'s rule), by decode_rank's rank: its key is the step-time
+        increase within the budget, OVER_KEY + the resulting step over it (any engine within
+        budget beats every one over it), HELD_KEY + its start when its leg would be held
+        (after any engine that takes it at once). The leg starts `window_s` from `now` (its
+        prefill); on `prefer` (the prefill engine) the request is plain: no KV arrives, its
+        prefill is on the queue. Engines are priced in the order of their rank's floor, and
+        none after the first floor above the best rank found (decode_rank.py says why that
+        choice is the one pricing every engine would make)."""
+        pool = self._decode
         best: DecodeChoice | None = None
-        best_key = math.inf
-        for engine in self._decode:
-            profile = engine.profile
-            if (engine.ejected or engine.held or profile is None or not engine.serves_decode
-                    or engine in exclude):
-                continue
-            mine = 0.0 if engine is prefer else arrivals
-            after, judged, streams = stream_step_s(engine, tokens, mine, steps, window_s, now,
-                                                   budget, True)
-            own = -1.0
-            starts = window_s
-            if engine.load.projects and steps and now > 0.0:
-                # a split leg may be held while TTFT allows: its first token comes a handoff
-                # after it is sent
-                limit = 0.0
-                if hold and engine is not prefer:
-                    limit = ttft_limit - first_token_s(engine, after, True)
-                seen = projected_tpot_s(engine, tokens, steps, engine is prefer, now, budget,
-                                        window_s, limit)
-                if seen is not None:
-                    judged, own, starts = seen.worst_s, seen.own_s, seen.starts_s
-            c = profile.decode
-            key = 1e9 + after if judged > budget else (
-                c.per_token_s * tokens + c.per_request_s + arrival_s(profile) * mine)
-            if starts > window_s and judged <= budget:  # held
-                key = 1e8 + starts
-            if key < best_key or (key == best_key and best is not None
-                                  and best.engine is not prefer
-                                  and (engine is prefer or streams < best.streams)):
-                best = DecodeChoice(engine, after, judged, own, starts, streams)
-                best_key = key
+        best_rank: Rank | None = None
+        floors = decode_floors(pool, tokens, arrivals, exclude, prefer, window_s)
+        while floors:
+            floor = heappop(floors)
+            if best_rank is not None and floor > best_rank:
+                break
+            position = floor[3]
+            choice, key = self._price_decode(pool[position], tokens, arrivals, prefer, steps,
+                                             window_s, now, hold)
+            rank = (key, floor[1], choice.streams, position)
+            if key < math.inf and (best_rank is None or rank < best_rank):
+                best, best_rank = choice, rank
         return best
+
+    def _price_decode(self, engine: Engine, tokens: int, arrivals: float,
+                      prefer: Engine | None, steps: int | None, window_s: float, now: float,
+                      hold: bool) -> tuple[DecodeChoice, float]:
+        """(what the request would meet on decode engine `engine`, its key there): the step
+        as costs.stream_step_s holds it to the budget, or, where the streams there can be
+        projected, as projection.py projects them, a split leg held while TTFT allows."""
+        budget = self.tpot_s
+        profile = engine.profile
+        assert profile is not None
+        mine = 0.0 if engine is prefer else arrivals
+        after, judged, streams = stream_step_s(engine, tokens, mine, steps, window_s, now,
+                                               budget, True)
+        own = -1.0
+        starts = window_s
+        if engine.load.projects and steps and now > 0.0:
+            # a split leg may be held while TTFT allows: its first token comes a handoff
+            # after it is sent
+            limit = 0.0
+            if hold and engine is not prefer:
+                limit = self._ttft_limit() - first_token_s(engine, after, True)
+            seen = projected_tpot_s(engine, tokens, steps, engine is prefer, now, budget,
+                                    window_s, limit)
+            if seen is not None:
+                judged, own, starts = seen.worst_s, seen.own_s, seen.starts_s
+        key = decode_key(within_key(profile, tokens, mine), after, judged, budget, starts,
+                         window_s)
+        return DecodeChoice(engine, after, judged, own, starts, streams), key
 
     def place(self, facts: RequestFacts) -> Placement | Refusal | None:
         self._turn += 1
