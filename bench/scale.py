@@ -83,27 +83,51 @@ def ws_counters(plan: LabPlan) -> tuple[int, int]:
     return sent, syns
 
 
+Reading = tuple[float, float, int, int]  # (monotonic s, cgroup CPU s, bytes sent, SSH SYNs)
+
+
+class Metered:
+    """A cpuacct cgroup of its own for the commands run through `argv`, and readings of it
+    with the workstation namespace's counters: what a command or a stretch of it cost."""
+
+    def __init__(self, plan: LabPlan, label: str) -> None:
+        self.plan = plan
+        self.group = CGROUP_ROOT / f"narwhal-scale-{label}-{time.monotonic_ns()}"
+        self.group.mkdir()
+        self.env = dict(os.environ, NARWHAL_LAB_SSH_CONFIG=str(plan.ssh_config))
+
+    def argv(self, argv: list[str], in_lab: bool = True) -> list[str]:
+        enter = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.group)]
+        return enter + (in_ws(self.plan, argv) if in_lab else argv)
+
+    def read(self) -> Reading:
+        sent, syns = ws_counters(self.plan)
+        cpu_s = int((self.group / "cpuacct.usage").read_text()) / 1e9
+        return time.monotonic(), cpu_s, sent, syns
+
+    def close(self) -> None:
+        _remove_group(self.group)
+
+
+def figures(a: Reading, b: Reading) -> dict[str, Any]:
+    return {"wall_s": round(b[0] - a[0], 3), "ws_cpu_s": round(b[1] - a[1], 3),
+            "ws_bytes_sent": b[2] - a[2], "ssh_connections": b[3] - a[3]}
+
+
 def timed(plan: LabPlan, argv: list[str], *, in_lab: bool, label: str) -> dict[str, Any]:
     """Run one narwhal command in a cgroup of its own; its wall, CPU, bytes and SSH SYNs."""
-    group = CGROUP_ROOT / f"narwhal-scale-{label}-{time.monotonic_ns()}"
-    group.mkdir()
+    meter = Metered(plan, label)
     try:
-        enter = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
-        command = enter + (in_ws(plan, argv) if in_lab else argv)
-        sent0, syn0 = ws_counters(plan)
-        t0 = time.monotonic()
-        done = subprocess.run(command, capture_output=True, text=True, check=False,
-                              env=dict(os.environ, NARWHAL_LAB_SSH_CONFIG=str(plan.ssh_config)))
-        wall = time.monotonic() - t0
-        sent1, syn1 = ws_counters(plan)
-        cpu_s = int((group / "cpuacct.usage").read_text()) / 1e9
+        before = meter.read()
+        done = subprocess.run(meter.argv(argv, in_lab), capture_output=True, text=True,
+                              check=False, env=meter.env)
+        after = meter.read()
     finally:
-        _remove_group(group)
+        meter.close()
     if done.returncode != 0:
         raise SystemExit(f"bench: {' '.join(argv[1:3])} failed: {done.stdout[-2000:]}"
                          f"{done.stderr[-2000:]}")
-    return {"wall_s": round(wall, 3), "ws_cpu_s": round(cpu_s, 3),
-            "ws_bytes_sent": sent1 - sent0, "ssh_connections": syn1 - syn0}
+    return figures(before, after)
 
 
 GATE_MARK = re.compile(r"^\[\d+/\d+\] gate [A-G] (\w+):")
@@ -113,38 +137,27 @@ def deployed(plan: LabPlan, argv: list[str], out: Path) -> dict[str, dict[str, A
     """Run `narwhal deploy` in a cgroup of its own; each gate's wall, CPU, bytes and SSH SYNs,
     read at the moments its progress says a gate starts (the access and live checks before
     gate A are `before_gates`)."""
-    group = CGROUP_ROOT / f"narwhal-scale-deploy-{time.monotonic_ns()}"
-    group.mkdir()
-    marks: list[tuple[str, float, float, int, int]] = []
-
-    def mark(label: str) -> None:
-        sent, syns = ws_counters(plan)
-        cpu = int((group / "cpuacct.usage").read_text()) / 1e9
-        marks.append((label, time.monotonic(), cpu, sent, syns))
+    meter = Metered(plan, "deploy")
+    marks: list[tuple[str, Reading]] = [("before_gates", meter.read())]
+    tail: list[str] = []
     try:
-        enter = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)]
-        mark("before_gates")
         with out.open("w") as stdout:
-            running = subprocess.Popen(enter + in_ws(plan, argv), stdout=stdout,
-                                       stderr=subprocess.PIPE, text=True, env=dict(
-                                           os.environ, NARWHAL_LAB_SSH_CONFIG=str(plan.ssh_config)))
+            running = subprocess.Popen(meter.argv(argv), stdout=stdout, stderr=subprocess.PIPE,
+                                       text=True, env=meter.env)
             assert running.stderr is not None
-            tail: list[str] = []
             for line in running.stderr:
                 tail = [*tail, line][-40:]
                 if (gate := GATE_MARK.match(line)) is not None:
-                    mark(gate[1])
+                    marks.append((gate[1], meter.read()))
                     print(f"bench: {line.rstrip()}", flush=True)
             code = running.wait()
-        mark("end")
+        marks.append(("end", meter.read()))
     finally:
-        _remove_group(group)
+        meter.close()
     if code != 0:
         raise SystemExit(f"bench: deploy failed ({code}): {''.join(tail)}\n"
                          f"its document ({out}): {out.read_text()[-6000:]}")
-    return {a[0]: {"wall_s": round(b[1] - a[1], 3), "ws_cpu_s": round(b[2] - a[2], 3),
-                   "ws_bytes_sent": b[3] - a[3], "ssh_connections": b[4] - a[4]}
-            for a, b in itertools.pairwise(marks)}
+    return {a[0]: figures(a[1], b[1]) for a, b in itertools.pairwise(marks)}
 
 
 def _remove_group(group: Path) -> None:
@@ -155,9 +168,9 @@ def _remove_group(group: Path) -> None:
 
 
 def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
-             deploy: bool = False) -> dict[str, Any]:
-    """Every gate on a fresh lab of `hosts` hosts, gate by gate or (`deploy`) in one
-    `narwhal deploy`; the figures per gate."""
+             wheels: Path | None = None) -> dict[str, Any]:
+    """Every gate on a fresh lab of `hosts` hosts, gate by gate or, given the `wheels`
+    downloaded here, in one `narwhal deploy`; the figures per gate."""
     lab_spec = scaled_lab(hosts)
     lifecycle.down(NAME)
     t0 = time.monotonic()
@@ -179,29 +192,27 @@ def one_size(hosts: int, seconds: int, checkout: Path, revision: str, tmp: Path,
         gate("trust", "hosts", "trust", "--yes")
         row: dict[str, Any] = {"hosts": hosts, "engine_hosts": hosts - 1,
                                "lab_up_s": round(up_s, 2), "gates": {}}
-        if deploy:
+        if wheels is not None:
             runs.mkdir(exist_ok=True)
             (runs / "builds").symlink_to(tmp / "shared-runs" / "builds")  # built once: prebuilt
-            figures = deployed(plan, [NARWHAL, "deploy", "--json", "--wheelhouse",
-                                      str(_wheelhouse(checkout)), "--checkout", str(checkout),
-                                      "--fabric-seconds", str(seconds), "--fabric-omit", "0",
-                                      "--env", str(env), "--runs", str(runs)],
-                               tmp / f"deploy-{hosts}.json")
-            row["deploy"] = {"before_gates": figures.pop("before_gates"),
-                             "wall_s": round(sum(f["wall_s"] for f in figures.values()), 3)}
-            row["gates"] = figures
-            _add_record_figures(row, runs / "scale", seconds)
-            row["memory_per_host_mib"] = round((mem0 - _available_bytes()) / hosts / 2**20, 1)
-            passed = True
-            return row
-        steps = {"discover": (), "install": ("--checkout", str(checkout)), "engines": (),
-                 "fabric": ("--seconds", str(seconds), "--omit", "0"), "attest": (),
-                 "preflight": (), "serve": ()}
-        for name in GATE_NAMES:
-            if name == "install":  # prepared where a package index answers, as an operator does
-                row["install_prepare"] = gate("install_prepare", "install", "--prepare-only",
-                                              "--checkout", str(checkout), in_lab=False)
-            row["gates"][name] = gate(name, name, *steps[name])
+            row["gates"] = deployed(plan, [NARWHAL, "deploy", "--json", "--wheelhouse",
+                                           str(wheels), "--checkout", str(checkout),
+                                           "--fabric-seconds", str(seconds), "--fabric-omit",
+                                           "0", "--env", str(env), "--runs", str(runs)],
+                                    tmp / f"deploy-{hosts}.json")
+            row["deploy"] = {"before_gates": row["gates"].pop("before_gates"),
+                             "wall_s": round(sum(f["wall_s"] for f in row["gates"].values()),
+                                             3)}
+        else:
+            steps = {"discover": (), "install": ("--checkout", str(checkout)), "engines": (),
+                     "fabric": ("--seconds", str(seconds), "--omit", "0"), "attest": (),
+                     "preflight": (), "serve": ()}
+            for name in GATE_NAMES:
+                if name == "install":  # prepared where a package index answers, as an
+                    row["install_prepare"] = gate(  # operator does
+                        "install_prepare", "install", "--prepare-only", "--checkout",
+                        str(checkout), in_lab=False)
+                row["gates"][name] = gate(name, name, *steps[name])
         _add_record_figures(row, runs / "scale", seconds)
         row["memory_per_host_mib"] = round((mem0 - _available_bytes()) / hosts / 2**20, 1)
         passed = True
@@ -223,12 +234,14 @@ def _wheelhouse(checkout: Path) -> Path:
     return wheels
 
 
-def prebuilt(shared_runs: Path, checkout: Path, revision: str) -> None:
+def prebuilt(shared_runs: Path, checkout: Path, revision: str) -> Path:
     """The revision's bundle and Narwhal wheels built once for every size (`deploy` would
-    otherwise compile the router's wheel again in each size's Gate B)."""
+    otherwise compile the router's wheel again in each size's Gate B); the runtime wheels."""
     lock_bytes, lock = prepared.revision_lock(checkout, revision)
-    prepared.build_inputs(shared_runs, checkout, revision, lock_bytes, lock,
-                          _wheelhouse(checkout), lambda *_: None)
+    wheels = _wheelhouse(checkout)
+    prepared.build_inputs(shared_runs, checkout, revision, lock_bytes, lock, wheels,
+                          lambda *_: None)
+    return wheels
 
 
 def _available_bytes() -> int:
@@ -279,12 +292,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="narwhal-scale-") as scratch:
         tmp = args.work or Path(scratch)  # --work: records, documents and rows outlive a failure
         checkout, revision = clean_checkout(tmp / "checkout")
-        if args.deploy:
-            prebuilt(tmp / "shared-runs", checkout, revision)
+        wheels = prebuilt(tmp / "shared-runs", checkout, revision) if args.deploy else None
         for hosts in sizes:
             try:
-                rows.append(one_size(hosts, args.seconds, checkout, revision, tmp,
-                                     args.deploy))
+                rows.append(one_size(hosts, args.seconds, checkout, revision, tmp, wheels))
             finally:
                 if args.keep is not None and (tmp / f"runs-{hosts}").exists():
                     shutil.copytree(tmp / f"runs-{hosts}", args.keep / f"runs-{hosts}",

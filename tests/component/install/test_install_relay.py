@@ -60,12 +60,15 @@ def _place(base: Path, files: list[prep.SendFile]) -> None:
 
 
 def _serve(base: Path, files: list[prep.SendFile], idle_s: float = 60.0) -> tuple[int, str]:
+    """A relay server started from the argv a host runs; (its pid, its URL)."""
     pairs = [(str(f.sha256), f.remote) for f in files]
-    done = subprocess.run(cl.relay_serve(str(base / ".log"), "127.0.0.1", "t0ken", idle_s,
-                                         120.0, str(base), pairs),
-                          capture_output=True, text=True, timeout=30, check=True)
-    pid, port = (int(x) for x in done.stdout.split())
-    return pid, f"http://127.0.0.1:{port}/t0ken"
+    server = subprocess.Popen(cl.relay_server("127.0.0.1", "t0ken", idle_s, 120.0, str(base),
+                                              pairs), stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    said, port = server.stdout.readline().split()
+    server.stdout.close()
+    assert said == "port"
+    return server.pid, f"http://127.0.0.1:{port}/t0ken"
 
 
 @pytest.fixture
@@ -104,8 +107,8 @@ def test_a_child_pulls_its_parents_files_checked_private_and_owned(
     ledger = Ledger(tmp_path / "runs", "demo").ensure()
     said: list[str] = []
     with ledger.attempt("install", fingerprint={}, hosts={}, deployment_revision="") as attempt:
-        tree.serve(parent, str(bases["node-1"]))
-        servers.extend(s.pid for s in tree.serving)
+        tree.serve(parent, attempt, str(bases["node-1"]))
+        servers.extend(s.process.pid for s in tree.serving)
         tree.release("node-1")
         done, created = pull(tree, child, attempt, str(bases["node-2"]), packages[1],
                              lambda alias, what: said.append(f"{alias}: {what}"))
@@ -119,11 +122,14 @@ def test_a_child_pulls_its_parents_files_checked_private_and_owned(
         assert stat.S_IMODE(got.stat().st_mode) == 0o600
     assert not (bases["node-2"] / source[3].remote).exists()  # small: left to the send
     owned = [json.loads(line) for line in (folder / "owned.jsonl").read_text().splitlines()]
-    assert {(r["path"], r["inode"], r["sha256"]) for r in owned} == {
+    # the server is the attempt's, so `recover install` ends it if the gate never does
+    assert [(r["host"], r["pid"]) for r in owned if r["kind"] == "process"] == [
+        ("node-1", tree.serving[0].process.pid)]
+    assert {(r["path"], r["inode"], r["sha256"]) for r in owned if r["kind"] == "file"} == {
         (str(bases["node-2"] / f.remote), (bases["node-2"] / f.remote).stat().st_ino, f.sha256)
         for f in source[:3]}
     assert not list(bases["node-2"].rglob("*.part-relay-*"))
-    _wait_gone(tree.serving[0].pid)  # stopped at the gate's end
+    _wait_gone(tree.serving[0].process.pid)  # stopped at the gate's end
 
 
 def _wait_gone(pid: int) -> None:

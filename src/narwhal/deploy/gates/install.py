@@ -294,7 +294,7 @@ def install_host(host: Host, attempt: Attempt, p: prep.Prepared, pkg: prep.HostP
         progress(host.alias, "sending")
         sent, present = _send(host, attempt, base, pkg, relayed)
         present += len(relayed) - pulled
-        tree.serve(host, base)
+        tree.serve(host, attempt, base)
         head, cloned = _checkout(host, attempt, base, p.revision, progress)
         venv = f"{base}/venv"
         reqs = next(f for f in pkg.files if f.remote == pkg.requirements)

@@ -2,7 +2,8 @@
 first host only, and every host pulls them from its parent in a tree (install_rules
 `relay_parents`), so the workstation's bytes do not grow with the fleet.
 
-A parent serves (hosts/relay_scripts.py RELAY_SERVE) once its own files are in place, while it
+A parent serves (hosts/relay_scripts.py RELAY_SERVE, started through the attempt like any
+process a gate starts) once its own files are in place, while it
 goes on to clone and install; a child waits for that, pulls over HTTP from the address its
 parent's SSH destination names, checks each file's size and sha256 on arrival and links it in
 place without replacing anything. The relay is only a shortcut: whatever a child could not
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +30,7 @@ from narwhal.deploy.gates.install_rules import (
     relayed_files,
 )
 from narwhal.deploy.hosts import commandline as cl
-from narwhal.deploy.hosts.base import Host
+from narwhal.deploy.hosts.base import Host, ProcessRef
 from narwhal.deploy.ledger.attempt import Attempt
 from narwhal.deploy.package import prepared as prep
 
@@ -38,6 +40,9 @@ READ_TIMEOUT_S = 30.0  # one read from a parent; a slower one sends the rest ove
 PULL_DEADLINE_S = 600.0  # all of one host's pulls
 WAIT_S = 1800.0  # for a parent to serve or give up (it always does one, in `release`)
 LOG = ".relay-serve.log"
+
+
+PORT_WAIT_S = 5.0  # for a started server to say its port
 Progress = Callable[[str, str], None]
 
 
@@ -45,8 +50,7 @@ Progress = Callable[[str, str], None]
 class Serving:
     host: Host
     url: str
-    pid: int
-    start_ticks: int
+    process: ProcessRef  # started through the attempt, so `recover install` also ends it
 
 
 def url_host(address: str) -> str:
@@ -65,30 +69,27 @@ class RelayTree:
 
     def __init__(self, packages: Sequence[prep.HostPackage], addresses: dict[str, str]):
         self.parents = relay_parents([p.alias for p in packages])
-        self._packages = {p.alias: p for p in packages}
+        by_alias = {p.alias: p for p in packages}
+        sizes = {f.local: f.local.stat().st_size for p in packages for f in p.files if f.local}
+        # (path, sha256, size) of the files each host pulls from its parent, decided once
+        self.pulls: dict[str, list[tuple[str, str, int]]] = {
+            alias: relayed_files([(f.remote, f.sha256, sizes[f.local] if f.local else 0)
+                                  for f in by_alias[alias].files],
+                                 {f.sha256 for f in by_alias[parent].files if f.sha256})
+            if parent is not None else [] for alias, parent in self.parents.items()}
+        self._own = {alias: {f.sha256: f.remote for f in p.files if f.sha256}
+                     for alias, p in by_alias.items()}
         self._addresses = addresses
         self._ready = {p.alias: threading.Event() for p in packages}
         self._urls: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self.serving: list[Serving] = []
 
-    def pulls(self, pkg: prep.HostPackage) -> list[tuple[str, str, int]]:
-        """(path, sha256, size) of the files `pkg`'s host pulls from its parent."""
-        parent = self.parents[pkg.alias]
-        if parent is None:
-            return []
-        digests = {f.sha256 for f in self._packages[parent].files if f.sha256}
-        return relayed_files([(f.remote, f.sha256, f.local.stat().st_size if f.local else 0)
-                              for f in pkg.files], digests)
-
     def serves(self, alias: str) -> list[tuple[str, str]]:
         """(sha256, path) of every file a child of `alias` pulls from it."""
-        wanted: dict[str, str] = {}
-        for child, parent in self.parents.items():
-            if parent == alias:
-                for path, digest, _ in self.pulls(self._packages[child]):
-                    wanted.setdefault(digest, path)
-        own = {f.sha256: f.remote for f in self._packages[alias].files if f.sha256}
+        wanted = {digest for child, parent in self.parents.items() if parent == alias
+                  for _, digest, _ in self.pulls[child]}
+        own = self._own[alias]
         return sorted((d, own[d]) for d in wanted if d in own)
 
     def parent_url(self, alias: str) -> tuple[str | None, str | None]:
@@ -98,24 +99,27 @@ class RelayTree:
             return parent, None
         return parent, self._urls.get(parent)
 
-    def serve(self, host: Host, base: str) -> None:
-        """Start serving what this host's children pull (none: nothing is started)."""
+    def serve(self, host: Host, attempt: Attempt, base: str) -> None:
+        """Start serving what this host's children pull (none: nothing is started). A server
+        that cannot start or never says its port leaves the children to the workstation."""
         files = self.serves(host.alias)
         address = self._addresses.get(host.alias)
         if not files or address is None:
             return
         token = secrets.token_hex(16)
-        got = host.run(cl.relay_serve(f"{base}/{LOG}", address, token, IDLE_S, MAX_S, base,
-                                      files), timeout=30)
-        if not got.ok:
-            return  # the children are sent their files by the workstation instead
-        pid, port = (int(x) for x in got.text.split())
-        ticks = host.process_start(pid)
-        if ticks is None:
+        log = f"{base}/{LOG}"
+        try:
+            ref = attempt.start_process(host, cl.relay_server(address, token, IDLE_S, MAX_S,
+                                                              base, files), log)
+        except HostError:
+            return
+        port = _port(host, log)
+        if port is None:
+            _end(host, ref)
             return
         url = f"http://{url_host(address)}:{port}/{token}"
         with self._lock:
-            self.serving.append(Serving(host, url, pid, ticks))
+            self.serving.append(Serving(host, url, ref))
             self._urls[host.alias] = url
         self._ready[host.alias].set()
 
@@ -126,8 +130,24 @@ class RelayTree:
     def stop(self) -> None:
         """End every server this run started, by pid and start time (never a reused pid)."""
         for s in self.serving:
-            if s.host.process_start(s.pid) == s.start_ticks:
-                s.host.signal(s.pid)
+            _end(s.host, s.process)
+
+
+def _end(host: Host, ref: ProcessRef) -> None:
+    """Signal a server this run started while its pid is still that process."""
+    if host.process_start(ref.pid) == ref.start_ticks:
+        host.signal(ref.pid)
+
+
+def _port(host: Host, log: str) -> int | None:
+    """The port a relay server's log says it listens on (`port <n>`, its first line)."""
+    deadline = time.monotonic() + PORT_WAIT_S
+    while time.monotonic() < deadline:
+        said = host.run(cl.read_head(log, 64)).text.split()
+        if len(said) >= 2 and said[0] == "port" and said[1].isdigit():
+            return int(said[1])
+        time.sleep(0.05)
+    return None
 
 
 def pull(tree: RelayTree, host: Host, attempt: Attempt, base: str, pkg: prep.HostPackage,
@@ -136,7 +156,7 @@ def pull(tree: RelayTree, host: Host, attempt: Attempt, base: str, pkg: prep.Hos
     created). Files already there are checked first, without waiting for the parent, so a
     rerun never waits on another host. A different file at a target is refused, as the
     workstation's send refuses it."""
-    wanted = tree.pulls(pkg)
+    wanted = tree.pulls[pkg.alias]
     if not wanted:
         return set(), 0
     lines = _fetch(host, "-", base, wanted)
@@ -150,10 +170,10 @@ def pull(tree: RelayTree, host: Host, attempt: Attempt, base: str, pkg: prep.Hos
         return done, 0
     progress(host.alias, f"pulling {len(missing)} files from {parent}")
     created = 0
+    digests = {path: digest for path, digest, _ in missing}
     for path, line in _fetch(host, url, base, missing).items():
         if line.status == "created":
-            attempt.own_file(host, f"{base}/{path}", int(line.detail),
-                             next(d for p, d, _ in missing if p == path))
+            attempt.own_file(host, f"{base}/{path}", int(line.detail), digests[path])
             created += 1
         if line.status in ("created", "kept"):
             done.add(path)

@@ -91,21 +91,13 @@ def parse_sections(text: str) -> list[tuple[int, str]]:
     return out
 
 
-# Start "$@" in its own session, output to $1, and wait (at most 5 s) for its first line
-# `port <n>`: print "<pid> <n>"; exit 4 when it ended first, 5 when it never said.
-RELAY_START = ('umask 077; log="$1"; shift; setsid "$@" >"$log" 2>&1 </dev/null & pid=$!; i=0\n'
-               'while [ $i -lt 100 ]; do read -r w p <"$log"; [ "$w" = port ] && '
-               '{ echo "$pid $p"; exit 0; }\n'
-               '  kill -0 "$pid" 2>/dev/null || exit 4; sleep 0.05; i=$((i+1)); done; exit 5\n')
-
-
-def relay_serve(log_path: str, bind: str, token: str, idle_s: float, max_s: float,
-                base: str, files: Sequence[tuple[str, str]]) -> list[str]:
+def relay_server(bind: str, token: str, idle_s: float, max_s: float, base: str,
+                 files: Sequence[tuple[str, str]]) -> list[str]:
     """Serve `files` ((sha256, path under base) each) to the hosts below this one in Gate B's
-    relay tree (relay_scripts.RELAY_SERVE); prints "<pid> <port>"."""
+    relay tree (relay_scripts.RELAY_SERVE; its first output line is `port <n>`)."""
     pairs = [f"{digest}={path}" for digest, path in files]
-    return sh(RELAY_START, log_path, "python3", "-c", RELAY_SERVE, bind, token,
-              f"{idle_s:g}", f"{max_s:g}", base, *pairs)
+    return ["python3", "-c", RELAY_SERVE, bind, token, f"{idle_s:g}", f"{max_s:g}", base,
+            *pairs]
 
 
 def relay_fetch(url: str, base: str, timeout_s: float, deadline_s: float) -> list[str]:
