@@ -28,7 +28,8 @@ def _git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
                           timeout=300, check=False)
     if check and done.returncode != 0:
-        raise InputError(str(cwd), [Problem(f"git {args[0]}", done.stderr.strip()[:300] or
+        command = next(a for a in args if not a.startswith("-") and "=" not in a)
+        raise InputError(str(cwd), [Problem(f"git {command}", done.stderr.strip()[:300] or
                                             f"exited {done.returncode}",
                                             "run from a Narwhal git checkout")])
     return done
@@ -68,15 +69,27 @@ def resolve(checkout: Path, revision: str) -> str:
     return found
 
 
+# One delta-search thread: with several, which deltas are found depends on how the threads
+# are scheduled, so the same revision bundled twice on a loaded workstation differs.
+_ONE_THREAD = ("-c", "pack.threads=1")
+
+
 def make_bundle(checkout: Path, revision: str, out: Path) -> None:
-    """A verified bundle of revision's history as branch `deploy` (the checkout is untouched)."""
+    """A verified bundle of revision's history as branch `deploy` (the checkout is untouched).
+
+    The same revision gives the same bytes on any workstation and any load: the hosts keep
+    one bundle per revision and refuse a different file at that path, so a second
+    workstation, or a fresh runs folder, must bundle exactly what the first sent. The fetched
+    objects are repacked without the checkout's own deltas (they depend on how that clone
+    was packed), on one thread."""
     out = out.resolve()  # git runs in the temporary repository
     with tempfile.TemporaryDirectory(prefix="narwhal-bundle-") as tmp:
         bare = Path(tmp) / "repo.git"
         subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True, timeout=60)
-        _git(bare, "fetch", "-q", "--no-tags", str(checkout.resolve()),
+        _git(bare, *_ONE_THREAD, "fetch", "-q", "--no-tags", str(checkout.resolve()),
              f"{revision}:refs/heads/{BRANCH}")
-        _git(bare, "bundle", "create", "-q", str(out), BRANCH)
+        _git(bare, *_ONE_THREAD, "repack", "-q", "-a", "-d", "-F")
+        _git(bare, *_ONE_THREAD, "bundle", "create", "-q", str(out), BRANCH)
         _git(bare, "bundle", "verify", "-q", str(out))
 
 
