@@ -156,3 +156,32 @@ def test_put_and_get_verify_sha256(sshd: Sshd, tmp_path: Path) -> None:
         assert host.run(["cat", remote]).stdout == data
     finally:
         host.close()
+
+
+def test_put_is_one_round_trip_and_refuses_what_it_cannot_place(sshd: Sshd,
+                                                                  tmp_path: Path) -> None:
+    """One command puts a file (a fleet of 32 hosts pays one SSH start per file, not four);
+    a missing folder, a directory in the way and a replaced file each say what happened, and
+    no part file is ever left."""
+    host = key_host(sshd, tmp_path)
+    home = f"{sshd.root}/home/{KEY_USER}"
+    try:
+        seen: list[str] = []
+        host.recorder = type("R", (), {"record_command": lambda _s, r, _t: seen.append(
+            r.argv[0])})()
+        inode, sha = host.put_file(b"first\n", f"{home}/one.txt")
+        assert len(seen) == 1
+        assert host.stat_file(f"{home}/one.txt") == (inode, sha)
+        host.recorder = None
+        assert host.put_file(b"first\n", f"{home}/one.txt") == (inode, sha)  # same bytes pass
+        assert host.put(b"second\n", f"{home}/one.txt", exclusive=False) != sha
+        assert host.run(["cat", f"{home}/one.txt"]).stdout == b"second\n"
+        with pytest.raises(HostError, match="could not be written.*folder exists"):
+            host.put(b"x", f"{home}/no-such-folder/x.txt")
+        host.run(["mkdir", f"{home}/in-the-way"], check=True)
+        with pytest.raises(HostError, match="not a regular file"):
+            host.put(b"x", f"{home}/in-the-way")
+        left = host.run(["sh", "-c", f"ls -a {home} | grep -c part- || true"]).text.strip()
+        assert left == "0"
+    finally:
+        host.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import HostError, TransferMismatch
-from narwhal.deploy.gates.engine_evidence import fetch, log_header
+from narwhal.deploy.gates.engine_evidence import fetch, fetch_all, log_header
 from narwhal.deploy.hosts.local import LocalHost
 
 
@@ -46,3 +46,36 @@ def test_a_file_over_the_bound_is_refused_before_it_is_read(tmp_path: Path) -> N
     path.write_bytes(b"x" * 100)
     with pytest.raises(HostError, match="more than the 10"):
         fetch(LocalHost(), _facts(path, b"x" * 100), 10)
+
+
+def test_the_log_and_the_exchanges_come_back_in_one_command_each_checked(tmp_path: Path) -> None:
+    log, http = tmp_path / "engine.log", tmp_path / "http-captures.json"
+    log.write_bytes(b"INFO up\n" * 50)
+    http.write_bytes(b'{"exchanges": []}\n')
+    host, seen = LocalHost(), []
+    host.recorder = type("R", (), {"record_command": lambda _s, r, _t: seen.append(r)})()
+    got = fetch_all(host, [(_facts(log, log.read_bytes()), 1024),
+                           (_facts(http, http.read_bytes()), 1024)])
+    assert got == [log.read_bytes(), http.read_bytes()] and len(seen) == 1
+
+
+def test_a_first_file_rewritten_after_it_was_named_refuses_the_read(tmp_path: Path) -> None:
+    """The bytes the host named are read, no more: a log appended to since is read as it was
+    named, a rewritten one is refused."""
+    log, http = tmp_path / "engine.log", tmp_path / "http-captures.json"
+    log.write_bytes(b"INFO up\n")
+    http.write_bytes(b"{}\n")
+    named = [(_facts(log, b"INFO up\n"), 1024), (_facts(http, b"{}\n"), 1024)]
+    with log.open("ab") as grown:
+        grown.write(b"INFO more\n")
+    assert fetch_all(LocalHost(), named) == [b"INFO up\n", b"{}\n"]
+    log.write_bytes(b"WARN up\n")
+    with pytest.raises(TransferMismatch, match="engine.log.*nothing was kept"):
+        fetch_all(LocalHost(), named)
+
+
+def test_a_file_that_shrank_after_it_was_named_is_refused(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"INF")
+    with pytest.raises(TransferMismatch, match="nothing was kept"):
+        fetch_all(LocalHost(), [(_facts(log, b"INFO up\n"), 1024)])

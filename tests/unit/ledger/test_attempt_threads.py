@@ -114,8 +114,8 @@ def test_threads_sharing_one_host_session_record_every_command(tmp_path: Path) -
         errors = _all_at_once(create)
         assert host.recorder is None
     assert errors == []
-    # create_file runs five commands: write the part file, sha256 it, link, remove it, stat.
-    assert len(_rows(attempt.folder / "commands.jsonl")) == THREADS * 3 * 5
+    # create_file runs one command (write, check, link and report the inode in one script).
+    assert len(_rows(attempt.folder / "commands.jsonl")) == THREADS * 3
 
 
 def test_appended_rows_larger_than_a_pipe_buffer_never_interleave(tmp_path: Path) -> None:

@@ -62,17 +62,10 @@ class Staged:
             "seconds": round(self.seconds, 3)}
 
 
-def _home(host: Host) -> str:
-    home = host.run(cl.home(), check=True).text.strip()
-    if not home.startswith("/"):
-        raise HostError(host.alias, f"the login's $HOME is {home!r}, not an absolute path")
-    return home
-
-
 def ensure_kit(host: Host, attempt: Attempt, kit: Kit, archive: Path) -> tuple[str, int]:
     """The kit's folder on host, its archive sent unless the kit is unpacked there already
     (or the archive is there whole); bytes sent."""
-    kit_dir = f"{_home(host)}/{KIT_ROOT}/{kit.digest[:16]}"
+    kit_dir = f"{host.home()}/{KIT_ROOT}/{kit.digest[:16]}"
     if host.stat_file(f"{kit_dir}/{KIT_COMPLETE}") is not None:
         return kit_dir, 0
     parts = kit_dir.split("/")

@@ -45,7 +45,6 @@ from narwhal.deploy.gates.install import install_dir, installed_tool
 from narwhal.deploy.gates.owned_processes import earlier_processes, retire
 from narwhal.deploy.gates.parallel import each
 from narwhal.deploy.gates.spec import Reads
-from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions
 from narwhal.deploy.inputs.model import Inputs
@@ -223,9 +222,9 @@ def provision_key(host: Host, install: dict[str, Any], key: bytes) -> str:
     """Put the controller key on `host` (a private folder of the prepared run); its path."""
     folder = (f"{install_dir(host, str(install['remote_dir']))}/runs/"
               f"{install['prepared_run']}/controller")
-    host.run(cl.private_dir(folder), check=True)
     path = f"{folder}/lease.key"
-    host.put(key, path)  # exclusive: the same key again passes, another one is refused
+    # exclusive: the same key again passes, another one is refused
+    host.put_file(key, path, private_folder=True)
     return path
 
 

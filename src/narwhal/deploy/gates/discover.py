@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from narwhal.core import result_line
-from narwhal.core.documents import canonical_json, sha256_bytes, stamp
+from narwhal.core.documents import canonical_json, stamp
 from narwhal.core.errors import (
     ClientToolMissing,
     ContractError,
@@ -31,6 +31,7 @@ from narwhal.deploy.gates import discover_checks as checks
 from narwhal.deploy.gates import tokenizer
 from narwhal.deploy.gates.generated import fleet_draft, launch_record
 from narwhal.deploy.gates.parallel import each
+from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.base import Host
 from narwhal.deploy.hosts.sessions import Sessions, physical_hosts
 from narwhal.deploy.inputs.model import Inputs
@@ -39,6 +40,7 @@ from narwhal.deploy.ledger.attempt import Attempt
 PROBE_COMMAND = "narwhal-host-probe"
 # The probe is shipped to hosts as a file and run there; deploy never imports node code.
 PROBE_FILE = Path(__file__).resolve().parents[2] / "node" / "host_probe.py"
+PROBE_NAME = "narwhal-host-probe"  # the program's name on the host (tracebacks, ps)
 PROBE_TIMEOUT_S = 900.0  # hashing a large checkpoint is the long part
 REQUEST_SCHEMA = "narwhal.host-probe-request"
 DISCOVERY_SCHEMA = "narwhal.discovery"
@@ -95,17 +97,11 @@ def _colocated_dirs(inputs: Inputs) -> list[Problem]:
     return problems
 
 
-def probe(host: Host, attempt: Attempt, target: ProbeTarget, code: bytes) -> dict[str, Any]:
-    """Ship the probe, run it with the request on stdin, remove it; the validated facts."""
-    # On the host, created exclusively (never through an existing name) and owned: recover
-    # removes it if the attempt dies before the line below does.
-    path = f"/tmp/narwhal-probe-{attempt.id}-{sha256_bytes(code)[:12]}.py"  # noqa: S108
-    attempt.create_file(host, path, code)
-    try:
-        run = host.run(["python3", path], stdin=json.dumps(target.request).encode(),
-                       timeout=PROBE_TIMEOUT_S)
-    finally:
-        host.run(["rm", "-f", "--", path])
+def probe(host: Host, target: ProbeTarget, code: bytes) -> dict[str, Any]:
+    """Run the probe, sent on stdin ahead of its request (one round trip, no file left on the
+    host); the validated facts."""
+    run = host.run(cl.stdin_program(PROBE_NAME), timeout=PROBE_TIMEOUT_S,
+                   stdin=cl.stdin_program_input(code, json.dumps(target.request).encode()))
     if run.exit_status == 127:
         raise ContractError(f"{target.alias}: python3 is not installed (the probe needs it)")
     result = result_line.parse(run.text, PROBE_COMMAND)
@@ -143,7 +139,7 @@ def execute(inputs: Inputs, sessions: Sessions, attempt: Attempt,
         progress(target.alias, "inspecting")
         host = sessions.get(target.alias)
         with attempt.bind(host):
-            facts = probe(host, attempt, target, code)
+            facts = probe(host, target, code)
         progress(target.alias, "inspected")
         return facts
 

@@ -41,15 +41,31 @@ def log_header(role: str, log: dict[str, Any]) -> bytes:
 def fetch(host: Host, facts: dict[str, Any], limit: int) -> bytes:
     """A file the host named with its length and sha256, read through the host (at most
     `limit` bytes) and checked against that sha256: a torn or substituted read is refused."""
-    if int(facts["bytes"]) > limit:
-        raise HostError(host.alias, f"{facts['path']} holds {facts['bytes']} bytes, more "
-                        f"than the {limit} the record keeps")
-    data = host.run(cl.read_head(str(facts["path"]), limit), timeout=120, check=True).stdout
-    got = hashlib.sha256(data).hexdigest()
-    if got != facts["sha256"]:
-        raise TransferMismatch(host.alias, f"{facts['path']}: host sha256 {facts['sha256']}, "
-                               f"received {got}; nothing was kept")
-    return data
+    return fetch_all(host, [(facts, limit)])[0]
+
+
+def fetch_all(host: Host, named: list[tuple[dict[str, Any], int]]) -> list[bytes]:
+    """Several named files in one round trip, each its declared length, each checked: a file
+    that changed length moves every later boundary, so its digest and theirs fail."""
+    for facts, limit in named:
+        if int(facts["bytes"]) > limit:
+            raise HostError(host.alias, f"{facts['path']} holds {facts['bytes']} bytes, more "
+                            f"than the {limit} the record keeps")
+    wanted = [(str(facts["path"]), int(facts["bytes"])) for facts, _ in named]
+    data = host.run(cl.read_heads(wanted), timeout=120, check=True).stdout
+    out, at = [], 0
+    for facts, _ in named:
+        part = data[at:at + int(facts["bytes"])]
+        at += len(part)
+        got = hashlib.sha256(part).hexdigest()
+        if got != facts["sha256"]:
+            raise TransferMismatch(host.alias, f"{facts['path']}: host sha256 "
+                                   f"{facts['sha256']}, received {got}; nothing was kept")
+        out.append(part)
+    if at != len(data):
+        raise TransferMismatch(host.alias, f"{wanted[-1][0]}: {len(data) - at} bytes more "
+                               "than the host named; nothing was kept")
+    return out
 
 
 def keep(call: Call, host: Host, role: str, run_dir: str, attempt: Attempt) -> list[str]:
@@ -58,10 +74,11 @@ def keep(call: Call, host: Host, role: str, run_dir: str, attempt: Attempt) -> l
     got = call("evidence", "--run-dir", run_dir, "--log-bytes", str(LOG_BYTES), timeout=120.0)
     if not got.ok:
         raise HostError(host.alias, f"{role}: its log cannot be read: {got.error}")
-    log = got.data["log"]
+    log, http = got.data["log"], got.data.get("http")  # no http when no capture ran there
+    read = fetch_all(host, [(log, LOG_BYTES)] + ([(http, HTTP_BYTES)] if http else []))
     names = [f"engine-log-{role}.txt"]
-    attempt.add_artifact(names[0], log_header(role, log) + fetch(host, log, LOG_BYTES))
-    if got.data.get("http"):  # none when no capture ran in this run dir
+    attempt.add_artifact(names[0], log_header(role, log) + read[0])
+    if http:
         names.append(f"http-{role}.json")
-        attempt.add_artifact(names[1], fetch(host, got.data["http"], HTTP_BYTES))
+        attempt.add_artifact(names[1], read[1])
     return names

@@ -248,10 +248,7 @@ def _send(host: Host, attempt: Attempt, base: str, pkg: prep.HostPackage,
 def install_dir(host: Host, remote_dir: str) -> str:
     """The absolute install directory on host; remote_dir is under the login's home (`~/`).
     Gate B installs there; Gate C and the role shells run from there."""
-    home = host.run(cl.home(), check=True).text.strip()
-    if not home.startswith("/"):
-        raise HostError(host.alias, f"the login's $HOME is {home!r}, not an absolute path")
-    return f"{home}/{remote_dir.removeprefix('~/')}"
+    return f"{host.home()}/{remote_dir.removeprefix('~/')}"
 
 
 def installed_tool(host: Host, remote_dir: str, name: str) -> str:

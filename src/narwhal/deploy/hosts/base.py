@@ -69,6 +69,7 @@ class Host(ABC):
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self.recorder: Recorder | None = None
+        self._home: str | None = None
 
     @abstractmethod
     def _exec(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
@@ -93,6 +94,17 @@ class Host(ABC):
             self.recorder.record_command(kept, self.transport)
         return result.check() if check else result
 
+    def home(self) -> str:
+        """The login's $HOME, absolute: asked once per session (it cannot change under a
+        login), since every gate that runs from the install directory needs it."""
+        if self._home is None:
+            home = self.run(cl.home(), check=True).text.strip()
+            if not home.startswith("/"):
+                raise HostError(self.alias, f"the login's $HOME is {home!r}, not an absolute "
+                                "path")
+            self._home = home
+        return self._home
+
     # Files -----------------------------------------------------------------
 
     def put(self, data: bytes, path: str, *, exclusive: bool = True) -> str:
@@ -100,23 +112,34 @@ class Host(ABC):
 
         With exclusive=True an existing different file at path is never replaced.
         """
+        return self.put_file(data, path, exclusive=exclusive)[1]
+
+    def put_file(self, data: bytes, path: str, *, exclusive: bool = True,
+                 private_folder: bool = False) -> tuple[int, str]:
+        """put, in one round trip; (inode, sha256) of the file now at path. With
+        private_folder its folder is made first (cl.private_dir's way) in the same trip."""
         want = hashlib.sha256(data).hexdigest()
         part = f"{path}.part-{uuid.uuid4().hex[:12]}"
-        self.run(cl.write_exclusive(part), stdin=data, check=True)
-        try:
-            got = self.run(cl.sha256_file(part), check=True).text.split()[0]
-            if got != want:
-                raise TransferMismatch(self.alias, f"{path}: sent sha256 {want}, host has {got}")
-            move = ["ln", "--", part, path] if exclusive else ["mv", "-f", "--", part, path]
-            result = self.run(move)
-            if not result.ok:
-                existing = self.stat_file(path)
-                if existing is None or existing[1] != want:
-                    raise HostError(self.alias, f"{path} already exists with other content; "
-                                    "move it away or choose a fresh path")
-        finally:
-            self.run(["rm", "-f", "--", part])
-        return want
+        done = self.run(cl.put_file(part, path, want, replace=not exclusive,
+                                    private_folder=private_folder), stdin=data)
+        if done.exit_status == 11:
+            raise TransferMismatch(self.alias, f"{path}: sent sha256 {want}, host has "
+                                   f"{done.text.strip()[:64]}")
+        if done.exit_status == 10:
+            why = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["?"]
+            raise HostError(self.alias, f"{path}: could not be written ({why[0][:200]}); check "
+                            "its folder exists, is writable and its disk has room")
+        if done.exit_status == 12:
+            raise HostError(self.alias, f"{path} is not a regular file; move it away or "
+                            "choose a fresh path")
+        facts = done.check().text.split()
+        if len(facts) != 2 or not facts[0].isdigit():
+            raise HostError(self.alias, f"{path}: unreadable answer from the host "
+                            f"{done.text[:200]!r}")
+        if facts[1] != want:
+            raise HostError(self.alias, f"{path} already exists with other content; "
+                            "move it away or choose a fresh path")
+        return int(facts[0]), want
 
     def get(self, path: str, local: Path, *, expect_sha256: str | None = None) -> str:
         """Copy path to a new local file; verify against the host's own sha256 (and expect)."""
@@ -148,8 +171,11 @@ class Host(ABC):
 
     def start_detached(self, argv: Sequence[str], log_path: str) -> ProcessRef:
         """Start argv in its own session, output to log_path; return pid and start time."""
-        pid = int(self.run(cl.start_detached(log_path, argv), check=True).text.strip())
-        ticks = self.process_start(pid)
+        lines = self.run(cl.start_detached(log_path, argv), check=True).text.splitlines()
+        if not lines or not lines[0].strip().isdigit():
+            raise HostError(self.alias, f"starting `{argv[0]}` printed no pid: {lines[:1]!r}")
+        pid = int(lines[0])
+        ticks = _start_ticks(lines[1]) if len(lines) > 1 else None
         if ticks is None:
             raise HostError(self.alias, f"started `{argv[0]}` (pid {pid}) but it exited at once; "
                             f"see {log_path}")
@@ -158,12 +184,7 @@ class Host(ABC):
     def process_start(self, pid: int) -> int | None:
         """Kernel start time of pid, or None when no such process (zombies count as gone)."""
         result = self.run(cl.proc_stat(pid))
-        if not result.ok:
-            return None
-        line = result.text
-        if line.rsplit(")", 1)[1].split()[0] == "Z":
-            return None
-        return cl.parse_start_ticks(line)
+        return _start_ticks(result.text) if result.ok else None
 
     def signal(self, pid: int, name: str = "TERM") -> bool:
         return self.run(["kill", f"-{name}", str(int(pid))]).ok
@@ -186,3 +207,10 @@ class Host(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the session."""
+
+
+def _start_ticks(stat_line: str) -> int | None:
+    """The kernel start time from a /proc/<pid>/stat line; None for a zombie (it is gone)."""
+    if stat_line.rsplit(")", 1)[1].split()[0] == "Z":
+        return None
+    return cl.parse_start_ticks(stat_line)

@@ -15,14 +15,38 @@ from narwhal.deploy.hosts.relay_scripts import RELAY_FETCH, RELAY_SERVE
 
 # Write stdin to $1 without following an existing file (noclobber), private mode.
 WRITE_EXCLUSIVE = 'umask 077 && set -C && cat > "$1"'
+# Put stdin at $2 in one round trip: written to the new part file $1 (login-only), checked
+# against sha256 $3, then linked into place ($4 = link: never replacing a file) or moved over
+# it ($4 = replace); the part file never survives. $5 = private-folder makes its folder first
+# (and its parents), readable by the login only. Prints "<inode> <sha256>" of what is at $2
+# afterwards (for `link`, an existing file's own digest, which the caller compares). Exit 10:
+# the part file could not be written or moved; 11: the data arrived changed (its digest
+# printed); 12: $2 is not a regular file afterwards.
+PUT_FILE = (
+    'part=$1; path=$2; want=$3\n'
+    'if [ "$5" = private-folder ]; then d=$(dirname -- "$path")\n'
+    '  ( umask 077 && mkdir -p -- "$d" && chmod 700 -- "$d" ) || exit 10; fi\n'
+    '( umask 077 && set -C && cat > "$part" ) || { rm -f -- "$part"; exit 10; }\n'
+    's=$(sha256sum -- "$part") || { rm -f -- "$part"; exit 10; }; s=${s%% *}\n'
+    'if [ "$s" != "$want" ]; then rm -f -- "$part"; echo "$s"; exit 11; fi\n'
+    'if [ "$4" = replace ]; then mv -f -T -- "$part" "$path" || { rm -f -- "$part"; exit 10; }\n'
+    'elif ln -T -- "$part" "$path" 2>/dev/null; then rm -f -- "$part"\n'
+    '  i=$(stat -c %i -- "$path") && echo "$i $want"; exit\n'
+    'else rm -f -- "$part"; fi\n'
+    '[ -f "$path" ] && [ ! -L "$path" ] || exit 12\n'
+    'i=$(stat -c %i -- "$path") && s=$(sha256sum -- "$path") && echo "$i ${s%% *}"\n')
 # Print bytes [$2, $2+$3) of file $1 (a relayed checkpoint file, a piece at a time).
 READ_RANGE = 'exec dd if="$1" bs=1M iflag=skip_bytes,count_bytes skip="$2" count="$3" status=none'
+# The first $2 bytes of file $1, then of $3 the first $4, and so on, back to back.
+READ_HEADS = 'while [ "$#" -ge 2 ]; do head -c "$2" -- "$1" || exit; shift 2; done'
 # Append stdin to $1, readable by every login (an engine's container reads the checkpoint).
 APPEND_SHARED = 'umask 022 && cat >> "$1"'
 # Move $1 over $2, making $2's folder first.
 MOVE_INTO_PLACE = 'mkdir -p -- "$(dirname -- "$2")" && mv -f -- "$1" "$2"'
-# Start "$@" in its own session, output to $1, print its pid.
-START_DETACHED = 'log="$1"; shift; setsid "$@" >"$log" 2>&1 </dev/null & echo $!'
+# Start "$@" in its own session, output to $1, print its pid, then its /proc stat line (the
+# kernel start time, fixed at fork) in the same round trip.
+START_DETACHED = ('log="$1"; shift; setsid "$@" >"$log" 2>&1 </dev/null & p=$!; echo "$p"; '
+                  'cat "/proc/$p/stat" 2>/dev/null; exit 0')
 # Print "<inode> <sha256>" of a regular file, or nothing when absent.
 STAT_FILE = '[ -f "$1" ] && [ ! -L "$1" ] || exit 3; i=$(stat -c %i -- "$1") && ' \
     's=$(sha256sum -- "$1") && echo "$i ${s%% *}"'
@@ -106,6 +130,31 @@ def relay_fetch(url: str, base: str, timeout_s: float, deadline_s: float) -> lis
     return ["python3", "-c", RELAY_FETCH, url, base, f"{timeout_s:g}", f"{deadline_s:g}"]
 
 
+# Runs a Python program sent ahead of its own input on stdin: a first line with the program's
+# length in bytes, the program, then what the program itself reads from stdin. Nothing is
+# written on the host, so nothing is left there if the run is cut.
+STDIN_PROGRAM = (
+    "import sys, types\n"
+    "size = int(sys.stdin.buffer.readline())\n"
+    "data = sys.stdin.buffer.read(size)\n"
+    "if len(data) != size:\n"
+    "    sys.exit(f'{sys.argv[1]}: stdin ended after {len(data)} of {size} bytes')\n"
+    "code = compile(data, sys.argv[1], 'exec')\n"
+    "main = types.ModuleType('__main__')\n"
+    "main.__file__ = sys.argv[1]\n"
+    "sys.modules['__main__'] = main\n"
+    "exec(code, main.__dict__)\n")
+
+
+def stdin_program(name: str) -> list[str]:
+    """argv that runs a program given on stdin (stdin_program_input) under `name`."""
+    return ["python3", "-c", STDIN_PROGRAM, name]
+
+
+def stdin_program_input(code: bytes, rest: bytes) -> bytes:
+    return f"{len(code)}\n".encode() + code + rest
+
+
 def read_range(path: str, offset: int, length: int) -> list[str]:
     return sh(READ_RANGE, path, str(int(offset)), str(int(length)))
 
@@ -120,6 +169,12 @@ def move_into_place(part: str, path: str) -> list[str]:
 
 def start_detached(log_path: str, argv: Sequence[str]) -> list[str]:
     return sh(START_DETACHED, log_path, *check_argv(argv))
+
+
+def put_file(part: str, path: str, sha256: str, *, replace: bool,
+             private_folder: bool = False) -> list[str]:
+    return sh(PUT_FILE, part, path, sha256, "replace" if replace else "link",
+              "private-folder" if private_folder else "")
 
 
 def stat_file(path: str) -> list[str]:
@@ -146,6 +201,12 @@ def file_size(path: str) -> list[str]:
 def read_from(path: str, offset: int) -> list[str]:
     """A file's bytes from `offset` on (the part appended since a size was read)."""
     return ["tail", "-c", f"+{int(offset) + 1}", "--", path]
+
+
+def read_heads(files: Sequence[tuple[str, int]]) -> list[str]:
+    """The first `size` bytes of each (path, size), one after another on stdout."""
+    args = [a for path, size in files for a in (path, str(int(size)))]
+    return sh(READ_HEADS, *args)
 
 
 def read_head(path: str, limit: int) -> list[str]:

@@ -105,11 +105,8 @@ class Attempt:
     def create_file(self, host: Host, path: str, data: bytes) -> str:
         """Create a new file on host (never replacing one) and own it by inode and sha256."""
         with self.bind(host):
-            sha = host.put(data, path, exclusive=True)
-            facts = host.stat_file(path)
-        if facts is None:
-            raise LedgerError(f"{host.alias}: {path} vanished right after it was written")
-        self.own_file(host, path, facts[0], facts[1])
+            inode, sha = host.put_file(data, path, exclusive=True)
+        self.own_file(host, path, inode, sha)
         return sha
 
     def own_file(self, host: Host, path: str, inode: int, sha256: str) -> None:
