@@ -154,10 +154,14 @@ def deployed(plan: LabPlan, argv: list[str], out: Path) -> dict[str, dict[str, A
         marks.append(("end", meter.read()))
     finally:
         meter.close()
-    if code != 0:
+    measured = {a[0]: figures(a[1], b[1]) for a, b in itertools.pairwise(marks)}
+    if code != 0:  # what was measured up to the failure is kept beside the document
+        kept = out.with_name(f"failed-{out.stem}-gates.json")
+        kept.write_text(json.dumps({"exit": code, "gates": measured}, indent=1) + "\n")
         raise SystemExit(f"bench: deploy failed ({code}): {''.join(tail)}\n"
-                         f"its document ({out}): {out.read_text()[-6000:]}")
-    return {a[0]: figures(a[1], b[1]) for a, b in itertools.pairwise(marks)}
+                         f"its document ({out}): {out.read_text()[-6000:]}\n"
+                         f"the gates measured until then: {kept}")
+    return measured
 
 
 def _remove_group(group: Path) -> None:

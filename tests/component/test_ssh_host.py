@@ -176,7 +176,7 @@ def test_put_is_one_round_trip_and_refuses_what_it_cannot_place(sshd: Sshd,
         assert host.put_file(b"first\n", f"{home}/one.txt") == (inode, sha)  # same bytes pass
         assert host.put(b"second\n", f"{home}/one.txt", exclusive=False) != sha
         assert host.run(["cat", f"{home}/one.txt"]).stdout == b"second\n"
-        with pytest.raises(HostError, match="could not be written.*folder exists"):
+        with pytest.raises(HostError, match=r"could not be written.*folder exists"):
             host.put(b"x", f"{home}/no-such-folder/x.txt")
         host.run(["mkdir", f"{home}/in-the-way"], check=True)
         with pytest.raises(HostError, match="not a regular file"):

@@ -40,7 +40,7 @@ def test_the_program_runs_as_main_reads_only_its_own_input_and_keeps_its_exit_st
 
 def test_the_host_probe_runs_from_stdin_and_answers_its_request() -> None:
     request = {"schema": "narwhal.host-probe-request", "schema_version": 1, "role": "router",
-               "run_dir": "/tmp", "model_dir": None, "fabric_interface": None, "ports": [],  # noqa: S108
+               "run_dir": "/tmp", "model_dir": None, "fabric_interface": None, "ports": [],
                "image": None, "runtime": None, "hash_model": False}
     status, out, err = _run(PROBE_FILE.read_bytes(), json.dumps(request).encode(), PROBE_NAME)
     result = result_line.parse(out, PROBE_NAME)

@@ -70,7 +70,7 @@ def test_a_first_file_rewritten_after_it_was_named_refuses_the_read(tmp_path: Pa
         grown.write(b"INFO more\n")
     assert fetch_all(LocalHost(), named) == [b"INFO up\n", b"{}\n"]
     log.write_bytes(b"WARN up\n")
-    with pytest.raises(TransferMismatch, match="engine.log.*nothing was kept"):
+    with pytest.raises(TransferMismatch, match=r"engine\.log.*nothing was kept"):
         fetch_all(LocalHost(), named)
 
 
