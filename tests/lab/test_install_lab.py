@@ -22,6 +22,7 @@ from tests.lab.installing import Installer, rows
 from tests.lab.operator import NARWHAL
 
 from narwhal.deploy.gates.install_rules import RELAY_MIN_BYTES
+from narwhal.deploy.hosts import commandline as cl
 from narwhal.lab.faults import Faults
 from narwhal.lab.testing import ssh
 
@@ -60,9 +61,9 @@ def test_install_puts_the_revision_on_every_host_offline_at_once(installer: Inst
     for alias in ("node-2", "node-3", "router"):
         assert doc["hosts"][alias]["relayed_from"] == "node-1", doc["hosts"][alias]
         assert doc["hosts"][alias]["files_relayed"] >= 20, doc["hosts"][alias]
-    sent = [(r["host"], r["argv"][-1].rsplit("/", 1)[1].split(".part-")[0])
-            for r in rows(attempt) if r["argv"][:2] == ["sh", "-c"]
-            and "set -C" in r["argv"][2] and "/wheelhouse/" in r["argv"][-1]]
+    sent = [(r["host"], r["argv"][5].rsplit("/", 1)[1])  # a put: sh -c PUT_FILE sh part path
+            for r in rows(attempt) if r["argv"][:3] == ["sh", "-c", cl.PUT_FILE]
+            and "/wheelhouse/" in r["argv"][5]]
     size = {name: (installer.wheels / name).stat().st_size for _, name in sent}
     assert sum(size[name] for host, name in sent if host == "node-1") > 10 * 2**20
     assert all(size[name] < RELAY_MIN_BYTES for host, name in sent if host != "node-1"), sent
