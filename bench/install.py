@@ -30,7 +30,7 @@ from narwhal.deploy.hosts import commandline as cl
 from narwhal.lab import lifecycle, spec
 
 HERE = Path(__file__).resolve().parent
-TRANSFER = {cl.WRITE_EXCLUSIVE, cl.STAT_FILE}
+TRANSFER = {cl.PUT_FILE, cl.STAT_FILE}
 
 
 def _kind(argv: list[str]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from narwhal.core import result_line
-from narwhal.deploy.gates.discover import PROBE_FILE, PROBE_NAME
+from narwhal.deploy.gates.discover import PROBE_COMMAND, PROBE_FILE
 from narwhal.deploy.hosts import commandline as cl
 from narwhal.deploy.hosts.local import LocalHost
 
@@ -42,15 +42,15 @@ def test_the_host_probe_runs_from_stdin_and_answers_its_request() -> None:
     request = {"schema": "narwhal.host-probe-request", "schema_version": 1, "role": "router",
                "run_dir": "/tmp", "model_dir": None, "fabric_interface": None, "ports": [],
                "image": None, "runtime": None, "hash_model": False}
-    status, out, err = _run(PROBE_FILE.read_bytes(), json.dumps(request).encode(), PROBE_NAME)
-    result = result_line.parse(out, PROBE_NAME)
+    status, out, err = _run(PROBE_FILE.read_bytes(), json.dumps(request).encode(), PROBE_COMMAND)
+    result = result_line.parse(out, PROBE_COMMAND)
     assert status == 0 and result.ok, (out, err)
     assert result.data["python"]["version"]
 
 
 def test_a_refused_request_is_the_probe_own_answer() -> None:
-    status, out, _ = _run(PROBE_FILE.read_bytes(), b"not json", PROBE_NAME)
-    result = result_line.parse(out, PROBE_NAME)
+    status, out, _ = _run(PROBE_FILE.read_bytes(), b"not json", PROBE_COMMAND)
+    result = result_line.parse(out, PROBE_COMMAND)
     assert status == 2 and not result.ok and "not JSON" in str(result.error)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from narwhal.core.errors import HostError, TransferMismatch
-from narwhal.deploy.gates.engine_evidence import fetch, fetch_all, log_header
+from narwhal.deploy.gates.engine_evidence import fetch_all, log_header
 from narwhal.deploy.hosts.local import LocalHost
 
 
@@ -31,21 +31,21 @@ def _facts(path: Path, data: bytes) -> dict[str, object]:
 def test_a_named_file_is_read_whole_and_checked(tmp_path: Path) -> None:
     path = tmp_path / "engine-log-tail.txt"
     path.write_bytes(b"INFO up\n")
-    assert fetch(LocalHost(), _facts(path, b"INFO up\n"), 1024) == b"INFO up\n"
+    assert fetch_all(LocalHost(), [(_facts(path, b"INFO up\n"), 1024)]) == [b"INFO up\n"]
 
 
 def test_a_file_changed_since_it_was_named_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "engine-log-tail.txt"
     path.write_bytes(b"INFO up, then rewritten\n")
     with pytest.raises(TransferMismatch, match="nothing was kept"):
-        fetch(LocalHost(), _facts(path, b"INFO up\n"), 1024)
+        fetch_all(LocalHost(), [(_facts(path, b"INFO up\n"), 1024)])
 
 
 def test_a_file_over_the_bound_is_refused_before_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "http-captures.json"
     path.write_bytes(b"x" * 100)
     with pytest.raises(HostError, match="more than the 10"):
-        fetch(LocalHost(), _facts(path, b"x" * 100), 10)
+        fetch_all(LocalHost(), [(_facts(path, b"x" * 100), 10)])
 
 
 def test_the_log_and_the_exchanges_come_back_in_one_command_each_checked(tmp_path: Path) -> None:

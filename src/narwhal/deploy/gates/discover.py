@@ -38,9 +38,8 @@ from narwhal.deploy.inputs.model import Inputs
 from narwhal.deploy.ledger.attempt import Attempt
 
 PROBE_COMMAND = "narwhal-host-probe"
-# The probe is shipped to hosts as a file and run there; deploy never imports node code.
+# The probe's source is sent to hosts on stdin and run there; deploy never imports node code.
 PROBE_FILE = Path(__file__).resolve().parents[2] / "node" / "host_probe.py"
-PROBE_NAME = "narwhal-host-probe"  # the program's name on the host (tracebacks, ps)
 PROBE_TIMEOUT_S = 900.0  # hashing a large checkpoint is the long part
 REQUEST_SCHEMA = "narwhal.host-probe-request"
 DISCOVERY_SCHEMA = "narwhal.discovery"
@@ -100,7 +99,7 @@ def _colocated_dirs(inputs: Inputs) -> list[Problem]:
 def probe(host: Host, target: ProbeTarget, code: bytes) -> dict[str, Any]:
     """Run the probe, sent on stdin ahead of its request (one round trip, no file left on the
     host); the validated facts."""
-    run = host.run(cl.stdin_program(PROBE_NAME), timeout=PROBE_TIMEOUT_S,
+    run = host.run(cl.stdin_program(PROBE_COMMAND), timeout=PROBE_TIMEOUT_S,
                    stdin=cl.stdin_program_input(code, json.dumps(target.request).encode()))
     if run.exit_status == 127:
         raise ContractError(f"{target.alias}: python3 is not installed (the probe needs it)")

@@ -38,15 +38,10 @@ def log_header(role: str, log: dict[str, Any]) -> bytes:
     return f"# narwhal: {role}'s engine log from {log['source']}: {part}\n".encode()
 
 
-def fetch(host: Host, facts: dict[str, Any], limit: int) -> bytes:
-    """A file the host named with its length and sha256, read through the host (at most
-    `limit` bytes) and checked against that sha256: a torn or substituted read is refused."""
-    return fetch_all(host, [(facts, limit)])[0]
-
-
 def fetch_all(host: Host, named: list[tuple[dict[str, Any], int]]) -> list[bytes]:
-    """Several named files in one round trip, each its declared length, each checked: a file
-    that changed length moves every later boundary, so its digest and theirs fail."""
+    """Files the host named with their length and sha256 (each at most its `limit`), read in
+    one round trip, each exactly its named length, each checked against its sha256: a torn,
+    shortened or substituted file is refused and nothing is kept."""
     for facts, limit in named:
         if int(facts["bytes"]) > limit:
             raise HostError(host.alias, f"{facts['path']} holds {facts['bytes']} bytes, more "
@@ -62,9 +57,6 @@ def fetch_all(host: Host, named: list[tuple[dict[str, Any], int]]) -> list[bytes
             raise TransferMismatch(host.alias, f"{facts['path']}: host sha256 "
                                    f"{facts['sha256']}, received {got}; nothing was kept")
         out.append(part)
-    if at != len(data):
-        raise TransferMismatch(host.alias, f"{wanted[-1][0]}: {len(data) - at} bytes more "
-                               "than the host named; nothing was kept")
     return out
 
 

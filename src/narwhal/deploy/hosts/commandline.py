@@ -13,8 +13,6 @@ from collections.abc import Sequence
 
 from narwhal.deploy.hosts.relay_scripts import RELAY_FETCH, RELAY_SERVE
 
-# Write stdin to $1 without following an existing file (noclobber), private mode.
-WRITE_EXCLUSIVE = 'umask 077 && set -C && cat > "$1"'
 # Put stdin at $2 in one round trip: written to the new part file $1 (login-only), checked
 # against sha256 $3, then linked into place ($4 = link: never replacing a file) or moved over
 # it ($4 = replace); the part file never survives. $5 = private-folder makes its folder first
@@ -79,9 +77,6 @@ def sh(script: str, *args: str) -> list[str]:
     """argv for a constant POSIX script with positional arguments."""
     return ["sh", "-c", script, "sh", *args]
 
-
-def write_exclusive(path: str) -> list[str]:
-    return sh(WRITE_EXCLUSIVE, path)
 
 
 # One host's link facts in one round trip: `ip -j addr show dev IFACE`, `ip -j route get PEER
