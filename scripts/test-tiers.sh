@@ -4,9 +4,8 @@
 # The lab tier spends most of its time waiting (SSH round trips, engines and Prometheus coming
 # up, scrape intervals, timed faults), and so do the component tests (measured: the component
 # tier used 0.63 of one core over its run), so the lab runs beside the unit and component
-# tiers from the start. The real tier starts when those two end, beside the rest of the lab:
-# its rehearsal lab has its own name and subnets (nwr, 10.217-218), and run after the lab it
-# made the lab's length plus its own the whole run's length.
+# tiers. The real tier's vLLM engines keep both cores busy and its profiles are judged by how
+# well they fit, so it runs alone, after both.
 #
 # The lab's output goes to .test-logs/lab.log while it runs (`tail -f` it) and is printed in
 # full when it ends. The exit status is the first tier's that failed.
@@ -25,14 +24,14 @@ trap 'kill "$lab_pid" 2>/dev/null' EXIT
 "${PYTEST[@]}" tests/unit tests/component
 quick=$?
 
-"${PYTEST[@]}" tests/real
-real=$?
-
 wait "$lab_pid"
 lab=$?
 trap - EXIT
 echo "================================ the lab tier =================================="
 cat "$lab_log"
+
+"${PYTEST[@]}" tests/real
+real=$?
 
 for rc in "$quick" "$lab" "$real"; do
   if [ "$rc" -ne 0 ]; then
